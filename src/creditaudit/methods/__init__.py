@@ -1,0 +1,20 @@
+"""Credit-assignment methods by name. Adding one: a new file with a `Method` subclass, one line here."""
+from __future__ import annotations
+
+from ..errors import CreditAuditError
+from .base import Method, MethodSettings, bp_credit, output_error, rms_normalise
+from .bp import BP
+
+METHODS: dict[str, type[Method]] = {
+    "bp": BP,
+}
+
+
+def method_class(name: str) -> type[Method]:
+    if name not in METHODS:
+        raise CreditAuditError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+__all__ = ["METHODS", "Method", "MethodSettings", "bp_credit", "method_class", "output_error",
+           "rms_normalise"]

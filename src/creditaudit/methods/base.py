@@ -1,0 +1,146 @@
+"""The one interface every credit-assignment method implements (SPEC §5, last paragraph).
+
+A method owns the update rule and nothing else: the trainer hands it batches, the protocol asks
+it for its credit signal. Adding a method = one file with a `Method` subclass + one line in
+`methods/__init__.py` + its tests.
+
+Conventions shared by all methods:
+    e    = softmax(logits) − onehot(y)                       output error, (N, C)
+    a_l  = the method's credit signal at residual position h_l, l = 0 … L, (N, d)
+           (for BP: g_l = ∂CE/∂h_l of the mean-reduced CE; the sign convention is "direction of
+           increasing loss", so a perfect method has cos(a_l, g_l) = +1)
+    local loss of block l:  (f_l(h_l.detach()) · a_{l+1}.detach()).sum(-1).mean()
+Only blocks listed in `settings.trainable_blocks` may change; the rest stay bit-identical
+(the frozen control and the depth ladder rely on it).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from ..model import ResidualMLP
+from ..seeding import derived_generator
+
+
+@dataclass
+class MethodSettings:
+    """What a method needs to know about the run. `options` holds method-specific knobs
+    (e.g. EP's beta/steps/alpha, the bridges' hidden width); each method documents its own."""
+
+    epochs: int
+    seed: int = 42
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    lam: float = 0.0
+    trainable_blocks: tuple[int, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def output_error(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """e = softmax(logits) − onehot(y), (N, C)."""
+    return logits.softmax(-1) - F.one_hot(y, logits.shape[-1]).to(logits.dtype)
+
+
+def rms_normalise(a: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """a / (rms(a) + eps), per sample along the feature dimension."""
+    return a / (a.pow(2).mean(-1, keepdim=True).sqrt() + eps)
+
+
+def bp_credit(model: ResidualMLP, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """g_l = ∂CE/∂h_l (mean-reduced CE) at every residual position, l = 0 … L."""
+    with torch.enable_grad():
+        logits, hidden = model(x, return_hidden=True)
+        grads = torch.autograd.grad(F.cross_entropy(logits, y), hidden)
+    return [g.detach() for g in grads]
+
+
+class Method(ABC):
+    """One credit-assignment rule behind the trainer's single interface.
+
+    Subclasses set `name`, build their optimizers in __init__ with `add_optimizer`, and implement
+    `train_step` and `credit`. Methods with random feedback set `random_feedback = True` and
+    implement `fresh_feedback_credit` (the null calibration of Γ needs it).
+    """
+
+    name: ClassVar[str] = ""
+    random_feedback: ClassVar[bool] = False
+
+    def __init__(self, model: ResidualMLP, settings: MethodSettings):
+        self.model = model
+        self.settings = settings
+        self.gen = derived_generator(settings.seed, f"method:{self.name}")
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.schedulers: list[torch.optim.lr_scheduler.LRScheduler] = []
+
+    # -- parameters by role -------------------------------------------------------------------
+    def trainable(self, block: int) -> bool:
+        return block in self.settings.trainable_blocks
+
+    def block_params(self, block: int) -> list[torch.nn.Parameter]:
+        return list(self.model.blocks[block].parameters())
+
+    def trainable_block_params(self) -> list[torch.nn.Parameter]:
+        return [p for l in range(self.model.n_blocks) if self.trainable(l) for p in self.block_params(l)]
+
+    def embed_params(self) -> list[torch.nn.Parameter]:
+        return list(self.model.embed.parameters())
+
+    def head_params(self) -> list[torch.nn.Parameter]:
+        """out_ln and out_head: trained on the true CE gradient by every method."""
+        return list(self.model.out_ln.parameters()) + list(self.model.out_head.parameters())
+
+    def add_optimizer(self, params) -> torch.optim.Optimizer:
+        """AdamW(lr, weight decay) with cosine annealing to 0 over the run (stepped per epoch)."""
+        opt = torch.optim.AdamW(params, lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+        self.optimizers.append(opt)
+        self.schedulers.append(torch.optim.lr_scheduler.CosineAnnealingLR(
+            opt, T_max=max(1, self.settings.epochs), eta_min=0.0))
+        return opt
+
+    # -- the interface ------------------------------------------------------------------------
+    @abstractmethod
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Update the model on one batch; return the batch's CE loss (detached scalar tensor)."""
+
+    @abstractmethod
+    def credit(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        """The credit signal a_l this method would use on this batch, l = 0 … L (detached)."""
+
+    def fresh_feedback_credit(self, x: torch.Tensor, y: torch.Tensor,
+                              gen: torch.Generator) -> list[torch.Tensor]:
+        """Credit with a freshly drawn set of feedback matrices (same distribution) — the null."""
+        raise NotImplementedError(f"{self.name} has no random feedback to redraw")
+
+    def end_epoch(self) -> None:
+        for sched in self.schedulers:
+            sched.step()
+
+    # -- checkpointing ------------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        """Method state beyond the model weights (feedback matrices, auxiliary nets): tensors,
+        numbers, strings, and nested dicts/lists of them. Saved in the run's checkpoint."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore what `extra_state` returned."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizers": [opt.state_dict() for opt in self.optimizers],
+            "schedulers": [s.state_dict() for s in self.schedulers],
+            "gen": self.gen.get_state(),
+            "extra": self.extra_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for opt, s in zip(self.optimizers, state["optimizers"]):
+            opt.load_state_dict(s)
+        for sched, s in zip(self.schedulers, state["schedulers"]):
+            sched.load_state_dict(s)
+        self.gen.set_state(state["gen"])
+        self.load_extra_state(state["extra"])
