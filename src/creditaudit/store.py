@@ -1,0 +1,222 @@
+"""The run store: one folder per run, every file written atomically.
+
+    RUN/config.json                 the resolved RunConfig
+    RUN/metrics.jsonl               one JSON line per completed epoch (epoch 0 = at init)
+    RUN/checkpoint.json             metadata: format tag, epoch, status, the non-tensor state
+    RUN/checkpoint-eNNNN.safetensors  every tensor (weights, optimizer moments, feedback matrices,
+                                    RNG states) of that epoch's checkpoint
+
+A checkpoint is written tensors first, then the JSON that names them (with their sha256), so a
+kill at any moment leaves the previous complete checkpoint readable. Loading reads JSON and
+safetensors only: nothing is ever unpickled.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .errors import CreditAuditError
+
+FORMAT = "creditaudit-checkpoint"
+FORMAT_VERSION = 1
+
+
+# -- atomic files -----------------------------------------------------------------------------
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CreditAuditError(f"{path} not found: is this a {what}?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CreditAuditError(f"{path} is not valid JSON ({err}); the {what} is corrupt") from None
+
+
+# -- nested state <-> (tensors, JSON skeleton) --------------------------------------------------
+def flatten_state(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "s") -> Any:
+    """Split nested state (dicts, lists, tuples, tensors, numbers, strings) into a JSON skeleton
+    and a flat {name: tensor} dict; dict keys that are not strings and tuples are tagged so
+    `unflatten_state` restores them exactly (optimizer state dicts use int keys)."""
+    if isinstance(obj, torch.Tensor):
+        name = f"{prefix}"
+        tensors[name] = obj.detach().to("cpu", copy=True).contiguous()
+        return {"__tensor__": name}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj):
+            return {"__dict__": {k: flatten_state(v, tensors, f"{prefix}.{k}") for k, v in obj.items()}}
+        return {"__items__": [[k, flatten_state(v, tensors, f"{prefix}.{i}")]
+                              for i, (k, v) in enumerate(obj.items())]}
+    if isinstance(obj, (list, tuple)):
+        items = [flatten_state(v, tensors, f"{prefix}.{i}") for i, v in enumerate(obj)]
+        return {"__tuple__": items} if isinstance(obj, tuple) else items
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store {type(obj).__name__} in a checkpoint (at {prefix})")
+
+
+def unflatten_state(skel: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(skel, list):
+        return [unflatten_state(v, tensors) for v in skel]
+    if isinstance(skel, dict):
+        if "__tensor__" in skel:
+            return tensors[skel["__tensor__"]]
+        if "__dict__" in skel:
+            return {k: unflatten_state(v, tensors) for k, v in skel["__dict__"].items()}
+        if "__items__" in skel:
+            return {k: unflatten_state(v, tensors) for k, v in skel["__items__"]}
+        if "__tuple__" in skel:
+            return tuple(unflatten_state(v, tensors) for v in skel["__tuple__"])
+        raise ValueError(f"unknown skeleton node {list(skel)}")
+    return skel
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+def save_checkpoint(run_dir: Path, epoch: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Save nested `state` (tensors + plain values) for `epoch`; `meta` is extra JSON (status…)."""
+    run_dir = Path(run_dir)
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = flatten_state(state, tensors)
+    name = f"checkpoint-e{epoch:04d}.safetensors"
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".{name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp)
+        os.chmod(tmp, 0o644)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, run_dir / name)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    previous = _checkpoint_meta(run_dir)
+    atomic_write_json(run_dir / "checkpoint.json", {
+        "format": FORMAT, "version": FORMAT_VERSION, "epoch": epoch, "tensors": name,
+        "sha256": _sha256(run_dir / name), **meta, "skeleton": skeleton})
+    if previous and previous.get("tensors") not in (None, name):
+        (run_dir / previous["tensors"]).unlink(missing_ok=True)
+
+
+def _checkpoint_meta(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / "checkpoint.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return (Path(run_dir) / "checkpoint.json").exists()
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, Any], Any]:
+    """(metadata, state) of the checkpoint in run folder `path` (or its checkpoint.json).
+
+    Raises CreditAuditError for anything that is not an intact creditaudit checkpoint: a foreign
+    file, a truncated or altered tensors file, a missing piece.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "checkpoint.json"
+    elif path.suffix == ".safetensors":
+        raise CreditAuditError(
+            f"{path}: pass the run folder (or its checkpoint.json), not the tensors file alone")
+    if not path.exists():
+        raise CreditAuditError(
+            f"no checkpoint at {path}: point at a run folder written by `creditaudit train --out DIR`")
+    meta = read_json(path, "creditaudit checkpoint")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CreditAuditError(
+            f"{path} is not a creditaudit checkpoint (no format tag {FORMAT!r}); "
+            "point at a run folder written by `creditaudit train`")
+    if meta.get("version") != FORMAT_VERSION:
+        raise CreditAuditError(
+            f"{path} has checkpoint format version {meta.get('version')}, this creditaudit reads "
+            f"version {FORMAT_VERSION}; re-train the run with this version")
+    tensors_path = path.parent / str(meta.get("tensors"))
+    if not tensors_path.exists():
+        raise CreditAuditError(f"checkpoint tensors {tensors_path} are missing; re-train the run")
+    if _sha256(tensors_path) != meta.get("sha256"):
+        raise CreditAuditError(
+            f"checkpoint tensors {tensors_path} are truncated or corrupt (sha256 mismatch); "
+            "delete the run folder and train it again")
+    try:
+        tensors = load_file(tensors_path)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CreditAuditError(f"cannot read {tensors_path}: {err}; delete the run folder and "
+                               "train it again") from None
+    try:
+        state = unflatten_state(meta["skeleton"], tensors)
+    except (KeyError, ValueError, TypeError) as err:
+        raise CreditAuditError(f"{path} does not match its tensors ({err}); the checkpoint is corrupt") from None
+    return meta, state
+
+
+# -- metrics log ------------------------------------------------------------------------------
+def json_safe(obj: Any) -> Any:
+    """Strict-JSON copy of nested results: non-finite floats (a diverged run's norms) become None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def write_metrics(run_dir: Path, history: list[dict]) -> None:
+    """Rewrite metrics.jsonl from the full history (atomic; at most a few hundred lines)."""
+    atomic_write_text(Path(run_dir) / "metrics.jsonl",
+                      "".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in history))
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as err:
+        raise CreditAuditError(f"{path} is corrupt ({err}); delete the run folder and train again") from None
