@@ -5,18 +5,24 @@ returns plain numbers or small dataclasses. Conventions, from SPEC §6:
   * norms are per-sample L2 along the feature dimension, `t.norm(dim=-1)`, reported as the median
     over samples;
   * g_l = ∂CE/∂h_l with CE mean-reduced over the eval batch (the floor threshold assumes it);
-  * everything is computed in float32 (or float64 if the model is), never fp16;
+  * everything is computed in the model's dtype (float32, or float64 if the model is), never fp16;
+    Γ, s_l and every ratio are computed in float64 from those tensors, and ρ and the nudging test
+    run on a float64 copy of the model when it can be made (see `_exact_stream`);
   * non-finite hidden states give NaN/inf values, never an exception: the protocol turns them into a
     "non-finite" finding.
 """
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from .model import ResidualStream, as_stream
+from .seeding import derived_generator
 
 
 def per_sample_norm(t: torch.Tensor) -> torch.Tensor:
@@ -51,13 +57,16 @@ def bp_gradients(model, x: torch.Tensor, y: torch.Tensor) -> BPGradients:
     """
     stream: ResidualStream = as_stream(model)
     with torch.enable_grad():
-        h = stream.embed(x).detach().float().requires_grad_(True)
+        h = stream.embed(x).detach()
+        if h.dtype == torch.float16:          # never fp16: floor-level gradients underflow it
+            h = h.float()
+        h.requires_grad_(True)
         hidden = [h]
         for step in stream.steps:
             h = step(h)
             hidden.append(h)
         logits = stream.readout(h)
-        loss = F.cross_entropy(logits.float(), y)
+        loss = F.cross_entropy(logits if logits.dtype != torch.float16 else logits.float(), y)
         grads = torch.autograd.grad(loss, hidden + [logits], allow_unused=True)
     grads = [torch.zeros_like(hh) if g is None else g for g, hh in zip(grads, hidden + [logits])]
     return BPGradients([t.detach() for t in hidden], [g.detach() for g in grads[:-1]],
@@ -137,3 +146,408 @@ def accuracy(model, batches) -> float:
         correct += int((model(x).argmax(-1) == y).sum())
         total += len(y)
     return correct / max(total, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared by the measurements below
+# ---------------------------------------------------------------------------------------------
+
+def _layer_credit(credit, layer: int) -> torch.Tensor:
+    """A credit argument may be the full list [a_0 … a_L] or the one tensor a_l."""
+    return credit[layer] if isinstance(credit, (list, tuple)) else credit
+
+
+def _exact_stream(model, x: torch.Tensor) -> tuple[ResidualStream, torch.Tensor]:
+    """The model's stream and input in float64 when that is possible without touching the caller's
+    model.
+
+    An nn.Module with a `.stream()` (ResidualMLP, or a user model following the same pattern) is
+    deep-copied and cast to float64; a bare ResidualStream is built from closures we cannot cast,
+    so it is used as given (its own dtype — hand it a float64 stream for float64 measurements).
+    """
+    if isinstance(model, torch.nn.Module) and hasattr(model, "stream"):
+        return copy.deepcopy(model).double().stream(), x.double()
+    return as_stream(model), x
+
+
+def _per_sample_ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, y, reduction="none")
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population std (ddof = 0, numpy's default) of a list of floats; NaN-propagating."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if len(t) == 0:
+        return float("nan"), float("nan")
+    return float(t.mean()), float(t.std(unbiased=False)) if len(t) > 1 else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Γ_l — gradient cosine, unclamped
+# ---------------------------------------------------------------------------------------------
+
+def per_sample_cosine(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """cos(a_i, g_i) = ⟨a_i, g_i⟩ / (‖a_i‖·‖g_i‖) per sample, in float64, denominator NOT clamped.
+
+    F.cosine_similarity clamps ‖a‖·‖g‖ at 1e-8, which shrinks the cosine ~100× exactly when the
+    reference gradient sits at the floor (‖g‖ ~ 1e-10); float64 keeps ‖g‖² ~ 1e-20 representable.
+    Rows where either vector has zero norm have no direction: they come back NaN. Non-finite
+    inputs give NaN rows.
+    """
+    a, g = a.detach().flatten(1).double(), g.detach().flatten(1).double()
+    na, ng = a.norm(dim=-1), g.norm(dim=-1)
+    denom = na * ng
+    cos = (a * g).sum(-1) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return torch.where(denom > 0, cos, torch.full_like(cos, float("nan")))
+
+
+def gradient_cosine(credit, grads) -> list[float]:
+    """Γ_l = mean over samples of cos(a_l,i, g_l,i), l = 0 … L (see `per_sample_cosine`).
+
+    Samples where a_l,i or g_l,i is exactly zero (no direction) are left out of the mean; a layer
+    where every sample is left out gives NaN. Any non-finite value in a layer gives NaN for that
+    layer — never a silently partial mean.
+    """
+    gammas = []
+    for a, g in zip(credit, grads):
+        if not (torch.isfinite(a).all() and torch.isfinite(g).all()):
+            gammas.append(float("nan"))
+            continue
+        cos = per_sample_cosine(a, g)
+        cos = cos[~torch.isnan(cos)]
+        gammas.append(float(cos.mean()) if len(cos) else float("nan"))
+    return gammas
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) cross-batch stability
+# ---------------------------------------------------------------------------------------------
+
+def cross_batch_stability_from(grads_per_batch: list[list[torch.Tensor]],
+                               layers: Sequence[int] | None = None) -> list[float]:
+    """s_l from precomputed BP gradients: grads_per_batch[j][l] = g_l on batch j (N_j, d).
+
+        u_i = g_i / ‖g_i‖,   ū_j = mean_i∈batch j u_i,   s_l = mean_{j<k} ⟨ū_j, ū_k⟩
+
+    Samples with ‖g_i‖ = 0 have no direction and are left out of ū_j. NaN with fewer than two
+    batches, or if any gradient at that layer is non-finite.
+    """
+    n_layers = len(grads_per_batch[0]) if grads_per_batch else 0
+    layers = list(range(n_layers)) if layers is None else list(layers)
+    out = []
+    for l in layers:
+        means, finite = [], True
+        for grads in grads_per_batch:
+            g = grads[l].detach().flatten(1).double()
+            finite = finite and bool(torch.isfinite(g).all())
+            n = g.norm(dim=-1, keepdim=True)
+            keep = n.squeeze(-1) > 0
+            means.append((g[keep] / n[keep]).mean(0) if keep.any()
+                         else torch.full(g.shape[1:], float("nan"), dtype=torch.float64))
+        k = len(means)
+        if k < 2 or not finite:
+            out.append(float("nan"))
+            continue
+        u = torch.stack(means)                                             # (K, d)
+        gram = u @ u.T
+        iu = torch.triu_indices(k, k, offset=1)
+        out.append(float(gram[iu[0], iu[1]].mean()))
+    return out
+
+
+def cross_batch_stability(model, batches, layers: Sequence[int] | None = None) -> list[float]:
+    """(c) s_l for l in `layers` (default 0 … L) over K disjoint eval batches [(x, y), …].
+
+    SPEC §6 asks for K ≥ 8. Each batch's g is ∂CE/∂h of that batch's mean-reduced CE (the 1/N
+    does not matter: only directions enter). ≈ 0 for sample-specific credit, ≈ 1 when one
+    sample-invariant direction dominates.
+    """
+    grads = [bp_gradients(model, x, y).grads for x, y in batches]
+    return cross_batch_stability_from(grads, layers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Null calibration of Γ
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class NullCalibration:
+    """Γ_l under K fresh feedback draws: per-layer mean and population std (ddof = 0)."""
+
+    mean: list[float]
+    std: list[float]
+    draws: list[list[float]]          # draws[k][l] = Γ_l with the k-th fresh feedback
+    seed: int
+
+    def z(self, gamma: Sequence[float]) -> list[float]:
+        """z_l = (Γ_l − mean_l) / std_l, in units of the null std; NaN where std_l = 0."""
+        return [(g - m) / s if s > 0 else float("nan")
+                for g, m, s in zip(gamma, self.mean, self.std)]
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean, "std": self.std, "k": len(self.draws), "seed": self.seed}
+
+
+def _credit_fn_with_gen(method_or_fn):
+    if hasattr(method_or_fn, "fresh_feedback_credit"):
+        return method_or_fn.fresh_feedback_credit
+    if callable(method_or_fn):
+        return method_or_fn
+    raise TypeError("null_calibration needs a Method with random feedback or a callable "
+                    "(x, y, gen) -> [a_0, …, a_L]")
+
+
+def null_calibration(method_or_fn, model, x, y=None, k: int = 20, seed: int = 0
+                     ) -> NullCalibration:
+    """Γ_l recomputed with K fresh feedback draws (SPEC §6, null calibration of Γ).
+
+    `method_or_fn` is a Method (its `fresh_feedback_credit(x, y, gen)` is called) or any callable
+    with that signature. Draw k uses `derived_generator(seed, f"null:{k}")`, so the null is
+    reproducible and independent of the method's own generator. x, y is one batch; or pass the
+    eval batches as a list [(x, y), …] in `x` (y = None), and Γ pools every sample of every batch
+    (each batch's credit and g computed on that batch, as in `diagnose`).
+    """
+    fresh = _credit_fn_with_gen(method_or_fn)
+    batches = x if y is None else [(x, y)]
+    grads = [bp_gradients(model, xb, yb).grads for xb, yb in batches]
+    draws = []
+    for i in range(k):
+        gen = derived_generator(seed, f"null:{i}")
+        credits = [fresh(xb, yb, gen) for xb, yb in batches]
+        draws.append(gradient_cosine(_pool(credits), _pool(grads)))
+    per_layer = list(zip(*draws)) if draws else []
+    stats = [_mean_std(list(col)) for col in per_layer]
+    return NullCalibration([m for m, _ in stats], [s for _, s in stats], draws, seed)
+
+
+def _pool(per_batch: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """[[a_0 … a_L] per batch] → [a_0 … a_L] with all batches' samples concatenated."""
+    return [torch.cat([b[l].detach() for b in per_batch]) for l in range(len(per_batch[0]))]
+
+
+# ---------------------------------------------------------------------------------------------
+# ρ_l — perturbation correlation
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class PerturbationCorrelation:
+    """ρ_l of one credit signal, with the two controls of SPEC §6 on the same directions v."""
+
+    layer: int
+    method: float | None              # None when no credit was given (controls only)
+    bp: float                         # control: a = BP gradient (should be ≈ 1)
+    random: float                     # control: a = N(0, I) vector (should be ≈ 0)
+    m: int
+    eps: float
+    dtype: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _pearson(p: torch.Tensor, q: torch.Tensor) -> float:
+    """Pearson correlation over all entries; 0 if either std < 1e-12, NaN if non-finite."""
+    p, q = p.flatten().double(), q.flatten().double()
+    if not (torch.isfinite(p).all() and torch.isfinite(q).all()):
+        return float("nan")
+    sp, sq = p.std(unbiased=False), q.std(unbiased=False)
+    if sp < 1e-12 or sq < 1e-12:
+        return 0.0
+    return float(((p - p.mean()) * (q - q.mean())).mean() / (sp * sq))
+
+
+class _Perturbation:
+    """The shared part of ρ: h_l, the M unit directions v and the true ΔL, computed once.
+
+    ΔL_i = ℓ_i(h_l + εv) − ℓ_i(h_l), ℓ_i the per-sample CE of the rest of the network from h_l.
+    One batched forward of (N + M·N, d) states: the unperturbed rows ride in the same batch so
+    base and perturbed losses share one rounding path. Computed in float64 (see `_exact_stream`):
+    with ε = 1e-3 the true change of a confident sample is ~1e-7 of a loss whose float32 rounding
+    is ~1e-7 — float32 ΔL would be mostly noise for a trained model.
+    """
+
+    def __init__(self, model, x, y, layer: int, m: int, eps: float, gen: torch.Generator):
+        self.stream, xin = _exact_stream(model, x)
+        with torch.no_grad():
+            h = self.stream.hidden(xin)[layer].detach()
+        if h.dtype == torch.float16:
+            h = h.float()
+        n, d = h.shape
+        v = torch.randn((m, n, d), generator=gen, dtype=torch.float64).to(h.device, h.dtype)
+        v = v / v.norm(dim=-1, keepdim=True)
+        states = torch.cat([h, (h.unsqueeze(0) + eps * v).reshape(m * n, d)])
+        with torch.no_grad():
+            loss = _per_sample_ce(self.stream.forward_from(layer, states).double(),
+                                  y.repeat(m + 1))
+        self.delta = (loss[n:].reshape(m, n) - loss[:n].unsqueeze(0))      # (M, N)
+        self.h, self.y, self.v, self.layer, self.m, self.eps = h, y, v, layer, m, eps
+        self.gen = gen
+
+    def rho(self, a: torch.Tensor) -> float:
+        """ρ for credit a (N, d): Pearson(ε⟨a_i, v_mi⟩, ΔL_mi) over all M × N pairs."""
+        pred = self.eps * (a.detach().to(self.v.device).double().unsqueeze(0)
+                           * self.v.double()).sum(-1)
+        return _pearson(pred, self.delta)
+
+    def bp_gradient(self) -> torch.Tensor:
+        """g_l of the mean-reduced CE, in the same (float64) copy the ΔL come from."""
+        with torch.enable_grad():
+            h = self.h.clone().requires_grad_(True)
+            loss = F.cross_entropy(self.stream.forward_from(self.layer, h), self.y)
+            (g,) = torch.autograd.grad(loss, h)
+        return g.detach()
+
+
+def perturbation_correlation(model, x: torch.Tensor, y: torch.Tensor, layer: int, credit,
+                             m: int = 32, eps: float = 1e-3,
+                             gen: torch.Generator | None = None) -> float:
+    """ρ_l: does the credit predict how the loss actually changes when h_l is moved?
+
+        v_mi ~ N(0, I), ‖v_mi‖ = 1;   ΔL_mi = ℓ_i(h_l + ε v_mi) − ℓ_i(h_l);   pred_mi = ε⟨a_l,i, v_mi⟩
+        ρ_l = Pearson(pred, ΔL) over the M × N pairs  (0 if either std < 1e-12)
+
+    `credit` is a_l (N, d) or the list [a_0 … a_L]. ΔL is the forward difference of SPEC §6, in
+    float64 when the model can be cast (an nn.Module with .stream()). Scale-free in a: the 1/N
+    of a mean-reduced gradient does not matter. Non-finite states give NaN.
+    """
+    gen = gen if gen is not None else derived_generator(0, "rho")
+    return _Perturbation(model, x, y, layer, m, eps, gen).rho(_layer_credit(credit, layer))
+
+
+def perturbation_with_controls(model, x: torch.Tensor, y: torch.Tensor, layer: int, credit=None,
+                               m: int = 32, eps: float = 1e-3,
+                               gen: torch.Generator | None = None) -> PerturbationCorrelation:
+    """ρ_l of `credit` (optional) beside its two controls, all on the same M directions:
+    a = BP gradient (expected ≈ 1; paper 0.9965) and a = N(0, I) random vector (≈ 0; paper 0.0056).
+    """
+    gen = gen if gen is not None else derived_generator(0, "rho")
+    pert = _Perturbation(model, x, y, layer, m, eps, gen)
+    method = None if credit is None else pert.rho(_layer_credit(credit, layer))
+    random_a = torch.randn(pert.h.shape, generator=gen, dtype=torch.float64)
+    return PerturbationCorrelation(layer, method, pert.rho(pert.bp_gradient()), pert.rho(random_a),
+                                   m, eps, str(pert.h.dtype).replace("torch.", ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Nudging test
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class NudgeResult:
+    """ΔCE (mean-reduced, this batch) after h_l ← h_l − η·â_l, for the method and for BP."""
+
+    layer: int
+    eta: float
+    delta_ce_method: float
+    delta_ce_bp: float
+    relative: float                   # delta_ce_method / delta_ce_bp; 1 = as good as BP
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def nudging_test(model, x: torch.Tensor, y: torch.Tensor, layer: int, credit,
+                 eta: float = 0.01) -> NudgeResult:
+    """Move h_l against the credit and see whether the loss drops as it does along BP.
+
+        â_i = a_i · ‖g_i‖ / ‖a_i‖       per-sample rescale to the BP gradient's norm (â_i = 0 if a_i = 0)
+        ΔCE_method = CE(h_l − η â) − CE(h_l),   ΔCE_bp = CE(h_l − η g) − CE(h_l)
+        relative   = ΔCE_method / ΔCE_bp
+
+    The rescale makes the two nudges the same size sample by sample, so `relative` measures
+    direction only: to first order it is the ‖g_i‖²-weighted mean of cos(a_i, g_i). Float64 when
+    the model can be cast. NaN if the BP nudge changes nothing or anything is non-finite.
+    """
+    stream, xin = _exact_stream(model, x)
+    with torch.no_grad():
+        h = stream.hidden(xin)[layer].detach()
+    with torch.enable_grad():
+        hg = h.clone().requires_grad_(True)
+        loss0 = F.cross_entropy(stream.forward_from(layer, hg), y)
+        (g,) = torch.autograd.grad(loss0, hg)
+    a = _layer_credit(credit, layer).detach().to(h.device, h.dtype)
+    na, ng = a.norm(dim=-1, keepdim=True), g.norm(dim=-1, keepdim=True)
+    a_hat = torch.where(na > 0, a * ng / torch.where(na > 0, na, torch.ones_like(na)),
+                        torch.zeros_like(a))
+    with torch.no_grad():
+        ce = lambda s: float(F.cross_entropy(stream.forward_from(layer, s), y))
+        base = float(loss0.detach())
+        d_method, d_bp = ce(h - eta * a_hat) - base, ce(h - eta * g) - base
+    ok = all(math.isfinite(t) for t in (d_method, d_bp)) and d_bp != 0
+    return NudgeResult(layer, eta, d_method, d_bp, d_method / d_bp if ok else float("nan"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Frozen-init identity check
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class IdentityCheck:
+    """At random init: how close is the residual stack to the identity? mean ± std over seeds."""
+
+    seeds: list[int]
+    block_ratio_mean: list[float]     # per block, median_i ‖f_l(h_l,i)‖ / ‖h_l,i‖
+    block_ratio_std: list[float]
+    stack_change_mean: float          # median_i ‖h_L,i − h_0,i‖ / ‖h_0,i‖
+    stack_change_std: float
+    stack_cos_mean: float             # median_i cos(h_L,i, h_0,i)
+    stack_cos_std: float
+    per_seed: list[dict]
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def identity_check(model_factory, seeds: Sequence[int], x: torch.Tensor) -> IdentityCheck:
+    """Build a fresh model per seed and measure how far its blocks move the stream (SPEC §6).
+
+    `model_factory(seed)` returns a model or ResidualStream; it runs under `torch.manual_seed(seed)`
+    inside a forked RNG, so the caller's global random state is left as it was. Std is ddof = 0.
+    """
+    rows = []
+    for seed in seeds:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            stream = as_stream(model_factory(seed))
+        with torch.no_grad():
+            hidden = stream.hidden(x)
+            ratios = [median(per_sample_norm(stream.branch(l, h)) / per_sample_norm(h))
+                      for l, h in enumerate(hidden[:-1])]
+            h0, hl = hidden[0], hidden[-1]
+            change = median(per_sample_norm(hl - h0) / per_sample_norm(h0))
+            cos = median(per_sample_cosine(hl, h0))
+        rows.append({"seed": seed, "block_ratio": ratios, "stack_change": change, "stack_cos": cos})
+    per_block = [_mean_std([r["block_ratio"][l] for r in rows])
+                 for l in range(len(rows[0]["block_ratio"]))] if rows else []
+    change, cos = (_mean_std([r[k] for r in rows]) for k in ("stack_change", "stack_cos"))
+    return IdentityCheck(list(seeds), [m for m, _ in per_block], [s for _, s in per_block],
+                         change[0], change[1], cos[0], cos[1], rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) depth utility
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class DepthUtility:
+    """(d): does the trained network clear its frozen-blocks control by `margin`?"""
+
+    acc: float
+    frozen_acc: float
+    margin: float
+    gap: float                        # acc − frozen_acc
+    undercut: bool                    # True unless gap ≥ margin
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def depth_utility(acc: float, frozen_acc: float, margin: float = 0.02) -> DepthUtility:
+    """UNDERCUT unless acc ≥ frozen_acc + margin (accuracies as fractions: 0.02 = 2 points).
+
+    A gap within 1e-9 of the margin counts as clearing it, so that 0.37 vs 0.35 is not lost to
+    float rounding. A non-finite accuracy counts as undercut.
+    """
+    gap = float(acc) - float(frozen_acc)
+    undercut = not (math.isfinite(gap) and gap >= margin - 1e-9)
+    return DepthUtility(float(acc), float(frozen_acc), margin, gap, undercut)

@@ -24,7 +24,7 @@ from .errors import CreditAuditError
 from .methods import Method, MethodSettings, method_class
 from .metrics import accuracy, monitor_snapshot
 from .model import ResidualMLP
-from .protocol import Thresholds, monitor_flags
+from .protocol import Thresholds, fires_a, fires_b, fires_b_prime, first_fire_epochs
 from .seeding import derived_generator, seed_everything
 
 
@@ -157,7 +157,7 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
         store.write_metrics(out, history)
 
     def finish(status: str, message: str, wall: float) -> Run:
-        fired = first_fire(history, thresholds)
+        fired = first_fire_epochs(history, thresholds)
         store.atomic_write_json(out / "status.json", store.json_safe({
             "status": status, "message": message, "epochs_completed": history[-1]["epoch"],
             "test_acc": history[-1]["test_acc"], "first_fire": fired, "wall_time": wall}))
@@ -203,22 +203,12 @@ def _record(epoch: int, train_loss: float, model: ResidualMLP, data: ArrayDatase
             **snap.to_dict(), "wall_time": wall}
 
 
-def first_fire(history: list[dict], thresholds: Thresholds) -> dict[str, int | None]:
-    """Epoch at which each monitor flag ((a), (b), (b′)) first fired, None if never."""
-    fired: dict[str, int | None] = {}
-    for record in history:
-        for flag, on in monitor_flags(record, thresholds).items():
-            if on and fired.get(flag) is None:
-                fired[flag] = record["epoch"]
-            fired.setdefault(flag, None)
-    return fired
-
-
 def _flag_streak(history: list[dict], thresholds: Thresholds) -> int:
-    """How many consecutive epochs, ending now, at least one monitor flag has held."""
+    """How many consecutive epochs, ending now, at least one monitor flag ((a), (b), (b′)) held."""
     streak = 0
-    for record in reversed(history):
-        if not any(monitor_flags(record, thresholds).values()):
+    for r in reversed(history):
+        if not (fires_a(r["max_growth"], thresholds) or fires_b(r["g_norms"][-1], thresholds)
+                or fires_b_prime(r["gain"], thresholds)):
             break
         streak += 1
     return streak

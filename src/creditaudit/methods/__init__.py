@@ -4,9 +4,19 @@ from __future__ import annotations
 from ..errors import CreditAuditError
 from .base import Method, MethodSettings, bp_credit, output_error, rms_normalise
 from .bp import BP
+from .bridges import CreditBridge, StateBridge
+from .dfa import DFA, DFAPenalty
+from .ep import EP
+from .fa import FA
 
 METHODS: dict[str, type[Method]] = {
     "bp": BP,
+    "fa": FA,
+    "dfa": DFA,
+    "dfa-penalty": DFAPenalty,
+    "ep": EP,
+    "sb": StateBridge,
+    "cb": CreditBridge,
 }
 
 

@@ -94,6 +94,44 @@ class Method(ABC):
         """out_ln and out_head: trained on the true CE gradient by every method."""
         return list(self.model.out_ln.parameters()) + list(self.model.out_head.parameters())
 
+    def local_param_groups(self) -> list[dict[str, Any]]:
+        """AdamW parameter groups of a local-credit method: embed, each trainable block, head."""
+        return ([{"params": self.embed_params()}]
+                + [{"params": self.block_params(l)} for l in range(self.model.n_blocks)
+                   if self.trainable(l)]
+                + [{"params": self.head_params()}])
+
+    def local_update(self, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                     hidden: list[torch.Tensor], credit: list[torch.Tensor],
+                     lam: float = 0.0) -> torch.Tensor:
+        """One fused step of a local-credit method (dfa, dfa-penalty, sb, cb), given a_0 … a_L:
+
+            J = CE(out_head(out_ln(h_L.detach())), y)                            out_ln, out_head
+              + (embed(x) · a_0).sum(-1).mean()                                  embed
+              + Σ_{l trainable} (f_l(h_l.detach()) · a_{l+1}).sum(-1).mean()    block l
+                                + λ · mean_i ‖f_l(h_l.detach())_i‖²
+
+        The parameter sets of the terms are disjoint, so ONE backward of J gives each part exactly
+        the gradient of its own loss; then each trainable block's gradient is clipped to norm
+        `settings.clip` and one optimizer step is taken. Returns the batch CE (detached).
+        """
+        h = [t.detach() for t in hidden]
+        a = [t.detach() for t in credit]
+        ce = F.cross_entropy(self.model.readout(h[-1]), y)
+        total = ce + (self.model.embed(x.flatten(1)) * a[0]).sum(-1).mean()
+        trainable = [l for l in range(self.model.n_blocks) if self.trainable(l)]
+        for l in trainable:
+            f = self.model.blocks[l](h[l])
+            total = total + (f * a[l + 1]).sum(-1).mean()
+            if lam:
+                total = total + lam * f.pow(2).sum(-1).mean()
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        for l in trainable:
+            torch.nn.utils.clip_grad_norm_(self.block_params(l), self.settings.clip)
+        opt.step()
+        return ce.detach()
+
     def add_optimizer(self, params) -> torch.optim.Optimizer:
         """AdamW(lr, weight decay) with cosine annealing to 0 over the run (stepped per epoch)."""
         opt = torch.optim.AdamW(params, lr=self.settings.lr, weight_decay=self.settings.weight_decay)

@@ -1,0 +1,107 @@
+"""A dataset held as whole tensors on the target device, with batched augmentation.
+
+Following airbench: the data live as one tensor per split on the device; a training batch is an
+index into it, and augmentation is a few batched tensor ops — no per-sample Python, no DataLoader.
+Images are kept as raw uint8 (N, C, H, W) and converted + normalised per batch, so the crop's zero
+padding is a black pixel exactly as in torchvision's `RandomCrop(32, padding=4)` applied before
+`Normalize` (the paper's pipeline).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+
+def random_crop_flip(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
+    """Per-sample random crop with `pad`-pixel zero padding, then a random horizontal flip (p=½).
+
+    x: (N, C, H, W) of any dtype. Equivalent to padding each image by `pad` zeros, taking an
+    H×W window at offset (top, left) ∈ {0…2·pad}², and mirroring left-right with probability ½;
+    done for the whole batch as a single gather. Random numbers come from the CPU generator `gen`,
+    so a run is reproducible on any device.
+    """
+    n, c, h, w = x.shape
+    offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=gen).to(x.device)
+    flip = (torch.rand(n, generator=gen) < 0.5).to(x.device)
+    padded = F.pad(x, (pad, pad, pad, pad))
+    rows = offsets[:, :1] + torch.arange(h, device=x.device)                    # (N, H)
+    cols = offsets[:, 1:] + torch.arange(w, device=x.device)                    # (N, W)
+    cols = torch.where(flip[:, None], cols.flip(1), cols)                       # mirror = reversed columns
+    batch = torch.arange(n, device=x.device)[:, None, None, None]
+    chan = torch.arange(c, device=x.device)[None, :, None, None]
+    return padded[batch, chan, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+@dataclass
+class ArrayDataset:
+    """Train/test tensors plus what is needed to turn a raw batch into network input.
+
+    x_*: uint8 images (N, C, H, W) or float features (N, D); y_*: int64 labels.
+    mean/std: per-channel normalisation for images (shape (C, 1, 1)); None for features that are
+    already standardised. `augment` turns on crop + flip for training batches (images only).
+    """
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    n_classes: int
+    mean: torch.Tensor | None = None
+    std: torch.Tensor | None = None
+    augment: bool = False
+    pad: int = 4
+
+    @property
+    def d_in(self) -> int:
+        return int(self.x_train[0].numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self.x_train.device
+
+    def to(self, device: torch.device | str) -> "ArrayDataset":
+        move = lambda t: None if t is None else t.to(device)
+        return replace(self, x_train=move(self.x_train), y_train=move(self.y_train),
+                       x_test=move(self.x_test), y_test=move(self.y_test),
+                       mean=move(self.mean), std=move(self.std))
+
+    def prepare(self, x: torch.Tensor, train: bool = False,
+                gen: torch.Generator | None = None) -> torch.Tensor:
+        """Raw batch → float32 network input (N, D_in): augment (train only), scale, normalise."""
+        if train and self.augment:
+            if gen is None:
+                raise ValueError("augmentation needs a generator")
+            x = random_crop_flip(x, self.pad, gen)
+        if x.dtype == torch.uint8:
+            x = x.float().div_(255.0)
+        else:
+            x = x.float()
+        if self.mean is not None:
+            x = (x - self.mean) / self.std
+        return x.flatten(1)
+
+    def train_batches(self, batch_size: int, gen: torch.Generator
+                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of shuffled, augmented training batches (the last one may be smaller)."""
+        order = torch.randperm(len(self.y_train), generator=gen).to(self.device)
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            yield self.prepare(self.x_train[idx], train=True, gen=gen), self.y_train[idx]
+
+    def eval_batches(self, split: str = "test", batch_size: int = 128
+                     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Un-augmented batches of a split in a fixed order."""
+        x, y = (self.x_test, self.y_test) if split == "test" else (self.x_train, self.y_train)
+        for start in range(0, len(y), batch_size):
+            yield self.prepare(x[start:start + batch_size]), y[start:start + batch_size]
+
+    def eval_batch(self, index: int = 0, batch_size: int = 128, split: str = "test"
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `index`-th fixed, un-augmented batch of a split (the monitor's eval batch is index 0)."""
+        x, y = (self.x_test, self.y_test) if split == "test" else (self.x_train, self.y_train)
+        sl = slice(index * batch_size, (index + 1) * batch_size)
+        return self.prepare(x[sl]), y[sl]

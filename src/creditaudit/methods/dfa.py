@@ -1,0 +1,91 @@
+"""dfa — direct feedback alignment (Nøkland 2016), as in the paper's script; dfa-penalty adds λ‖f‖².
+
+    e       = softmax(logits) − onehot(y)                       (N, C), from one no-grad forward
+    B_l     ~ N(0, 1/C), shape (d, C), l = 0 … max(L, 1) − 1     fixed, drawn once per seed
+    a_{l+1} = rms_normalise(e · B_lᵀ)                            credit at block l's output
+    a_0     = rms_normalise(e · B_0ᵀ)                            the embedding reuses B_0 (script)
+
+    block l (trainable):  (f_l(h_l.detach()) · a_{l+1}).sum(-1).mean()  [+ λ · mean_i ‖f_l(h_l)_i‖²]
+    embed:                (embed(x) · a_0).sum(-1).mean()
+    out_ln, out_head:     CE(out_head(out_ln(h_L.detach())), y)
+
+Credit mapping returned by `credit`: [a_0, a_1, …, a_L] as above, so a_0 = a_1 (both from B_0)
+whenever L ≥ 1, exactly as the paper script indexes it (dfa_epoch: block l uses Bs[l], embed Bs[0]).
+With no blocks (shallow) one matrix B_0 is still drawn, for the embedding.
+
+The script's per-block loop (one optimizer, one backward and one clip per block) is fused here into
+one backward of the summed losses, one AdamW with a parameter group per part, a per-block clip at
+settings.clip and one step: the parameter sets are disjoint, so the result is the same (tested).
+
+The feedback matrices come from a generator derived from (seed, "method:dfa") for both variants, so
+dfa and dfa-penalty of one seed share their B (λ = 0 reproduces dfa exactly).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..seeding import derived_generator
+from .base import Method, output_error, rms_normalise
+
+
+def draw_feedback(model, gen: torch.Generator) -> list[torch.Tensor]:
+    """B_l ~ N(0, 1/C), shape (d, C), one per block (at least one, for the embedding)."""
+    d, c = model.d, model.n_classes
+    like = model.out_head.weight
+    return [(torch.randn(d, c, generator=gen, dtype=torch.float64) / math.sqrt(c))
+            .to(device=like.device, dtype=like.dtype) for _ in range(max(model.n_blocks, 1))]
+
+
+def dfa_credit(e: torch.Tensor, feedback: list[torch.Tensor], n_blocks: int) -> list[torch.Tensor]:
+    """[a_0, …, a_L] with a_0 = rms(e·B_0ᵀ) and a_{l+1} = rms(e·B_lᵀ)."""
+    projected = [rms_normalise(e @ b.T) for b in feedback]             # a = e · Bᵀ / rms
+    return [projected[0]] + projected[:n_blocks]
+
+
+class DFA(Method):
+    name = "dfa"
+    random_feedback = True
+    penalised = False
+
+    def __init__(self, model, settings):
+        super().__init__(model, settings)
+        self.gen = derived_generator(settings.seed, "method:dfa")
+        self.feedback = draw_feedback(model, self.gen)
+        self.opt = self.add_optimizer(self.local_param_groups())
+
+    @property
+    def lam(self) -> float:
+        return self.settings.lam if self.penalised else 0.0
+
+    def _credit(self, x, y, feedback):
+        with torch.no_grad():
+            logits, hidden = self.model(x, return_hidden=True)
+            e = output_error(logits, y)                                    # e = softmax − onehot
+        return hidden, dfa_credit(e, feedback, self.model.n_blocks)
+
+    def train_step(self, x, y):
+        hidden, credit = self._credit(x, y, self.feedback)
+        return self.local_update(self.opt, x, y, hidden, credit, lam=self.lam)
+
+    def credit(self, x, y):
+        return self._credit(x, y, self.feedback)[1]
+
+    def fresh_feedback_credit(self, x, y, gen):
+        return self._credit(x, y, draw_feedback(self.model, gen))[1]
+
+    def extra_state(self):
+        return {"feedback": {f"B{l}": b for l, b in enumerate(self.feedback)}}
+
+    def load_extra_state(self, state):
+        saved = state.get("feedback", {})
+        for l, b in enumerate(self.feedback):
+            b.copy_(saved[f"B{l}"])
+
+
+class DFAPenalty(DFA):
+    """dfa plus λ · mean_i ‖f_l(h_l)_i‖² in every trainable block's local loss (λ = settings.lam)."""
+
+    name = "dfa-penalty"
+    penalised = True

@@ -1,0 +1,507 @@
+"""The audit protocol of SPEC §6: diagnostics → flags → verdict, for one trained model.
+
+    (a)  EXPLODED    max_l ‖h_{l+1}‖/‖h_l‖ > 50                 scale stability
+    (b)  AT FLOOR    ‖g_L‖ < 1e-7                                reference validity (paper)
+    (b′) ATTENUATED  readout gain ‖g_L‖/‖∂CE/∂logits‖ < 1e-2     reference validity (this project)
+    (c)  DRIFT       cross-batch stability s_{L/2} > 0.30        descriptive: never changes a verdict
+    (d)  UNDERCUT    test acc < frozen-blocks acc + 0.02         depth utility
+
+    project verdict = "trustworthy" if none of (a), (b′), (d) fires, else "walk back: <fired>"
+    paper verdict   = the same with (b) in place of (b′), shown beside it for comparability
+
+A residual stream that goes non-finite counts as (a) fired ("non-finite residual stream"), and its
+(b)/(b′) as fired too: a NaN reference gradient is no reference.
+
+`diagnose` measures everything on the eval batches the caller hands it (a list of (x, y)); the
+protocol knows no training loop. Norms, gain, accuracy and Γ pool the samples of all batches (each
+batch's CE mean-reduced over that batch, the paper's convention — use batches of 128 so the floor
+threshold means what it says); s_l needs the batches separately.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from . import metrics as M
+from .model import as_stream
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Flag thresholds (SPEC §6). Accuracies are fractions: depth_margin 0.02 = 2 points."""
+
+    growth: float = 50.0
+    floor: float = 1e-7
+    gain: float = 1e-2
+    drift: float = 0.30
+    depth_margin: float = 0.02
+
+
+FLAG_NAMES = {"a": "(a) EXPLODED", "b": "(b) AT FLOOR", "b_prime": "(b′) ATTENUATED",
+              "c": "(c) DRIFT", "d": "(d) UNDERCUT"}
+PROJECT_FLAGS = ("a", "b_prime", "d")
+PAPER_FLAGS = ("a", "b", "d")
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON helpers
+# ---------------------------------------------------------------------------------------------
+
+def json_safe(value: Any) -> Any:
+    """Recursively make `value` acceptable to json.dumps(allow_nan=False).
+
+    NaN → None ("could not be measured"); +inf / −inf → the strings "inf" / "-inf" (a measured,
+    unbounded value, e.g. growth from a zero norm); tensors → lists; tuples → lists.
+    """
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return value
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _num(value: Any) -> float:
+    """Inverse of json_safe for one number: None → NaN, "inf" → inf."""
+    if value is None:
+        return float("nan")
+    return float(value)
+
+
+def _fmt(value: float | None, spec: str = ".3g") -> str:
+    """format(value, spec); None → "—" and NaN → "nan", both padded to the spec's width."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        width = "".join(c for c in spec.split(".")[0] if c.isdigit())
+        return format("—" if value is None else "nan", f">{width}" if width else "")
+    return format(value, spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# The flags, from the statistics (shared by diagnose, the monitor history and the sensitivity table)
+# ---------------------------------------------------------------------------------------------
+
+# The fires_* functions accept floats or their JSON-safe forms (None = NaN, "inf"), so they work
+# on an in-memory monitor history and on one read back from metrics JSON alike.
+
+def fires_a(max_growth: float | str | None, t: Thresholds) -> bool:
+    """(a) fires above the threshold, and for a non-finite statistic (non-finite stream)."""
+    max_growth = _num(max_growth)
+    return not math.isfinite(max_growth) or max_growth > t.growth
+
+
+def fires_b(g_last: float | str | None, t: Thresholds) -> bool:
+    """(b) fires below the floor, and for a NaN/inf reference gradient."""
+    g_last = _num(g_last)
+    return not math.isfinite(g_last) or g_last < t.floor
+
+
+def fires_b_prime(gain: float | str | None, t: Thresholds) -> bool:
+    """(b′) fires below the gain threshold, and for a NaN/inf gain."""
+    gain = _num(gain)
+    return not math.isfinite(gain) or gain < t.gain
+
+
+def fires_c(stability_mid: float | str | None, t: Thresholds) -> bool | None:
+    """(c) fires above the drift threshold; None when s could not be measured."""
+    stability_mid = _num(stability_mid)
+    return None if math.isnan(stability_mid) else stability_mid > t.drift
+
+
+def first_fire_epochs(history: Sequence[dict], thresholds: Thresholds = Thresholds()
+                      ) -> dict[str, int | None]:
+    """The first epoch at which (a), (b) and (b′) fired in a training-time monitor history.
+
+    history: one dict per epoch with keys epoch, h_norms, g_norms, max_growth, gain (test_acc is
+    ignored here). Values may be JSON-safe (None / "inf"). max_growth is recomputed from h_norms
+    when absent. Returns {"a": epoch | None, "b": …, "b_prime": …}; None = never fired.
+    """
+    first: dict[str, int | None] = {"a": None, "b": None, "b_prime": None}
+    for row in history:
+        growth = (row["max_growth"] if "max_growth" in row
+                  else M.max_block_growth([_num(v) for v in row["h_norms"]]))
+        fired = {"a": fires_a(growth, thresholds), "b": fires_b(row["g_norms"][-1], thresholds),
+                 "b_prime": fires_b_prime(row["gain"], thresholds)}
+        for key, on in fired.items():
+            if on and first[key] is None:
+                first[key] = int(row["epoch"])
+    return first
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Report:
+    """Everything `diagnose` measured and concluded. `str(report)` is a fixed-width table;
+    `to_dict()` is JSON-ready (see `json_safe` for how non-finite numbers are written)."""
+
+    label: str
+    n_batches: int
+    n_samples: int
+    thresholds: Thresholds
+    residual_norms: list[float]               # (a) median ‖h_l‖, l = 0 … L
+    bp_grad_norms: list[float]                # (b) median ‖g_l‖
+    readout_gain: float                       # (b′)
+    max_growth: float                         # (a) statistic
+    eval_loss: float                          # mean CE over the eval batches
+    eval_acc: float
+    logit_grad_norm: float                    # median ‖∂CE/∂logits_i‖ (what (b′) divides out)
+    nonfinite: bool
+    stability: list[float]                    # (c) s_l, l = 0 … L
+    mid_layer: int                            # L // 2
+    flags: dict[str, bool | None]             # a, b, b_prime, c, d
+    verdict: str
+    paper_verdict: str
+    reasons: list[str]                        # one sentence per fired flag
+    notes: list[str] = field(default_factory=list)   # (b)/(b′) disagreement and other caveats
+    gamma: list[float] | None = None          # Γ_l, l = 0 … L
+    gamma_interpretable: bool | None = None
+    null: M.NullCalibration | None = None
+    gamma_z: list[float] | None = None
+    rho: list[M.PerturbationCorrelation] | None = None
+    depth: M.DepthUtility | None = None
+    first_fire: dict[str, int | None] | None = None
+
+    @property
+    def stability_mid(self) -> float:
+        return self.stability[self.mid_layer]
+
+    @property
+    def trustworthy(self) -> bool:
+        return self.verdict == "trustworthy"
+
+    def to_dict(self) -> dict:
+        d = {
+            "label": self.label, "verdict": self.verdict, "paper_verdict": self.paper_verdict,
+            "flags": self.flags, "reasons": self.reasons, "notes": self.notes,
+            "nonfinite": self.nonfinite, "n_batches": self.n_batches, "n_samples": self.n_samples,
+            "residual_norms": self.residual_norms, "bp_grad_norms": self.bp_grad_norms,
+            "readout_gain": self.readout_gain, "max_growth": self.max_growth,
+            "eval_loss": self.eval_loss, "eval_acc": self.eval_acc,
+            "logit_grad_norm": self.logit_grad_norm,
+            "stability": self.stability, "mid_layer": self.mid_layer,
+            "stability_mid": self.stability_mid,
+            "gamma": self.gamma, "gamma_interpretable": self.gamma_interpretable,
+            "null": None if self.null is None else self.null.to_dict(),
+            "gamma_z": self.gamma_z,
+            "rho": None if self.rho is None else [r.to_dict() for r in self.rho],
+            "depth": None if self.depth is None else self.depth.to_dict(),
+            "first_fire": self.first_fire,
+            "thresholds": asdict(self.thresholds),
+        }
+        return json_safe(d)
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
+
+    def __str__(self) -> str:
+        t = self.thresholds
+        title = f"creditaudit report{' — ' + self.label if self.label else ''}"
+        lines = [title, "=" * len(title),
+                 f"eval: {self.n_batches} batches, {self.n_samples} samples; "
+                 f"loss {_fmt(self.eval_loss, '.4g')}, acc {_fmt(self.eval_acc, '.4f')}",
+                 f"verdict (project, uses b′): {self.verdict}",
+                 f"verdict (paper, uses b):    {self.paper_verdict}", ""]
+        rho_by_layer = {r.layer: r for r in self.rho or []}
+        head = f"{'layer':>5}  {'‖h_l‖':>10}  {'‖g_l‖':>10}  {'s_l':>7}"
+        if self.gamma is not None:
+            head += f"  {'Γ_l':>8}"
+        if self.null is not None:
+            head += f"  {'null μ±σ':>15}  {'z':>7}"
+        if self.rho:
+            head += f"  {'ρ method':>8}  {'ρ bp':>7}  {'ρ rand':>7}"
+        lines += [head, "-" * len(head)]
+        for l, (hn, gn) in enumerate(zip(self.residual_norms, self.bp_grad_norms)):
+            row = f"{l:>5}  {_fmt(hn, '10.3e')}  {_fmt(gn, '10.3e')}  {_fmt(self.stability[l], '+7.3f')}"
+            if self.gamma is not None:
+                mark = "" if self.gamma_interpretable else "*"
+                row += f"  {_fmt(self.gamma[l], '+7.3f') + mark:>8}"
+            if self.null is not None:
+                ms = f"{_fmt(self.null.mean[l], '+.3f')}±{_fmt(self.null.std[l], '.3f')}"
+                row += f"  {ms:>15}  {_fmt(self.gamma_z[l], '+7.1f'):>7}"
+            if self.rho:
+                r = rho_by_layer.get(l)
+                row += (f"  {_fmt(r.method, '+8.3f') if r and r.method is not None else '':>8}"
+                        f"  {_fmt(r.bp, '+7.3f') if r else '':>7}"
+                        f"  {_fmt(r.random, '+7.3f') if r else '':>7}")
+            lines.append(row)
+        if self.gamma is not None and not self.gamma_interpretable:
+            lines.append("  * Γ uninterpretable: (b) or (b′) fired, the reference gradient is invalid")
+        lines += ["", f"{'diagnostic':<17} {'value':>11}  {'threshold':>10}  flag",
+                  f"{'(a) max growth':<17} {_fmt(self.max_growth, '11.4g')}  "
+                  f"{'> ' + format(t.growth, 'g'):>10}  {self._flag('a')}",
+                  f"{'(b) ‖g_L‖':<17} {_fmt(self.bp_grad_norms[-1], '11.3e')}  "
+                  f"{'< ' + format(t.floor, 'g'):>10}  {self._flag('b')}",
+                  f"{'(b′) readout gain':<17} {_fmt(self.readout_gain, '11.3e')}  "
+                  f"{'< ' + format(t.gain, 'g'):>10}  {self._flag('b_prime')}",
+                  f"{'(c) s_L/2 (l=' + str(self.mid_layer) + ')':<17} "
+                  f"{_fmt(self.stability_mid, '11.3f')}  {'> ' + format(t.drift, 'g'):>10}  "
+                  f"{self._flag('c')} (descriptive)"]
+        if self.depth is not None:
+            lines.append(f"{'(d) acc − frozen':<17} {_fmt(self.depth.gap, '+11.4f')}  "
+                         f"{'< ' + format(t.depth_margin, 'g'):>10}  {self._flag('d')}"
+                         f"   (acc {self.depth.acc:.4f} vs frozen {self.depth.frozen_acc:.4f})")
+        else:
+            lines.append(f"{'(d) acc − frozen':<17} {'—':>11}  {'':>10}  not measured (no frozen control)")
+        if self.first_fire is not None:
+            ff = ", ".join(f"{FLAG_NAMES[k].split()[0]} epoch {v}" if v is not None
+                           else f"{FLAG_NAMES[k].split()[0]} never" for k, v in self.first_fire.items())
+            lines.append(f"first fired during training: {ff}")
+        if self.reasons or self.notes:
+            lines.append("")
+        lines += [f"- {r}" for r in self.reasons] + [f"- {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _flag(self, key: str) -> str:
+        on = self.flags.get(key)
+        return "n/a" if on is None else (FLAG_NAMES[key].split(" ", 1)[1] if on else "ok")
+
+
+# ---------------------------------------------------------------------------------------------
+# diagnose
+# ---------------------------------------------------------------------------------------------
+
+def _credit_fn(method) -> Callable | None:
+    if method is None:
+        return None
+    if hasattr(method, "credit"):
+        return method.credit
+    if callable(method):
+        return method
+    raise TypeError("method must be a creditaudit Method or a callable (x, y) -> [a_0, …, a_L]")
+
+
+def _pooled_bp(bps: list[M.BPGradients]) -> M.BPGradients:
+    """All eval batches' samples as one BPGradients (each batch keeps its own 1/N_j)."""
+    cat = lambda ts: torch.cat(ts)
+    n_layers = len(bps[0].hidden)
+    total = sum(len(b.logits) for b in bps)
+    loss = sum(b.loss * len(b.logits) for b in bps) / total
+    return M.BPGradients([cat([b.hidden[l] for b in bps]) for l in range(n_layers)],
+                         [cat([b.grads[l] for b in bps]) for l in range(n_layers)],
+                         cat([b.logit_grad for b in bps]), cat([b.logits for b in bps]), loss)
+
+
+def _verdict(flags: dict[str, bool | None], keys: Sequence[str], nonfinite: bool) -> str:
+    fired = []
+    for k in keys:
+        if flags.get(k):
+            name = FLAG_NAMES[k]
+            fired.append(f"{name} (non-finite residual stream)" if nonfinite and k == "a" else name)
+    return "walk back: " + ", ".join(fired) if fired else "trustworthy"
+
+
+def _reasons(r: Report) -> list[str]:
+    t, f, out = r.thresholds, r.flags, []
+    if f["a"]:
+        if r.nonfinite:
+            out.append("(a) EXPLODED: the residual stream is non-finite (inf/NaN) on the eval "
+                       "batches, so every number measured on it — accuracy, Γ, ρ — is invalid.")
+        else:
+            out.append(f"(a) EXPLODED: one block multiplies ‖h‖ by {r.max_growth:.3g} "
+                       f"(> {t.growth:g}; ‖h_L‖ = {r.residual_norms[-1]:.3g}), so the headline "
+                       "accuracy is read through a terminal LayerNorm hiding an unstable stream "
+                       "and does not show that the blocks learned a usable representation.")
+    if r.nonfinite:
+        out += [f"{FLAG_NAMES[k]}: the BP reference gradient is non-finite, so Γ has no reference "
+                "to be compared with." for k in ("b", "b_prime") if f[k]]
+    elif f["b"]:
+        out.append(f"(b) AT FLOOR: ‖g_L‖ = {r.bp_grad_norms[-1]:.3g} < {t.floor:g}, so the "
+                   "reported Γ is a cosine against a floor-level reference and means nothing.")
+    if f["b_prime"] and not r.nonfinite:
+        out.append(f"(b′) ATTENUATED: the readout passes only {r.readout_gain:.3g} of the output "
+                   f"error back into the residual stream (< {t.gain:g}), so the reported Γ is a "
+                   "cosine against a reference that no longer carries the loss's signal.")
+    if f["c"]:
+        out.append(f"(c) DRIFT: s at layer {r.mid_layer} is {r.stability_mid:.3f} (> {t.drift:g}): "
+                   "one sample-invariant direction dominates the true gradient, so a high Γ there "
+                   "can come from matching that drift rather than per-sample credit "
+                   "(descriptive; it does not change the verdict).")
+    if f["d"] and r.depth is not None:
+        out.append(f"(d) UNDERCUT: accuracy {r.depth.acc:.4f} does not clear the frozen-blocks "
+                   f"control {r.depth.frozen_acc:.4f} by {100 * t.depth_margin:g} points, so the "
+                   "headline accuracy does not show that the trained blocks add anything.")
+    return out
+
+
+def _disagreement(r: Report) -> list[str]:
+    """The sentence SPEC §6 asks for when (b) and (b′) disagree."""
+    if r.nonfinite or r.flags["b"] == r.flags["b_prime"]:
+        return []
+    t = r.thresholds
+    if r.flags["b"]:
+        return [f"(b) fired but the readout gain is healthy ({r.readout_gain:.3g} ≥ {t.gain:g}): "
+                f"‖g_L‖ = {r.bp_grad_norms[-1]:.3g} is small because the error at the logits is "
+                f"small (median ‖∂CE/∂logits‖ = {r.logit_grad_norm:.3g}, eval loss "
+                f"{r.eval_loss:.3g}: the model fits its eval batches), not because the readout "
+                "attenuates it. The project verdict follows (b′)."]
+    return [f"(b′) fired but (b) did not: ‖g_L‖ = {r.bp_grad_norms[-1]:.3g} stays above "
+            f"{t.floor:g} only because the error at the logits is large (eval loss "
+            f"{r.eval_loss:.3g}), while the readout attenuates it to {r.readout_gain:.3g} of its "
+            "size — the absolute floor confounds the two. The project verdict follows (b′)."]
+
+
+def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
+             method=None, frozen_acc: float | None = None, test_acc: float | None = None,
+             thresholds: Thresholds = Thresholds(), monitor_history: Sequence[dict] | None = None,
+             null: bool | None = None, null_k: int = 20, null_seed: int = 0,
+             rho: bool | Sequence[int] = False, rho_m: int = 32, rho_eps: float = 1e-3,
+             rho_seed: int = 0, label: str = "") -> Report:
+    """Run the SPEC §6 protocol on `model` (a ResidualStream or a model with `.stream()`).
+
+    eval_batches:    list of (x, y); SPEC: K ≥ 8 disjoint batches of 128 (s_l needs K ≥ 2).
+    method:          a Method, or a callable (x, y) -> [a_0 … a_L]; gives Γ (and the null).
+    frozen_acc:      accuracy of the frozen-blocks control; without it (d) is None (not measured).
+    test_acc:        the headline accuracy for (d); defaults to the accuracy on the eval batches.
+    monitor_history: per-epoch monitor dicts → the epoch each of (a), (b), (b′) first fired.
+    null:            Γ under `null_k` fresh feedback draws; None = do it when the method has
+                     random feedback. Costs null_k × K credit computations.
+    rho:             True = ρ at the deep positions 1 … L, or a list of layers; on the first eval
+                     batch, with its BP and random controls. Off by default (a batched float64
+                     forward of M·N states per layer).
+    Never raises on a non-finite model: the report says so instead.
+    """
+    if not eval_batches:
+        raise ValueError("diagnose needs at least one eval batch")
+    module = model if isinstance(model, torch.nn.Module) else None
+    was_training = module.training if module is not None else False
+    if module is not None:
+        module.eval()                  # per-sample forward: BatchNorm/Dropout in eval mode
+    try:
+        return _diagnose(model, list(eval_batches), method, frozen_acc, test_acc, thresholds,
+                         monitor_history, null, null_k, null_seed, rho, rho_m, rho_eps, rho_seed,
+                         label)
+    finally:
+        if module is not None:
+            module.train(was_training)
+
+
+def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, null_k, null_seed,
+              rho, rho_m, rho_eps, rho_seed, label) -> Report:
+    stream = as_stream(model)
+    bps = [M.bp_gradients(stream, x, y) for x, y in batches]
+    pooled = _pooled_bp(bps)
+    h_norms = [M.median(M.per_sample_norm(h)) for h in pooled.hidden]
+    g_norms = [M.median(M.per_sample_norm(g)) for g in pooled.grads]
+    gain = M.readout_gain_from(pooled)
+    growth = M.max_block_growth(h_norms)
+    nonfinite = not all(bool(torch.isfinite(h).all()) for h in pooled.hidden)
+    if nonfinite:
+        growth = float("nan")
+    eval_acc = float((pooled.logits.argmax(-1) == torch.cat([y for _, y in batches])).float().mean())
+    stability = M.cross_batch_stability_from([b.grads for b in bps])
+    mid = stream.n_blocks // 2
+
+    depth = None
+    if frozen_acc is not None:
+        depth = M.depth_utility(eval_acc if test_acc is None else test_acc, frozen_acc,
+                                t.depth_margin)
+    flags = {"a": fires_a(growth, t), "b": fires_b(g_norms[-1], t),
+             "b_prime": fires_b_prime(gain, t), "c": fires_c(stability[mid], t),
+             "d": None if depth is None else depth.undercut}
+
+    report = Report(label, len(batches), len(pooled.logits), t, h_norms, g_norms, gain, growth,
+                    pooled.loss, eval_acc, M.median(M.per_sample_norm(pooled.logit_grad)),
+                    nonfinite, stability, mid, flags, _verdict(flags, PROJECT_FLAGS, nonfinite),
+                    _verdict(flags, PAPER_FLAGS, nonfinite), [], depth=depth)
+    report.reasons = _reasons(report)
+    report.notes = _disagreement(report)
+    if len(batches) < 8:
+        report.notes.append(f"cross-batch stability used K = {len(batches)} batches; SPEC asks "
+                            "for K ≥ 8, so s_l is noisier than the paper's.")
+
+    credit_fn = _credit_fn(method)
+    if credit_fn is not None:
+        credits = [credit_fn(x, y) for x, y in batches]
+        report.gamma = M.gradient_cosine(M._pool(credits), pooled.grads)
+        report.gamma_interpretable = not (flags["b"] or flags["b_prime"])
+        if null is None:
+            null = bool(getattr(method, "random_feedback", False))
+        if null:
+            report.null = M.null_calibration(method, stream, batches, None, k=null_k,
+                                             seed=null_seed)
+            report.gamma_z = report.null.z(report.gamma)
+    if rho:
+        layers = range(1, stream.n_blocks + 1) if rho is True else rho
+        x0, y0 = batches[0]
+        a0 = credit_fn(x0, y0) if credit_fn is not None else None
+        report.rho = [M.perturbation_with_controls(model, x0, y0, l, a0, m=rho_m, eps=rho_eps,
+                                                   gen=M.derived_generator(rho_seed, f"rho:{l}"))
+                      for l in layers]
+    if history is not None:
+        report.first_fire = first_fire_epochs(history, t)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Threshold sensitivity
+# ---------------------------------------------------------------------------------------------
+
+# threshold name → (statistic read from a report dict, direction in which the flag fires)
+_SENSITIVITY = {
+    "growth": (lambda d: d["max_growth"], ">"),
+    "floor": (lambda d: d["bp_grad_norms"][-1], "<"),
+    "gain": (lambda d: d["readout_gain"], "<"),
+    "drift": (lambda d: d["stability_mid"], ">"),
+    "depth_margin": (lambda d: (d.get("depth") or {}).get("gap"), "<"),
+}
+
+
+def threshold_sensitivity(reports: Sequence[Report | dict], thresholds: Thresholds | None = None
+                          ) -> tuple[dict, str]:
+    """For each threshold, the interval over which every run's flag stays as it is now.
+
+    A flag that fires when stat > T (growth, drift) keeps every run's verdict for any T' in
+    [max stat of the runs it spares, min stat of the runs it fires on); one that fires when
+    stat < T (floor, gain, depth_margin on acc − frozen) for any T' in (max fired, min spared].
+    An open end is ±inf ("inf"/"-inf" in JSON). Runs whose statistic is NaN (non-finite stream,
+    or nothing measured) fire or stay unmeasured whatever the threshold; they are counted apart
+    and do not narrow the interval. `thresholds` defaults to those stored in the first report.
+    Returns (JSON-ready dict, fixed-width table).
+    """
+    dicts = [r.to_dict() if isinstance(r, Report) else r for r in reports]
+    if thresholds is None:
+        thresholds = Thresholds(**dicts[0]["thresholds"]) if dicts else Thresholds()
+    out: dict[str, dict] = {}
+    for name, (stat_of, direction) in _SENSITIVITY.items():
+        current = getattr(thresholds, name)
+        stats = [_num(stat_of(d)) for d in dicts]
+        labels = [d.get("label", "") or f"run {i}" for i, d in enumerate(dicts)]
+        measured = [(s, lab) for s, lab in zip(stats, labels) if not math.isnan(s)]
+        if direction == ">":
+            fired = [s for s, _ in measured if s > current]
+            spared = [s for s, _ in measured if s <= current]
+            lo, hi = max(spared, default=-math.inf), min(fired, default=math.inf)
+            shape = "[lo, hi)"
+        else:
+            fired = [s for s, _ in measured if s < current]
+            spared = [s for s, _ in measured if s >= current]
+            lo, hi = max(fired, default=-math.inf), min(spared, default=math.inf)
+            shape = "(lo, hi]"
+        out[name] = {"current": current, "fires_when": f"stat {direction} threshold",
+                     "interval": [lo, hi], "interval_shape": shape,
+                     "n_fired": len(fired), "n_spared": len(spared),
+                     "n_unmeasured": len(stats) - len(measured),
+                     "per_run": {lab: s for s, lab in zip(stats, labels)}}
+    result = json_safe(out)
+    head = f"{'threshold':<13} {'current':>9}  {'fires if':>8}  {'same verdicts for':<28} fired/spared/n.m."
+    lines = [head, "-" * len(head)]
+    for name, row in out.items():
+        lo, hi = row["interval"]
+        left, right = row["interval_shape"][0], row["interval_shape"][-1]
+        interval = f"{left}{_fmt(lo, '.3g')}, {_fmt(hi, '.3g')}{right}"
+        lines.append(f"{name:<13} {row['current']:>9.3g}  {row['fires_when'].split()[1] + ' T':>8}"
+                     f"  {interval:<28} {row['n_fired']}/{row['n_spared']}/{row['n_unmeasured']}")
+    return result, "\n".join(lines)

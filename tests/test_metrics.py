@@ -1,0 +1,258 @@
+"""Tests for the SPEC §6 measurements in creditaudit.metrics."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from creditaudit import metrics as M
+from creditaudit.data.generated import load_digits
+from creditaudit.model import ResidualMLP, ResidualStream
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny: one intra-op thread is as fast, and does not collapse when the
+    test machine's cores are shared (two spinning OpenMP threads on a busy 2-core box are ~20×
+    slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits()
+
+
+@pytest.fixture(scope="module")
+def trained(digits):
+    """A small ResidualMLP trained with plain AdamW on digits (~98 % test accuracy)."""
+    torch.manual_seed(0)
+    model = ResidualMLP(digits.d_in, d=64, n_blocks=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(150):
+        idx = torch.randint(0, len(digits.y_train), (128,), generator=gen)
+        loss = F.cross_entropy(model(digits.x_train[idx]), digits.y_train[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert M.accuracy(model, [digits.eval_batch(0, 360)]) > 0.9
+    return model
+
+
+@pytest.fixture(scope="module")
+def fresh(digits):
+    torch.manual_seed(1)
+    return ResidualMLP(digits.d_in, d=64, n_blocks=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Γ
+# ---------------------------------------------------------------------------------------------
+
+def test_gamma_is_exact_at_the_floor_where_cosine_similarity_is_not():
+    gen = torch.Generator().manual_seed(0)
+    n, d = 64, 256
+    g_dir = F.normalize(torch.randn(n, d, generator=gen), dim=-1)
+    other = torch.randn(n, d, generator=gen)
+    other = F.normalize(other - (other * g_dir).sum(-1, keepdim=True) * g_dir, dim=-1)
+    a = 0.6 * g_dir + 0.8 * other                       # unit, cos(a, g) = 0.6 exactly
+    g = 1e-10 * g_dir                                   # floor-level reference, like exploded DFA
+    gamma = M.gradient_cosine([a], [g])[0]
+    assert gamma == pytest.approx(0.6, abs=1e-6)
+    clamped = float(F.cosine_similarity(a, g, dim=-1).mean())
+    assert clamped < 0.6 / 50                           # the clamp shrinks it ~100×
+    # and at ordinary scales the two agree
+    assert M.gradient_cosine([a], [g_dir])[0] == pytest.approx(
+        float(F.cosine_similarity(a, g_dir, dim=-1).mean()), abs=1e-6)
+
+
+def test_gamma_zero_rows_are_left_out_and_non_finite_is_nan():
+    g = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 2.0]])
+    a = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, -1.0]])
+    assert M.gradient_cosine([a], [g]) == [pytest.approx(0.0)]     # (1 + (−1)) / 2, row 1 out
+    assert math.isnan(M.gradient_cosine([a], [torch.zeros_like(g)])[0])
+    bad = g.clone()
+    bad[0, 0] = float("nan")
+    assert math.isnan(M.gradient_cosine([a], [bad])[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# ρ
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["fresh", "trained"])
+@pytest.mark.parametrize("layer", [0, 2, 4])
+def test_rho_controls(request, digits, which, layer):
+    model = request.getfixturevalue(which)
+    x, y = digits.eval_batch(0, 128)
+    r = M.perturbation_with_controls(model, x, y, layer, gen=torch.Generator().manual_seed(layer))
+    assert r.bp > 0.95
+    assert abs(r.random) < 0.05
+    assert r.dtype == "float64"
+
+
+def test_rho_of_a_credit_follows_its_direction(trained, digits):
+    x, y = digits.eval_batch(0, 128)
+    g = M.bp_gradients(trained, x, y).grads
+    rho = lambda a: M.perturbation_correlation(trained, x, y, 2, a,
+                                               gen=torch.Generator().manual_seed(0))
+    assert rho(g) > 0.95
+    assert rho([-t for t in g]) < -0.95
+    assert rho(1e6 * g[2]) == pytest.approx(rho(g), abs=1e-9)          # scale-free in a
+
+
+def test_rho_is_one_batched_forward(fresh, digits):
+    """The M perturbed copies go through the network as one (N + M·N, d) batch, not M forwards."""
+    calls: list[int] = []
+    base = fresh.stream()
+
+    def counting(step):
+        def run(h):
+            calls.append(len(h))
+            return step(h)
+        return run
+
+    stream = ResidualStream(base.embed, [counting(s) for s in base.steps], base.readout)
+    x, y = digits.eval_batch(0, 128)
+    M.perturbation_correlation(stream, x, y, 1, torch.randn(128, 64), m=8,
+                               gen=torch.Generator().manual_seed(0))
+    # stream.hidden(x): 4 calls of 128 rows; forward_from(1): 3 calls of 128 + 8·128 rows
+    assert calls == [128] * 4 + [128 * 9] * 3
+
+
+def test_rho_is_zero_when_the_change_is_below_1e_12(fresh, digits):
+    x, y = digits.eval_batch(0, 128)
+    assert M.perturbation_correlation(fresh, x, y, 2, torch.zeros(128, 64)) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) cross-batch stability
+# ---------------------------------------------------------------------------------------------
+
+def test_stability_is_one_for_a_sample_invariant_gradient(fresh, digits):
+    x0, y0 = digits.eval_batch(0, 1)
+    batches = [(x0.repeat(32, 1), y0.repeat(32)) for _ in range(8)]
+    s = M.cross_batch_stability(fresh, batches)
+    assert len(s) == 5
+    assert min(s) > 0.999
+    # nearly identical inputs, one label: still dominated by the shared direction
+    gen = torch.Generator().manual_seed(0)
+    near = [(x0 + 1e-2 * torch.randn(32, x0.shape[1], generator=gen), y0.repeat(32))
+            for _ in range(8)]
+    assert min(M.cross_batch_stability(fresh, near)) > 0.9
+
+
+def test_stability_is_near_zero_for_noise_and_random_labels(fresh, digits):
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(128, digits.d_in, generator=gen),
+                torch.randint(0, 10, (128,), generator=gen)) for _ in range(8)]
+    s = M.cross_batch_stability(fresh, batches)
+    assert max(abs(v) for v in s) < 0.1
+    assert M.cross_batch_stability(fresh, batches, layers=[2]) == [pytest.approx(s[2])]
+
+
+def test_stability_needs_two_batches(fresh, digits):
+    assert math.isnan(M.cross_batch_stability(fresh, [digits.eval_batch(0, 128)])[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Null calibration
+# ---------------------------------------------------------------------------------------------
+
+class _ToyDFA:
+    """A DFA-like credit a_l = e · B_lᵀ, B_l ~ N(0, 1/C), redrawn from `gen` for the null."""
+
+    random_feedback = True
+
+    def __init__(self, model, seed=0):
+        self.model = model
+        self.b = self._draw(torch.Generator().manual_seed(seed))
+
+    def _draw(self, gen):
+        d, c = self.model.d, self.model.n_classes
+        return [torch.randn(d, c, generator=gen) / c ** 0.5 for _ in range(self.model.n_blocks + 1)]
+
+    def _credit(self, x, y, b):
+        with torch.no_grad():
+            logits = self.model(x)
+        e = logits.softmax(-1) - F.one_hot(y, logits.shape[-1]).float()
+        return [e @ bl.T for bl in b]
+
+    def credit(self, x, y):
+        return self._credit(x, y, self.b)
+
+    def fresh_feedback_credit(self, x, y, gen):
+        return self._credit(x, y, self._draw(gen))
+
+
+def test_null_calibration(trained, digits):
+    x, y = digits.eval_batch(0, 128)
+    dfa = _ToyDFA(trained)
+    null = M.null_calibration(dfa, trained, x, y, k=10, seed=3)
+    assert len(null.mean) == len(null.std) == 5 and len(null.draws) == 10
+    assert all(s > 0 for s in null.std)
+    assert all(abs(m) < 0.3 for m in null.mean)
+    again = M.null_calibration(dfa.fresh_feedback_credit, trained, x, y, k=10, seed=3)
+    assert again.mean == null.mean                                     # reproducible from seed
+    bp_gamma = M.gradient_cosine(M.bp_gradients(trained, x, y).grads,
+                                 M.bp_gradients(trained, x, y).grads)
+    assert min(null.z(bp_gamma)) > 3                                   # BP is far outside the null
+    pooled = M.null_calibration(dfa, trained, [(x, y), digits.eval_batch(1, 128)], k=3, seed=3)
+    assert len(pooled.mean) == 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Nudging test
+# ---------------------------------------------------------------------------------------------
+
+def test_nudging_test(trained, digits):
+    x, y = digits.eval_batch(0, 128)
+    g = M.bp_gradients(trained, x, y).grads
+    same = M.nudging_test(trained, x, y, 2, g)
+    assert same.delta_ce_bp < 0
+    assert same.relative == pytest.approx(1.0, abs=1e-6)
+    assert M.nudging_test(trained, x, y, 2, [-t for t in g]).relative == pytest.approx(-1.0, abs=0.05)
+    rand = torch.randn(g[2].shape, generator=torch.Generator().manual_seed(0))
+    assert abs(M.nudging_test(trained, x, y, 2, rand).relative) < 0.3
+    # the rescale to ‖g_i‖ makes the result independent of the credit's scale
+    assert M.nudging_test(trained, x, y, 2, 1e3 * g[2]).relative == pytest.approx(1.0, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity check, depth utility, dtype
+# ---------------------------------------------------------------------------------------------
+
+def test_identity_check_at_init(digits):
+    x, _ = digits.eval_batch(0, 128)
+    state = torch.random.get_rng_state()
+    check = M.identity_check(lambda seed: ResidualMLP(digits.d_in, d=64, n_blocks=4), [0, 1, 2], x)
+    assert torch.equal(state, torch.random.get_rng_state())           # caller's RNG untouched
+    assert len(check.block_ratio_mean) == 4
+    assert all(0 < r < 0.5 for r in check.block_ratio_mean)           # w2_std = 0.01: near identity
+    assert check.stack_cos_mean > 0.9
+    assert check.stack_change_std > 0                                 # seeds really differ
+    big = M.identity_check(lambda s: ResidualMLP(digits.d_in, d=64, n_blocks=4, w2_std=1.0),
+                           [0, 1], x)
+    assert big.block_ratio_mean[0] > 5 * check.block_ratio_mean[0]
+
+
+def test_depth_utility():
+    assert not M.depth_utility(0.37, 0.35).undercut                   # exactly 2 points clears
+    assert M.depth_utility(0.3699, 0.35).undercut
+    assert M.depth_utility(0.306, 0.349).undercut                     # the paper's DFA
+    assert M.depth_utility(0.615, 0.349).gap == pytest.approx(0.266)
+    assert M.depth_utility(float("nan"), 0.3).undercut
+    assert not M.depth_utility(0.36, 0.35, margin=0.01).undercut
+
+
+def test_float64_model_stays_float64(digits):
+    model = ResidualMLP(digits.d_in, d=32, n_blocks=2).double()
+    x, y = digits.eval_batch(0, 16)
+    bp = M.bp_gradients(model, x.double(), y)
+    assert bp.grads[-1].dtype == torch.float64

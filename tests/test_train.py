@@ -1,0 +1,146 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from creditaudit import store
+from creditaudit.cli import main as cli_main
+from creditaudit.config import RunConfig
+from creditaudit.data import load_dataset
+from creditaudit.errors import CreditAuditError
+from creditaudit.train import load_run, train_run
+
+SMALL = dict(dataset="synthetic", width=32, blocks=2, epochs=4, batch_size=64)
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return load_dataset("synthetic")
+
+
+def _metrics_without_time(history):
+    return [{k: v for k, v in r.items() if k != "wall_time"} for r in history]
+
+
+def _same_weights(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_bp_learns_digits_quickly(tmp_path):
+    t0 = time.perf_counter()
+    run = train_run(RunConfig(dataset="digits", epochs=4, width=64, blocks=2), tmp_path / "r",
+                    progress=False)
+    assert run.status["status"] == "finished"
+    assert run.test_acc > 0.9
+    assert time.perf_counter() - t0 < 30
+
+
+def test_same_seed_twice_gives_identical_metrics_and_weights(tmp_path, synthetic):
+    config = RunConfig(**SMALL)
+    a = train_run(config, tmp_path / "a", data=synthetic, progress=False)
+    b = train_run(config, tmp_path / "b", data=synthetic, progress=False)
+    assert _metrics_without_time(a.history) == _metrics_without_time(b.history)
+    assert _same_weights(a.model, b.model)
+    c = train_run(config.replace(seed=7), tmp_path / "c", data=synthetic, progress=False)
+    assert _metrics_without_time(c.history) != _metrics_without_time(a.history)
+
+
+def test_resume_after_kill_equals_uninterrupted(tmp_path, synthetic, monkeypatch):
+    config = RunConfig(**SMALL)
+    whole = train_run(config, tmp_path / "whole", data=synthetic, progress=False)
+
+    real_save = store.save_checkpoint
+    def save_then_die(run_dir, epoch, state, meta):
+        real_save(run_dir, epoch, state, meta)
+        if epoch == 2:
+            raise KeyboardInterrupt  # the process dies right after epoch 2's checkpoint
+    monkeypatch.setattr(store, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(config, tmp_path / "killed", data=synthetic, progress=False)
+    monkeypatch.setattr(store, "save_checkpoint", real_save)
+    assert store.load_checkpoint(tmp_path / "killed")[0]["epoch"] == 2
+
+    resumed = train_run(config, tmp_path / "killed", data=synthetic, progress=False)
+    assert resumed.status["status"] == "finished"
+    assert _metrics_without_time(resumed.history) == _metrics_without_time(whole.history)
+    assert _same_weights(resumed.model, whole.model)
+    lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(l)["epoch"] for l in lines] == [0, 1, 2, 3, 4]
+
+
+def test_sigkill_mid_run_then_resume_matches(tmp_path):
+    args = ["train", "--dataset", "synthetic", "--width", "64", "--blocks", "2", "--epochs", "12",
+            "--quiet", "--device", "cpu"]
+    cli_main(args + ["--out", str(tmp_path / "whole")])
+    cmd = [sys.executable, "-m", "creditaudit"] + args + ["--out", str(tmp_path / "k")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = tmp_path / "k" / "checkpoint.json"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.exists() and json.loads(ckpt.read_text())["epoch"] >= 3:
+            break
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert cli_main(args + ["--out", str(tmp_path / "k")]) == 0
+    a, b = load_run(tmp_path / "whole"), load_run(tmp_path / "k")
+    assert _metrics_without_time(a.history) == _metrics_without_time(b.history)
+    assert _same_weights(a.model, b.model)
+
+
+def test_a_folder_with_another_run_is_refused(tmp_path, synthetic):
+    train_run(RunConfig(**SMALL), tmp_path / "r", data=synthetic, progress=False)
+    with pytest.raises(CreditAuditError, match="different run"):
+        train_run(RunConfig(**SMALL).replace(seed=1), tmp_path / "r", data=synthetic, progress=False)
+
+
+def test_finished_run_is_reused_not_retrained(tmp_path, synthetic, monkeypatch):
+    config = RunConfig(**SMALL)
+    train_run(config, tmp_path / "r", data=synthetic, progress=False)
+    monkeypatch.setattr("creditaudit.train.build_model",
+                        lambda *a, **k: pytest.fail("a finished run was trained again"))
+    assert train_run(config, tmp_path / "r", data=synthetic, progress=False).status["status"] == "finished"
+
+
+def test_divergence_ends_cleanly_keeping_the_last_finite_checkpoint(tmp_path, synthetic):
+    run = train_run(RunConfig(**SMALL).replace(lr=1e9, epochs=6), tmp_path / "r", data=synthetic,
+                    progress=False)
+    if run.status["status"] != "diverged":
+        pytest.skip("lr=1e9 did not diverge on this platform")
+    assert "non-finite" in run.status["message"]
+    meta, state = store.load_checkpoint(tmp_path / "r")
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert meta["epoch"] == run.history[-1]["epoch"] == run.status["epochs_completed"]
+    json.loads((tmp_path / "r" / "status.json").read_text())
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--method", "nope"], "unknown method"),
+    (["train", "--dataset", "nope"], "unknown dataset"),
+    (["train", "--dataset", "cifar10", "--data-dir", "/nonexistent"], "cifar-10-batches-py"),
+    (["train", "--trainable-blocks", "9"], "trainable_blocks"),
+    (["train", "--epochs", "0"], "epochs"),
+    (["train", "--device", "cuda:0"] if not torch.cuda.is_available() else ["train", "--device", "tpu"],
+     "device"),
+])
+def test_cli_user_errors_are_one_clear_line(argv, needle, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+    assert sum(line.startswith("creditaudit: error:") for line in err.splitlines()) == 1
+
+
+def test_cli_help_and_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["--version"])
+    assert e.value.code == 0 and "creditaudit" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli_main(["--help"])
+    assert "train" in capsys.readouterr().out
