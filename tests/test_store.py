@@ -76,6 +76,8 @@ def test_truncated_foreign_and_missing_checkpoints_give_clear_errors(tmp_path):
         store.load_checkpoint(tensors)
 
 
-def test_json_safe_maps_non_finite_to_null():
-    assert store.json_safe({"a": [1.0, float("nan"), float("inf")], "b": (2, "x")}) == \
-        {"a": [1.0, None, None], "b": [2, "x"]}
+def test_json_safe_gives_strict_json():
+    safe = store.json_safe({"a": [1.0, float("nan"), float("inf"), -float("inf")], "b": (2, "x"),
+                            3: torch.tensor([0.5])})
+    assert safe == {"a": [1.0, None, "inf", "-inf"], "b": [2, "x"], "3": [0.5]}
+    json.dumps(safe, allow_nan=False)

@@ -77,6 +77,166 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _load_for_diagnosis(args):
+    """The run, its eval batches and (optionally) its frozen control's accuracy."""
+    from .experiments import eval_batches
+    from .train import load_run
+    from .data import load_dataset
+    run = load_run(args.run_dir, args.device if args.device != "auto" else "cpu")
+    frozen_acc = None
+    if args.frozen_control:
+        control = load_run(args.frozen_control, "cpu")
+        if control.config.trainable_blocks != 0:
+            raise CreditAuditError(f"{args.frozen_control} is not a frozen-blocks control "
+                                   "(train one with `creditaudit train ... --frozen`)")
+        frozen_acc = control.test_acc
+    data = load_dataset(run.config.dataset, args.data_dir, next(run.model.parameters()).device)
+    return run, eval_batches(data, args.eval_batches), frozen_acc
+
+
+def _cmd_diagnose(args) -> int:
+    from .protocol import Thresholds, diagnose
+    run, batches, frozen_acc = _load_for_diagnosis(args)
+    report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
+                      test_acc=run.test_acc, thresholds=Thresholds(), monitor_history=run.history,
+                      rho=args.rho, label=run.config.label)
+    print(report.to_json(indent=2) if args.json else report)
+    return 0
+
+
+def _cmd_calibrate(args) -> int:
+    from .protocol import Thresholds, diagnose
+    run, batches, _ = _load_for_diagnosis(args)
+    report = diagnose(run.model, batches, method=run.method, test_acc=run.test_acc,
+                      thresholds=Thresholds(), rho=True, null_k=args.null_draws,
+                      label=run.config.label)
+    if args.json:
+        print(report.to_json(indent=2))
+        return 0
+    from .report import calibration_table
+    print(calibration_table(report.to_dict()))
+    return 0
+
+
+def _audit_raw(args) -> dict:
+    """The audit's settings: preset or TOML file, then command-line overrides."""
+    from .config import load_audit_toml
+    raw = load_audit_toml(args.config) if args.config else {"preset": args.preset or "quick"}
+    if args.config and args.preset:
+        raw["preset"] = args.preset
+    for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches"):
+        value = getattr(args, key)
+        if value is not None:
+            raw[key] = value
+    if args.methods:
+        raw["methods"] = [m for item in args.methods for m in item.replace(",", " ").split()]
+    if args.seeds:
+        raw["seeds"] = args.seeds
+    return raw
+
+
+def _cmd_audit(args) -> int:
+    from .config import audit_config_from_dict
+    from .experiments import audit
+    from .report import audit_table, write_report
+    config = audit_config_from_dict(_audit_raw(args), where=args.config or "the audit settings")
+    print(f"creditaudit audit — {config.preset or 'custom'}: {len(config.run_configs())} runs → {config.out}")
+    result = audit(config)
+    files = write_report(result, Path(config.out))
+    print()
+    print(audit_table(result))
+    print(f"\naudit written to {config.out}/ ({', '.join(sorted(p.name for p in files.values()))}); "
+          f"{result['runs_trained_now']} runs trained now, {result['wall_time']:.0f} s")
+    return 0
+
+
+def _experiment_bases(args):
+    """(base RunConfigs over the seeds, thresholds) for ladder / penalty-sweep."""
+    from .config import audit_config_from_dict
+    raw = _audit_raw(args)
+    raw.setdefault("out", "audits/quick")
+    config = audit_config_from_dict(raw, where=args.config or "the settings")
+    return config, [config.base_config(m, s) for m in config.methods for s in config.seeds]
+
+
+def _cmd_ladder(args) -> int:
+    from .experiments import ladder
+    from .report import ladder_figure, ladder_table
+    from .protocol import Thresholds
+    config, bases = _experiment_bases(args)
+    out = Path(args.out or Path(config.out) / "ladder")
+    result = ladder(bases, out, data_dir=config.data_dir, device=config.device, jobs=config.jobs,
+                    thresholds=Thresholds(**config.thresholds))
+    ladder_figure(result, out / "ladder.png")
+    print(ladder_table(result))
+    print(f"written: {out / 'ladder.json'}, {out / 'ladder.png'}")
+    return 0
+
+
+def _cmd_penalty(args) -> int:
+    from .experiments import penalty_sweep
+    from .report import penalty_figure, penalty_table
+    from .protocol import Thresholds
+    args.methods = ["dfa-penalty"]
+    config, bases = _experiment_bases(args)
+    out = Path(args.out or Path(config.out) / "penalty_sweep")
+    result = penalty_sweep(bases, out, lambdas=args.lambdas, data_dir=config.data_dir,
+                           device=config.device, jobs=config.jobs,
+                           thresholds=Thresholds(**config.thresholds))
+    penalty_figure(result, out / "penalty_sweep.png")
+    print(penalty_table(result))
+    print(f"written: {out / 'penalty_sweep.json'}, {out / 'penalty_sweep.png'}")
+    return 0
+
+
+def _cmd_identity(args) -> int:
+    from .config import RunConfig
+    from .experiments import identity_check_experiment
+    from .report import identity_figure, identity_table
+    config = RunConfig(dataset=args.dataset, width=args.width, blocks=args.blocks,
+                       activation=args.activation, w2_std=args.w2_std)
+    out = Path(args.out)
+    result = identity_check_experiment(config, args.seeds, out, data_dir=args.data_dir)
+    identity_figure(result, out / "identity_check.png")
+    print(identity_table(result))
+    print(f"written: {out / 'identity_check.json'}, {out / 'identity_check.png'}")
+    return 0
+
+
+def _cmd_thresholds(args) -> int:
+    from .protocol import Thresholds, threshold_sensitivity
+    from .report import sensitivity_figure
+    from .store import atomic_write_json, read_json
+    audit_dir = Path(args.audit_dir)
+    result = read_json(audit_dir / "audit.json", "creditaudit audit folder (with audit.json)")
+    reports = [r["report"] for r in result.get("runs", []) if r.get("report") and r["control"] == "none"]
+    if not reports:
+        raise CreditAuditError(f"{audit_dir}/audit.json holds no diagnosed runs")
+    sensitivity, table = threshold_sensitivity(reports, Thresholds(**result["thresholds"]))
+    atomic_write_json(audit_dir / "thresholds.json", sensitivity)
+    sensitivity_figure(reports, sensitivity, audit_dir / "thresholds.png")
+    print(table)
+    print(f"written: {audit_dir / 'thresholds.json'}, {audit_dir / 'thresholds.png'}")
+    return 0
+
+
+def _add_audit_args(p: argparse.ArgumentParser, experiment: bool = False) -> None:
+    p.add_argument("--preset", choices=["quick", "paper"],
+                   help="quick (default: MNIST-1D, no download) or paper (CIFAR-10, 100 epochs)")
+    p.add_argument("--config", help="audit TOML file (see examples/quick.toml)")
+    p.add_argument("--dataset")
+    if not experiment:
+        p.add_argument("--methods", nargs="+", help="e.g. --methods bp dfa ep")
+    p.add_argument("--seeds", nargs="+", type=int)
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--out")
+    p.add_argument("--device")
+    p.add_argument("--data-dir", dest="data_dir")
+    p.add_argument("--jobs", type=int, help="worker processes (default: one per CPU core; 1 on CUDA)")
+    p.add_argument("--eval-batches", dest="eval_batches", type=int,
+                   help="eval batches for the diagnostics (default 8)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="creditaudit",
@@ -91,6 +251,50 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run folder (default runs/METHOD-DATASET-sSEED-KEY)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=_cmd_train)
+
+    for name, func, helptext in (
+            ("diagnose", _cmd_diagnose, "audit one run: diagnostics (a)–(d), Γ, verdict"),
+            ("calibrate", _cmd_calibrate, "ρ per layer beside its BP/random controls, Γ beside its null")):
+        d = sub.add_parser(name, help=helptext)
+        d.add_argument("run_dir", help="a run folder written by `creditaudit train`")
+        d.add_argument("--json", action="store_true", help="print the report as JSON")
+        d.add_argument("--eval-batches", type=int, default=8, help="disjoint test batches (default 8)")
+        _add_where_args(d)
+        if name == "diagnose":
+            d.add_argument("--frozen-control", metavar="RUN_DIR",
+                           help="the frozen-blocks control run of the same method and seed, for (d)")
+            d.add_argument("--rho", action="store_true", help="also measure ρ at layers 1…L")
+        else:
+            d.add_argument("--null-draws", type=int, default=20, help="fresh feedback draws (default 20)")
+        d.set_defaults(func=func, frozen_control=None)
+
+    a = sub.add_parser("audit", help="train + diagnose methods × seeds with controls; write the report")
+    _add_audit_args(a)
+    a.set_defaults(func=_cmd_audit)
+
+    lad = sub.add_parser("ladder", help="accuracy vs number of trainable blocks k = 0…L")
+    _add_audit_args(lad)
+    lad.set_defaults(func=_cmd_ladder)
+
+    pen = sub.add_parser("penalty-sweep", help="dfa-penalty over λ with Γ, its null and ρ")
+    _add_audit_args(pen, experiment=True)
+    pen.add_argument("--lambdas", nargs="+", type=float, default=[0.0, 1e-4, 1e-3, 1e-2, 1e-1])
+    pen.set_defaults(func=_cmd_penalty)
+
+    ident = sub.add_parser("identity-check", help="how close a fresh stack is to the identity")
+    ident.add_argument("--dataset", default="mnist1d")
+    ident.add_argument("--seeds", nargs="+", type=int, default=[42, 123, 456])
+    ident.add_argument("--width", type=int, default=256)
+    ident.add_argument("--blocks", type=int, default=4)
+    ident.add_argument("--activation", default="gelu")
+    ident.add_argument("--w2-std", type=float, default=0.01)
+    ident.add_argument("--out", default="audits/identity_check")
+    ident.add_argument("--data-dir", default="data")
+    ident.set_defaults(func=_cmd_identity)
+
+    th = sub.add_parser("thresholds", help="threshold sensitivity over an audit's runs")
+    th.add_argument("audit_dir", help="an audit folder (with audit.json)")
+    th.set_defaults(func=_cmd_thresholds)
     return p
 
 

@@ -155,7 +155,7 @@ class AuditConfig:
     device: str = "auto"
     jobs: int = 0
     controls: tuple[str, ...] = CONTROLS
-    eval_batches: int = 10
+    eval_batches: int = 8
     model: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -247,7 +247,7 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
         seeds=tuple(dict.fromkeys(seeds)), epochs=raw.get("epochs", 20),
         out=str(raw.get("out", "audits/quick")), data_dir=str(raw.get("data_dir", "data")),
         device=str(raw.get("device", "auto")), jobs=jobs, controls=tuple(controls),
-        eval_batches=raw.get("eval_batches", 10), model=dict(raw.get("model", {})),
+        eval_batches=raw.get("eval_batches", 8), model=dict(raw.get("model", {})),
         training=dict(raw.get("training", {})), thresholds=dict(thresholds),
         options={k: dict(v) for k, v in raw.get("options", {}).items()}, preset=preset)
     config.run_configs()  # every run validated now: nothing trains on a bad config

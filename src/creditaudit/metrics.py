@@ -179,7 +179,8 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     t = torch.tensor(values, dtype=torch.float64)
     if len(t) == 0:
         return float("nan"), float("nan")
-    return float(t.mean()), float(t.std(unbiased=False)) if len(t) > 1 else 0.0
+    std = float(t.std(unbiased=False)) if len(t) > 1 else 0.0
+    return float(t.mean()), std
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,13 +315,13 @@ def null_calibration(method_or_fn, model, x, y=None, k: int = 20, seed: int = 0
     for i in range(k):
         gen = derived_generator(seed, f"null:{i}")
         credits = [fresh(xb, yb, gen) for xb, yb in batches]
-        draws.append(gradient_cosine(_pool(credits), _pool(grads)))
+        draws.append(gradient_cosine(pool_samples(credits), pool_samples(grads)))
     per_layer = list(zip(*draws)) if draws else []
     stats = [_mean_std(list(col)) for col in per_layer]
     return NullCalibration([m for m, _ in stats], [s for _, s in stats], draws, seed)
 
 
-def _pool(per_batch: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+def pool_samples(per_batch: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     """[[a_0 … a_L] per batch] → [a_0 … a_L] with all batches' samples concatenated."""
     return [torch.cat([b[l].detach() for b in per_batch]) for l in range(len(per_batch[0]))]
 

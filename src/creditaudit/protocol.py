@@ -9,8 +9,8 @@
     project verdict = "trustworthy" if none of (a), (b′), (d) fires, else "walk back: <fired>"
     paper verdict   = the same with (b) in place of (b′), shown beside it for comparability
 
-A residual stream that goes non-finite counts as (a) fired ("non-finite residual stream"), and its
-(b)/(b′) as fired too: a NaN reference gradient is no reference.
+A residual stream (or readout) that goes non-finite counts as (a) fired ("non-finite residual
+stream"), and its (b)/(b′) as fired too: a NaN reference gradient is no reference.
 
 `diagnose` measures everything on the eval batches the caller hands it (a list of (x, y)); the
 protocol knows no training loop. Norms, gain, accuracy and Γ pool the samples of all batches (each
@@ -28,6 +28,8 @@ import torch
 
 from . import metrics as M
 from .model import as_stream
+from .store import json_safe
+from .seeding import derived_generator
 
 
 @dataclass(frozen=True)
@@ -50,27 +52,6 @@ PAPER_FLAGS = ("a", "b", "d")
 # ---------------------------------------------------------------------------------------------
 # JSON helpers
 # ---------------------------------------------------------------------------------------------
-
-def json_safe(value: Any) -> Any:
-    """Recursively make `value` acceptable to json.dumps(allow_nan=False).
-
-    NaN → None ("could not be measured"); +inf / −inf → the strings "inf" / "-inf" (a measured,
-    unbounded value, e.g. growth from a zero norm); tensors → lists; tuples → lists.
-    """
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if isinstance(value, float):
-        if math.isnan(value):
-            return None
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return value
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
-
 
 def _num(value: Any) -> float:
     """Inverse of json_safe for one number: None → NaN, "inf" → inf."""
@@ -307,8 +288,9 @@ def _reasons(r: Report) -> list[str]:
     t, f, out = r.thresholds, r.flags, []
     if f["a"]:
         if r.nonfinite:
-            out.append("(a) EXPLODED: the residual stream is non-finite (inf/NaN) on the eval "
-                       "batches, so every number measured on it — accuracy, Γ, ρ — is invalid.")
+            out.append("(a) EXPLODED: the residual stream (or its readout) is non-finite (inf/NaN) "
+                       "on the eval batches, so every number measured on it — accuracy, Γ, ρ — "
+                       "is invalid.")
         else:
             out.append(f"(a) EXPLODED: one block multiplies ‖h‖ by {r.max_growth:.3g} "
                        f"(> {t.growth:g}; ‖h_L‖ = {r.residual_norms[-1]:.3g}), so the headline "
@@ -366,8 +348,10 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
     frozen_acc:      accuracy of the frozen-blocks control; without it (d) is None (not measured).
     test_acc:        the headline accuracy for (d); defaults to the accuracy on the eval batches.
     monitor_history: per-epoch monitor dicts → the epoch each of (a), (b), (b′) first fired.
-    null:            Γ under `null_k` fresh feedback draws; None = do it when the method has
-                     random feedback. Costs null_k × K credit computations.
+    null:            Γ under `null_k` fresh feedback draws (seeded by `null_seed`); None = do it
+                     when the method has random feedback. Needs `method.fresh_feedback_credit`
+                     (or, for a plain callable method, that it accepts (x, y, gen)).
+                     Costs null_k × K credit computations.
     rho:             True = ρ at the deep positions 1 … L, or a list of layers; on the first eval
                      batch, with its BP and random controls. Off by default (a batched float64
                      forward of M·N states per layer).
@@ -397,7 +381,7 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     g_norms = [M.median(M.per_sample_norm(g)) for g in pooled.grads]
     gain = M.readout_gain_from(pooled)
     growth = M.max_block_growth(h_norms)
-    nonfinite = not all(bool(torch.isfinite(h).all()) for h in pooled.hidden)
+    nonfinite = not all(bool(torch.isfinite(h).all()) for h in pooled.hidden + [pooled.logits])
     if nonfinite:
         growth = float("nan")
     eval_acc = float((pooled.logits.argmax(-1) == torch.cat([y for _, y in batches])).float().mean())
@@ -425,7 +409,7 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     credit_fn = _credit_fn(method)
     if credit_fn is not None:
         credits = [credit_fn(x, y) for x, y in batches]
-        report.gamma = M.gradient_cosine(M._pool(credits), pooled.grads)
+        report.gamma = M.gradient_cosine(M.pool_samples(credits), pooled.grads)
         report.gamma_interpretable = not (flags["b"] or flags["b_prime"])
         if null is None:
             null = bool(getattr(method, "random_feedback", False))
@@ -438,7 +422,7 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
         x0, y0 = batches[0]
         a0 = credit_fn(x0, y0) if credit_fn is not None else None
         report.rho = [M.perturbation_with_controls(model, x0, y0, l, a0, m=rho_m, eps=rho_eps,
-                                                   gen=M.derived_generator(rho_seed, f"rho:{l}"))
+                                                   gen=derived_generator(rho_seed, f"rho:{l}"))
                       for l in layers]
     if history is not None:
         report.first_fire = first_fire_epochs(history, t)

@@ -195,15 +195,23 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Any], Any]:
 
 
 # -- metrics log ------------------------------------------------------------------------------
-def json_safe(obj: Any) -> Any:
-    """Strict-JSON copy of nested results: non-finite floats (a diverged run's norms) become None."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
+def json_safe(value: Any) -> Any:
+    """A strict-JSON copy of nested results (json.dumps(allow_nan=False) accepts it).
+
+    NaN → None ("could not be measured"); ±inf → the strings "inf" / "-inf" (a measured, unbounded
+    value, e.g. a diverged norm); tensors → lists; tuples → lists; dict keys → strings.
+    """
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        return value if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def write_metrics(run_dir: Path, history: list[dict]) -> None:

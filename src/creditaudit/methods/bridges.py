@@ -17,18 +17,19 @@ sb (target-propagation view): G_ψ(h, t_l, s) = h + rms(h) · MLP(LN(h), t_l, s)
     a_l = ∇_{h_l} ℓ(out_head(out_ln(G_ψ(h_l, t_l, s))), y)            l < L
     a_L = ∂ℓ/∂h_L                                                      (the bridge L → L is the identity)
 
-cb (synthetic-gradient view): a scalar value net V_φ(h, t_l, s) = MLP(LN(h), t_l, s):
+cb (synthetic-gradient view): a scalar value net V_φ(h, t_l, s) = ⟨q_φ(LN(h), t_l, s), s⟩ with q_φ an
+MLP with C outputs — the "logits · error" form of a first-order CE expansion, chosen because the
+target gradient at h_L, ∂ℓ/∂h_L = J_readoutᵀ · e, is then reachable with q ≈ the readout's logits
+(a plain scalar MLP must learn the bilinear e·W·LN(h) and needs far more steps to match it):
 
     a_l = ∇_{h_l} V_φ(h_l, t_l, s)                                     l = 0 … L
     φ:    min  mean_{l<L, i} (V_φ(h_l, t_l, s) − softmin_k V̄(h_{l+1} + σ_k ε_k, t_{l+1}, s))²   bridge consistency
-             + mean_i (V_φ(h_L, t_L, s) − ℓ_i)²                                                terminal value
              + Σ_i ‖∇_{h_L} V_φ − ∂ℓ_i/∂h_L‖² / Σ_i ‖∂ℓ_i/∂h_L‖²                                terminal gradient matching
     softmin_k v_k = −τ log (1/K) Σ_k exp(−v_k/τ),  ε_k ~ N(0, I),  σ = options["noise"] · rms(h_{l+1})
     V̄ ← ema · V̄ + (1 − ema) · V_φ after every step
 
 Defaults: K = options["draws"] = 4, noise = 0.1, τ = options["tau"] = 1.0, ema = options["ema"] = 0.99.
-The terminal value term anchors V's level at depth L (the consistency targets are only defined up
-to a constant without it); the gradient-matching term is the one SPEC calls essential.
+Only gradients of V are used as credit, so its level is left free (no value target at depth L).
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def _flat(state: dict, prefix: str = "") -> dict:
 class _Bridge(Method):
     """Shared plumbing: options, the aux net with its optimizer, the local update."""
 
-    predicts_state = False          # G_ψ outputs a state (d values), V_φ a scalar
+    predicts_state = False          # G_ψ outputs a state (d values), V_φ's q_φ C values
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
@@ -88,7 +89,7 @@ class _Bridge(Method):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen)))
             self.aux = Probe(model.d, model.n_classes, model.n_blocks + 1, int(self.opts["hidden"]),
-                             int(self.opts["t_dim"]), model.d if self.predicts_state else 1)
+                             int(self.opts["t_dim"]), model.d if self.predicts_state else model.n_classes)
         like = model.out_head.weight
         self.aux.to(device=like.device, dtype=like.dtype)
         self.opt = self.add_optimizer(self.local_param_groups())
@@ -165,7 +166,7 @@ class CreditBridge(_Bridge):
         self.target = copy.deepcopy(self.aux).requires_grad_(False)               # V̄, the EMA copy
 
     def value(self, net, h, depth, e):
-        return net(h, depth, e).squeeze(-1)                                      # V(h, t_l, s)
+        return (net(h, depth, e) * e).sum(-1)                                    # V = ⟨q(h, t_l, s), s⟩
 
     def _credit_and_aux_loss(self, hidden, e, y, with_aux: bool = True):
         n_blocks, n = self.model.n_blocks, e.shape[0]
@@ -177,11 +178,10 @@ class CreditBridge(_Bridge):
             credit = list(grad_v.detach().chunk(n_blocks + 1))
             if not with_aux:
                 return credit, None
-            loss_i, grad_last = per_sample_loss_grad(self.model, hidden[-1], y)
+            _, grad_last = per_sample_loss_grad(self.model, hidden[-1], y)
             terminal = slice(n_blocks * n, None)
-            aux_loss = (v[terminal] - loss_i).pow(2).mean()                      # V(h_L) ≈ ℓ
-            aux_loss = aux_loss + ((grad_v[terminal] - grad_last).pow(2).sum()
-                                   / grad_last.pow(2).sum().clamp_min(1e-12))    # ∇V(h_L) ≈ ∂ℓ/∂h_L
+            aux_loss = ((grad_v[terminal] - grad_last).pow(2).sum()
+                        / grad_last.pow(2).sum().clamp_min(1e-12))               # ∇V(h_L) ≈ ∂ℓ/∂h_L
             if n_blocks:
                 aux_loss = aux_loss + (v[:n_blocks * n] - self._bridge_target(hidden, e)).pow(2).mean()
         return credit, aux_loss
