@@ -214,7 +214,7 @@ def test_cb_terminal_gradient_matching(digits):
     model, cb = build("cb", d_in=digits.d_in, epochs=10)
     x, y = digits.eval_batch(0)
     before = per_sample_cos(cb.credit(x, y)[-1], bp_credit(model, x, y)[-1]).mean()
-    train_steps(cb, digits, 120)
+    train_steps(cb, digits, 80)
     after = per_sample_cos(cb.credit(x, y)[-1], bp_credit(model, x, y)[-1]).mean()
     assert after > 0.9 and after > before
 

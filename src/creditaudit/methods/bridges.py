@@ -2,7 +2,9 @@
 
 Both learn an auxiliary net that maps a residual state h_l (plus a learned depth embedding t_l and the
 output error s = e, detached) to a credit a_l; the blocks then train with the local loss on it, the
-embedding with a_0, the head with CE (`Method.local_update`, per-block clip at settings.clip).
+embedding with a_0, the head with CE (`Method.local_update`, per-block clip at settings.clip);
+settings.lam > 0 adds dfa-penalty's λ · mean_i ‖f_l(h_l)_i‖² to each block's local loss (the paper
+reports SB/CB with λ = 1e-2; the default 0 is the unpenalised probe).
 The credits are in per-sample units (∂ℓ_i/∂h with ℓ_i the sample's CE, no 1/N), so the local loss
 (f_l · a_{l+1}).sum(-1).mean() has the BP weight gradient's scale when the probe is exact.
 
@@ -108,13 +110,13 @@ class _Bridge(Method):
             logits, hidden = self.model(x, return_hidden=True)
             e = output_error(logits, y)                                         # s = e
         credit, aux_loss = self._credit_and_aux_loss(hidden, e, y)
-        if aux_loss is not None and aux_loss.requires_grad:
+        if aux_loss.requires_grad:                                              # (not with 0 blocks in sb)
             self.aux_opt.zero_grad(set_to_none=True)
             aux_loss.backward()
             self.aux_opt.step()
             self._after_aux_step()
-        self.last_aux_loss = float(aux_loss.detach()) if aux_loss is not None else float("nan")
-        return self.local_update(self.opt, x, y, hidden, credit)
+        self.last_aux_loss = float(aux_loss.detach())
+        return self.local_update(self.opt, x, y, hidden, credit, lam=self.settings.lam)
 
     def credit(self, x, y):
         with torch.no_grad():

@@ -10,7 +10,8 @@ descent on the free states h_1 … h_L (h_0 clamped), per sample, with backtrack
 
 Because E sums over samples while CE is a batch mean, the per-sample fixed point satisfies
 r_{L−1} = −β·g_L and r_{l−1} = (I + ∂f_l)ᵀ r_l, i.e. −r_{l−1}/β = g_l to first order in β, with
-g_l = ∂CE/∂h_l the BP gradient of the mean CE. The EP weight update is −(1/β) ∂E/∂θ at h^β:
+g_l = ∂CE/∂h_l the BP gradient of the mean CE. With T finite the relaxation is truncated and the
+credit is a damped version of g (the signal enters at h_L and spreads down one block per step). The EP weight update is −(1/β) ∂E/∂θ at h^β:
 
     block l:   minimise E_l(h^β)/β = ½‖h_{l+1}^β − h_l^β − f_l(h_l^β)‖²/β     states detached
                (its gradient is Σ_i a_{l+1,i} · ∂f_l(h_l^β)_i/∂θ — the local loss on a_{l+1})
@@ -53,21 +54,23 @@ class EP(Method):
         self.opt = self.add_optimizer(self.embed_params() + self.trainable_block_params()
                                       + self.head_params())
 
-    def residuals(self, hidden: list[torch.Tensor]) -> list[torch.Tensor]:
-        """r_l = h_{l+1} − h_l − f_l(h_l), l = 0 … L−1."""
-        return [hidden[l + 1] - hidden[l] - block(hidden[l])
+    def residuals(self, hidden: list[torch.Tensor], f0: torch.Tensor | None = None
+                  ) -> list[torch.Tensor]:
+        """r_l = h_{l+1} − h_l − f_l(h_l), l = 0 … L−1 (f0: f_0(h_0) if already known — h_0 is clamped)."""
+        return [hidden[l + 1] - hidden[l] - (f0 if l == 0 and f0 is not None else block(hidden[l]))
                 for l, block in enumerate(self.model.blocks)]
 
-    def free_energy(self, h0, states, y) -> torch.Tensor:
+    def free_energy(self, h0, f0, states, y) -> torch.Tensor:
         """F_i = ½ Σ_l ‖r_{l,i}‖² + β·ℓ_i/N per sample, so Σ_i F_i = E + β·CE (mean CE)."""
-        energy = 0.5 * sum(r.pow(2).sum(-1) for r in self.residuals([h0] + states))
+        energy = 0.5 * sum(r.pow(2).sum(-1) for r in self.residuals([h0] + states, f0))
         ce = F.cross_entropy(self.model.readout(states[-1]), y, reduction="none") / len(y)
         return energy + self.beta * ce
 
     def nudged(self, x, y) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(free-phase logits, h^β): gradient descent on F = E + β·CE from h^free, h_0 clamped.
 
-        T evaluations of F and ∂F/∂h; between them h ← h − α_i ∂F/∂h. Each sample relaxes on its
+        T evaluations of F and ∂F/∂h (≈ T forward + backward passes through the blocks);
+        between them h ← h − α_i ∂F/∂h. Each sample relaxes on its
         own (F is a sum over samples), and a step that would raise a sample's F_i is undone and
         that sample's α_i halved (backtracking), so the relaxation cannot diverge when trained
         blocks make the energy stiffer than α allows. The last accepted state is returned.
@@ -78,12 +81,14 @@ class EP(Method):
         if not self.model.n_blocks:
             return logits, free
         states = [h.clone() for h in free[1:]]
+        with torch.no_grad():
+            f0 = self.model.blocks[0](h0)
         alpha = torch.full((len(y), 1), self.alpha, dtype=h0.dtype, device=h0.device)
         best = None
         for _ in range(self.steps):
             with torch.enable_grad():
                 leaves = [s.requires_grad_(True) for s in states]
-                f = self.free_energy(h0, leaves, y)
+                f = self.free_energy(h0, f0, leaves, y)
                 grads = torch.autograd.grad(f.sum(), leaves)
             with torch.no_grad():
                 f, states = f.detach(), [s.detach() for s in leaves]
