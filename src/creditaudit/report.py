@@ -70,13 +70,13 @@ def _sci(value: Any) -> str:
 
 
 def _g(value: Any) -> str:
-    """Ratios (max growth): 3 significant digits, scientific outside [0.01, 1e4)."""
+    """Ratios (max growth): 3 significant digits, scientific outside [0.001, 1e4)."""
     x = _f(value)
     if x is None:
         return "—"
     if not math.isfinite(x):
         return "inf" if x > 0 else "-inf"
-    return f"{x:.3g}" if x == 0 or 1e-2 <= abs(x) < 1e4 else f"{x:.1e}"
+    return f"{x:.3g}" if x == 0 or 1e-3 <= abs(x) < 1e4 else f"{x:.1e}"
 
 
 def _signed(value: Any, digits: int = 3) -> str:
@@ -226,7 +226,7 @@ def _legend(audit: dict) -> list[str]:
         "‖h_L‖, ‖g_L‖: median over samples of the per-sample L2 norm of the last residual position and "
         f"of the BP gradient there (median over seeds); (b) AT FLOOR fires when ‖g_L‖ < {th('floor', 1e-7)}.",
         f"gain: readout gain ‖g_L‖/‖∂CE/∂logits‖, (b′) ATTENUATED below {th('gain', 1e-2)}; "
-        f"max growth: max_l ‖h_l+1‖/‖h_l‖, (a) EXPLODED above {th('growth', 50)}; "
+        f"max growth: max_l ‖h_(l+1)‖/‖h_l‖, (a) EXPLODED above {th('growth', 50)}; "
         f"s(L/2): cross-batch stability, (c) DRIFT above {th('drift', 0.3)} (descriptive).",
         "deep Γ, deep ρ: mean over residual positions l = 1 … L, then over seeds (ρ: ± std over seeds); "
         "Γ null: the same Γ under fresh random feedback draws (mean ± std), z = (Γ − null)/std; "
@@ -360,7 +360,7 @@ def norms_figure(audit: dict) -> Figure:
                 drawn = True
     floor = _thresholds(audit).floor
     ax_g.axhline(floor, color="0.3", ls="--", lw=1.2, label=f"(b) floor {floor:g}")
-    for ax, title in ((ax_h, "residual stream ‖h_l‖"), (ax_g, "BP gradient ‖g_l‖ = ‖∂CE/∂h_l‖")):
+    for ax, title in ((ax_h, "residual stream ‖$h_l$‖"), (ax_g, "BP gradient ‖$g_l$‖ = ‖∂CE/∂$h_l$‖")):
         ax.set_yscale("log")
         ax.set_xlabel("residual position l")
         ax.set_ylabel("median per-sample L2 norm")
@@ -384,10 +384,10 @@ def monitor_figure(audit: dict) -> Figure:
     axes = fig.subplots(2, 2).ravel()
     panels = [  # (value of a monitor row, log?, threshold line, flag whose first fire is marked, title)
         (lambda r: r.get("max_growth"), True, (t.growth, f"(a) growth {t.growth:g}"), "a",
-         "max per-block growth ‖h_l+1‖/‖h_l‖"),
+         "max per-block growth ‖$h_{l+1}$‖/‖$h_l$‖"),
         (lambda r: (r.get("g_norms") or [None])[-1], True, (t.floor, f"(b) floor {t.floor:g}"), "b",
-         "‖g_L‖"),
-        (lambda r: r.get("gain"), True, (t.gain, f"(b′) gain {t.gain:g}"), "b_prime", "readout gain"),
+         "‖$g_L$‖ (BP gradient at the last position)"),
+        (lambda r: r.get("gain"), True, (t.gain, f"(b′) gain {t.gain:g}"), "b_prime", "readout gain ‖$g_L$‖/‖∂CE/∂logits‖"),
         (lambda r: None if _f(r.get("test_acc")) is None else 100 * _f(r.get("test_acc")), False,
          None, None, "test accuracy (%)"),
     ]
@@ -408,10 +408,10 @@ def monitor_figure(audit: dict) -> Figure:
                 ys = [_plottable(value(r), log) for r in history]
                 if not _has_values(ys):
                     continue
-                label = method if method not in seen else None
-                seen.add(method)
-                ax.plot(epochs, ys, "-", color=colors[method], lw=1.1, alpha=0.85,
-                        label=label if ax is axes[3] else None)
+                label = method if ax is axes[3] and method not in seen else None
+                if label:
+                    seen.add(method)
+                ax.plot(epochs, ys, "-", color=colors[method], lw=1.1, alpha=0.85, label=label)
                 epoch = first.get(flag) if flag else None
                 if epoch is not None and epoch in epochs:
                     y = ys[epochs.index(epoch)]
@@ -460,8 +460,8 @@ def gamma_figure(audit: dict) -> Figure:
     ax.axhline(0, color="0.5", lw=0.8)
     if drawn:
         ax.set_xlabel("residual position l")
-        ax.set_ylabel("Γ_l = mean cos(a_l, g_l)")
-        ax.set_title("Gradient cosine Γ_l and its random-feedback null")
+        ax.set_ylabel(r"$\Gamma_l$ = mean cos($a_l$, $g_l$)")
+        ax.set_title(r"Gradient cosine $\Gamma_l$ and its random-feedback null")
         ax.grid(True, alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=9)
@@ -499,7 +499,7 @@ def rho_figure(audit: dict) -> Figure:
         ax.set_title(f"{_method_name(row)}: deep ρ {_signed(row.get('rho_deep'))}")
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="center right")
-    axes[0].set_ylabel("ρ_l (Pearson, predicted vs true ΔCE)")
+    axes[0].set_ylabel(r"$\rho_l$ (Pearson, predicted vs true ΔCE)")
     fig.tight_layout()
     return fig
 
