@@ -67,6 +67,7 @@ class RunConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise CreditAuditError(f"{name} must be a number ≥ 0, got {value!r}")
+        METHODS[self.method].resolve_options(self.options)
         if self.stop_when_flagged is not None and self.stop_when_flagged < 1:
             raise CreditAuditError(
                 f"stop_when_flagged must be ≥ 1 epoch, got {self.stop_when_flagged!r}")

@@ -513,19 +513,21 @@ FIGURE_MAKERS: dict[str, Callable[[dict], Figure]] = {
 # -- HTML -------------------------------------------------------------------------------------
 _CSS = """
 body { font-family: -apple-system, "Segoe UI", "DejaVu Sans", Helvetica, Arial, sans-serif;
-       margin: 24px 32px; color: #222; font-size: 14px; line-height: 1.45; max-width: 1500px; }
+       margin: 20px 24px; color: #222; font-size: 14px; line-height: 1.45; }
 h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 28px;
      border-bottom: 1px solid #ccc; padding-bottom: 3px; } h3 { font-size: 15px; margin: 14px 0 4px; }
 .header { font-size: 15px; } .meta { color: #666; font-size: 12px; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
-th, td { border: 1px solid #bbb; padding: 4px 7px; text-align: right; white-space: nowrap;
+th, td { border: 1px solid #bbb; padding: 4px 6px; text-align: right; white-space: nowrap;
          font-variant-numeric: tabular-nums; }
-th { background: #eef1f5; text-align: center; }
+th { background: #eef1f5; text-align: center; white-space: normal; }
 td:first-child, th:first-child { text-align: left; font-weight: 600; }
 td.ok { background: #d7f0d9; color: #125c1b; text-align: left; }
 td.bad { background: #f8d4d4; color: #8a1010; text-align: left; }
-td.wrap { white-space: normal; min-width: 150px; text-align: left; }
+td.wrap { white-space: normal; min-width: 125px; }
+td.left { text-align: left; }
+table.audit { font-size: 12px; }
 tr.total td { font-weight: 600; background: #f6f6f6; }
 ul.legend { color: #555; font-size: 12px; padding-left: 18px; }
 ul.failed li { color: #8a1010; }
@@ -543,15 +545,23 @@ def _cell_class(text: str) -> str:
 
 
 def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]], total_last: bool = False,
-                wrap: Sequence[int] = ()) -> str:
-    out = ["<table>", "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+                wrap: Sequence[int] = (), breaks: dict[int, tuple[str, str]] | None = None,
+                left: Sequence[int] = (), css_class: str = "") -> str:
+    """An HTML table of escaped cells; `wrap` columns may wrap, and `breaks` {column: (separator,
+    its replacement with a <br>)} splits wide cells over lines."""
+    breaks = breaks or {}
+    out = [f'<table class="{css_class}">' if css_class else "<table>", "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for i, row in enumerate(rows):
         cls = ' class="total"' if total_last and i == len(rows) - 1 else ""
         cells = []
         for j, cell in enumerate(row):
-            klass = " ".join(c for c in (_cell_class(cell), "wrap" if j in wrap else "") if c)
+            klass = " ".join(c for c in (_cell_class(cell), "wrap" if j in wrap else "",
+                                         "left" if j in left else "") if c)
             cells.append(f'<td class="{klass}">' if klass else "<td>")
-            cells[-1] += html.escape(cell) + "</td>"
+            text = html.escape(cell)
+            if j in breaks:
+                text = text.replace(*breaks[j])
+            cells[-1] += text + "</td>"
         out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
     return "\n".join(out + ["</table>"])
 
@@ -568,9 +578,13 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
         parts.append(f'<p class="meta">{e(_meta(audit))}</p>')
     cells = _audit_cells(audit)
     verdict_cols = (AUDIT_COLUMNS.index("verdict"), AUDIT_COLUMNS.index("paper verdict"))
-    parts += ["<h2>Audit</h2>",
-              f'<div class="scroll">{_html_table(AUDIT_COLUMNS, cells, wrap=verdict_cols)}</div>'
-              if cells else "<p>(no methods)</p>",
+    first_fire = (AUDIT_COLUMNS.index("first fire (per seed)"),)
+    breaks = {first_fire[0]: ("; ", "<br>"),
+              AUDIT_COLUMNS.index("Γ null (z)"): (" (", "<br>("),
+              AUDIT_COLUMNS.index("ρ BP / rand"): (" / ", " /<br>")}
+    table = _html_table(AUDIT_COLUMNS, cells, wrap=verdict_cols, breaks=breaks, left=first_fire,
+                        css_class="audit")
+    parts += ["<h2>Audit</h2>", f'<div class="scroll">{table}</div>' if cells else "<p>(no methods)</p>",
               '<ul class="legend">' + "".join(f"<li>{e(line)}</li>" for line in _legend(audit)) + "</ul>"]
     unfinished = _unfinished(audit)
     if unfinished:

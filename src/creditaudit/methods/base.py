@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from ..errors import CreditAuditError
 from ..model import ResidualMLP
 from ..seeding import derived_generator
 
@@ -69,6 +70,23 @@ class Method(ABC):
 
     name: ClassVar[str] = ""
     random_feedback: ClassVar[bool] = False
+    option_defaults: ClassVar[dict[str, Any]] = {}   # the method's knobs (settings.options)
+
+    @classmethod
+    def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Defaults overridden by `options`; an unknown key or a wrong type is a user error."""
+        unknown = sorted(set(options) - set(cls.option_defaults))
+        if unknown:
+            allowed = ", ".join(cls.option_defaults) or "none"
+            raise CreditAuditError(f"method {cls.name!r} has no option(s) {', '.join(unknown)}; "
+                                   f"its options: {allowed}")
+        for key, value in options.items():
+            default = cls.option_defaults[key]
+            kind = float if isinstance(default, float) else type(default)
+            if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+                raise CreditAuditError(f"option {key} of method {cls.name!r} must be a "
+                                       f"{kind.__name__}, got {value!r}")
+        return {**cls.option_defaults, **options}
 
     def __init__(self, model: ResidualMLP, settings: MethodSettings):
         self.model = model

@@ -83,11 +83,13 @@ def _flat(state: dict, prefix: str = "") -> dict:
 class _Bridge(Method):
     """Shared plumbing: options, the aux net with its optimizer, the local update."""
 
+    option_defaults = DEFAULTS
+
     predicts_state = False          # G_ψ outputs a state (d values), V_φ's q_φ C values
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
-        self.opts = {**DEFAULTS, **settings.options}
+        self.opts = self.resolve_options(settings.options)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen)))
             self.aux = Probe(model.d, model.n_classes, model.n_blocks + 1, int(self.opts["hidden"]),

@@ -31,8 +31,15 @@ near-identity blocks) and is 0 at the clamped h_0. The prediction error −r_{l�
 g_l as β → 0, and it is exactly the signal the EP weight update uses, so it is the credit reported
 here (tested: cos(a_l, g_l) > 0.99 per layer at small β).
 
-Knobs (settings.options): "beta" β = 1.0, "steps" T = 20, "alpha" α = 0.5 (see README / the tuning
-note in the method's report). No gradient clipping: the EP estimator approximates the BP gradient.
+Knobs (settings.options): "beta" β = 10, "steps" T = 20, "alpha" α = 0.5. Tuning (MNIST-1D, d=256,
+L=4, batch 128, 20 epochs, seed 42; BP reaches 0.721 test accuracy): T=10 → 0.640, T=20 → 0.661
+(β=1) / 0.657 (β=10), T=40 → 0.679 (β=10, 2.5× the time of T=20); without backtracking α=0.5 diverges once the blocks train (0.26 at epoch 10).
+β=10 is kept because with the mean-reduced CE the per-sample nudge is only β/N: at β=1 the
+prediction errors r of well-fit samples sink to float32 rounding, β=10 gives cleaner credit (Γ
+0.73–0.87 vs 0.69–0.83 after training) at no cost in accuracy; β=100 is visibly nonlinear.
+α=0.5 is about the stable limit of the near-identity chain at init (λ_max ≈ 3.5 for L=4).
+Each step costs ≈ T forward/backward passes through the blocks (≈ 8–10× BP on MNIST-1D).
+No gradient clipping: the EP estimator approximates the BP gradient.
 """
 from __future__ import annotations
 
@@ -41,15 +48,16 @@ import torch.nn.functional as F
 
 from .base import Method
 
-DEFAULTS = {"beta": 1.0, "steps": 20, "alpha": 0.5}
+DEFAULTS = {"beta": 10.0, "steps": 20, "alpha": 0.5}
 
 
 class EP(Method):
     name = "ep"
+    option_defaults = DEFAULTS
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
-        opts = {**DEFAULTS, **settings.options}
+        opts = self.resolve_options(settings.options)
         self.beta, self.steps, self.alpha = float(opts["beta"]), int(opts["steps"]), float(opts["alpha"])
         self.opt = self.add_optimizer(self.embed_params() + self.trainable_block_params()
                                       + self.head_params())

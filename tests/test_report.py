@@ -1,0 +1,206 @@
+"""The report is made from the audit dict alone: files, numbers, robustness to missing pieces,
+and (where Chromium is installed) that the HTML renders offline."""
+import copy
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+from PIL import Image
+
+from creditaudit import store
+from creditaudit.config import audit_config_from_dict
+from creditaudit.experiments import audit as run_audit
+from creditaudit.report import audit_table, write_report
+
+FILES = ("audit.md", "report.html", "norms.png", "monitor.png", "gamma.png", "rho.png")
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory):
+    """A real (tiny) audit: digits, bp + dfa, 2 seeds, 2 epochs, with its report written."""
+    torch.set_num_threads(1)  # conftest's autouse fixture is function-scoped: it runs after this one
+    tmp = tmp_path_factory.mktemp("audit")
+    config = audit_config_from_dict({"dataset": "digits", "methods": ["bp", "dfa"], "seeds": [1, 2],
+                                     "epochs": 2, "out": str(tmp), "model": {"width": 32, "blocks": 2},
+                                     "jobs": 1})
+    result = run_audit(config, log=lambda s: None)
+    paths = write_report(result, tmp / "report")
+    return result, paths, tmp
+
+
+def _row(audit, method):
+    return next(r for r in audit["methods"] if r["method"] == method)
+
+
+def _assert_png(path):
+    with Image.open(path) as im:
+        im.verify()
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.size[0] > 100 and im.size[1] > 100
+
+
+def test_every_file_is_written_and_pngs_are_valid(audited):
+    _, paths, tmp = audited
+    assert set(paths) == set(FILES)
+    for name in FILES:
+        assert paths[name] == tmp / "report" / name and paths[name].stat().st_size > 0
+        if name.endswith(".png"):
+            _assert_png(paths[name])
+    assert not list((tmp / "report").glob(".*.tmp")), "an atomic write left its temporary file"
+
+
+def test_markdown_holds_methods_verdicts_and_the_audit_numbers(audited):
+    result, paths, _ = audited
+    md = paths["audit.md"].read_text()
+    assert result["header"] in md
+    for row in result["methods"]:
+        assert f"| {row['method']} " in md
+        assert row["verdict"] in md and row["paper_verdict"] in md
+        assert f"{100 * row['acc']:.1f} ± {100 * row['acc_std']:.1f}" in md
+        assert f"{100 * row['frozen_acc']:.1f} ± {100 * row['frozen_acc_std']:.1f}" in md
+        assert f"{row['h_L']:.1e}" in md and f"{row['g_L']:.1e}" in md and f"{row['gain']:.1e}" in md
+        for reason in row["reasons"]:
+            assert reason in md
+    dfa = _row(result, "dfa")
+    assert f"{dfa['gamma_deep']:+.3f}" in md  # dfa has Γ and a null: the z-score is shown beside it
+    z = (dfa["gamma_deep"] - dfa["null_deep_mean"]) / dfa["null_deep_std"]
+    assert f"(z {z:+.1f})" in md
+    n = len(result["methods"])
+    totals = result["strategy_totals"]
+    assert f"| walks back | {totals['accuracy only']} of {n}" in md
+    assert f"{totals['full protocol']} of {n}" in md
+    for name in result["sensitivity"]:
+        assert f"| {name} " in md
+    for name in FILES[2:]:
+        assert f"]({name})" in md  # the figures are linked from the Markdown
+
+
+def test_table_is_the_same_from_the_live_dict_and_from_audit_json(audited):
+    """Results are data first: audit.json read back (NaN → null, inf → "inf") renders identically."""
+    result, _, tmp = audited
+    from_json = json.loads((tmp / "audit.json").read_text())
+    assert audit_table(from_json) == audit_table(result)
+    main_table = audit_table(result).split("\n\n## Audit\n\n")[1].split("\n\n")[0].splitlines()
+    assert len(main_table) == 2 + len(result["methods"])
+    assert len({len(line) for line in main_table}) == 1  # padded to fixed width: readable as text
+
+
+def test_html_is_self_contained_with_tables_images_and_verdicts(audited):
+    result, paths, _ = audited
+    page = paths["report.html"].read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
+    assert "http://" not in page and "https://" not in page and "<script" not in page.lower()
+    assert "url(" not in page  # no CSS resource either
+    assert page.count("<table") == 3 and "<table class=\"audit\">" in page
+    images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="([^"]+)"', page)
+    assert len(images) == 4 and all(alt for _, alt in images)
+    for row in result["methods"]:
+        assert f"<td>{row['method']}</td>" in page
+        cls = "ok" if row["verdict"] == "trustworthy" else "bad"
+        assert f'<td class="{cls} wrap">{row["verdict"]}</td>' in page
+
+
+def _degenerate(result):
+    """The dfa row as an exploded run would give it (values from the paper's seed-42 DFA)."""
+    audit = store.json_safe(copy.deepcopy(result))
+    dfa = _row(audit, "dfa")
+    dfa.update(h_L=4e8, g_L=4.18e-9, gain=1.0e-4, max_growth="inf", gamma_interpretable=False,
+               first_fire={"a": [8, None], "b": [3, 4], "b_prime": [2, 2]},
+               verdict="walk back: (a) EXPLODED, (b′) ATTENUATED, (d) UNDERCUT",
+               paper_verdict="walk back: (a) EXPLODED, (b) AT FLOOR, (d) UNDERCUT")
+    for run in audit["runs"]:
+        if run["method"] == "dfa" and run["control"] == "none":
+            for r in run["monitor"]:
+                r["max_growth"] = 10.0 ** (r["epoch"] + 1)
+                r["gain"] = 10.0 ** -(r["epoch"] + 1)
+                r["g_norms"][-1] = "inf" if r["epoch"] == 0 else 1e-9
+            run["report"]["first_fire"] = {"a": 2, "b": 1, "b_prime": 2}
+    return audit
+
+
+def test_degenerate_values_are_formatted_compactly(audited, tmp_path):
+    result, _, _ = audited
+    audit = _degenerate(result)
+    md = audit_table(audit)
+    dfa_line = next(line for line in md.splitlines() if line.startswith("| dfa "))
+    assert "4.0e+08" in dfa_line and "4.2e-09" in dfa_line and "1.0e-04" in dfa_line
+    assert "| inf " in dfa_line
+    assert f"{_row(result, 'dfa')['gamma_deep']:+.3f}*" in dfa_line  # Γ marked uninterpretable
+    assert "a: 8/—; b: 3/4; b′: 2/2" in dfa_line
+    paths = write_report(audit, tmp_path)
+    for name in FILES[2:]:
+        _assert_png(paths[name])
+
+
+def test_missing_and_failed_pieces_still_render(audited, tmp_path):
+    result, _, _ = audited
+    audit = store.json_safe(copy.deepcopy(result))
+    dfa = _row(audit, "dfa")
+    for key in dfa:
+        if key != "method":
+            dfa[key] = None
+    audit["sensitivity"] = None
+    audit["strategy_totals"] = {}
+    bp_main = [r for r in audit["runs"] if r["method"] == "bp" and r["control"] == "none"]
+    for run in bp_main:  # every main run of bp failed: no report, no monitor
+        run.update(status="failed", message="RuntimeError: boom (traceback in x/error.txt)",
+                   report=None, monitor=[], test_acc=None)
+    dfa_main = next(r for r in audit["runs"] if r["method"] == "dfa" and r["control"] == "none")
+    dfa_main["monitor"][1]["gain"] = None
+    dfa_main["report"]["residual_norms"] = [None, "inf", 3.0]
+    paths = write_report(audit, tmp_path)
+    assert set(paths) == set(FILES)
+    for name in FILES[2:]:
+        _assert_png(paths[name])
+    md = paths["audit.md"].read_text()
+    dfa_line = next(line for line in md.splitlines() if line.startswith("| dfa "))
+    assert set(dfa_line.strip("| ").split("|")[1].split()) == {"—"}
+    assert md.count("RuntimeError: boom") == len(bp_main) and "bp/s1 (failed)" in md
+    assert "(not available" in md
+    page = paths["report.html"].read_text()
+    assert "RuntimeError: boom" in page and page.count("data:image/png;base64,") == 4
+
+
+def test_an_empty_audit_renders(tmp_path):
+    paths = write_report({}, tmp_path)
+    assert "(no methods)" in paths["audit.md"].read_text()
+    for name in FILES[2:]:
+        _assert_png(paths[name])
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def test_html_renders_offline_in_chromium(audited, tmp_path):
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Chromium not installed (Debian package 'chromium'; .ci/run installs it)")
+    result, paths, _ = audited
+    url = paths["report.html"].resolve().as_uri()
+    shot = tmp_path / "shot.png"
+    flags = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    done = subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1400,1800", url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert shot.exists()
+    with Image.open(shot) as im:
+        colors = im.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colors is not None and len(colors) > 50, "the screenshot is (nearly) blank"
+    white = max((n for n, c in colors if c == (255, 255, 255)), default=0)
+    assert white < 0.97 * sum(n for n, _ in colors)
+
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=60)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "<table class=\"audit\">" in dom.stdout and "Reporting strategies" in dom.stdout
+    assert dom.stdout.count("<img") == 4
+    for row in result["methods"]:
+        assert f"<td>{row['method']}</td>" in dom.stdout and html_escape(row["verdict"]) in dom.stdout
+
+
+def html_escape(text):
+    import html
+    return html.escape(text, quote=False)
