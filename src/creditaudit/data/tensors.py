@@ -19,20 +19,17 @@ def random_crop_flip(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.T
     """Per-sample random crop with `pad`-pixel zero padding, then a random horizontal flip (p=½).
 
     x: (N, C, H, W) of any dtype. Equivalent to padding each image by `pad` zeros, taking an
-    H×W window at offset (top, left) ∈ {0…2·pad}², and mirroring left-right with probability ½;
-    done for the whole batch as a single gather. Random numbers come from the CPU generator `gen`,
-    so a run is reproducible on any device.
+    H×W window at offset (top, left) ∈ {0…2·pad}², and mirroring left-right with probability ½.
+    The padded batch is viewed as all its (2·pad+1)² windows (`unfold`, no copy) and each
+    sample's window is picked with one advanced index. Random numbers come from the CPU
+    generator `gen`, so a run is reproducible on any device.
     """
     n, c, h, w = x.shape
     offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=gen).to(x.device)
     flip = (torch.rand(n, generator=gen) < 0.5).to(x.device)
-    padded = F.pad(x, (pad, pad, pad, pad))
-    rows = offsets[:, :1] + torch.arange(h, device=x.device)                    # (N, H)
-    cols = offsets[:, 1:] + torch.arange(w, device=x.device)                    # (N, W)
-    cols = torch.where(flip[:, None], cols.flip(1), cols)                       # mirror = reversed columns
-    batch = torch.arange(n, device=x.device)[:, None, None, None]
-    chan = torch.arange(c, device=x.device)[None, :, None, None]
-    return padded[batch, chan, rows[:, None, :, None], cols[:, None, None, :]]
+    windows = F.pad(x, (pad, pad, pad, pad)).unfold(2, h, 1).unfold(3, w, 1)   # (N, C, 2p+1, 2p+1, H, W)
+    crops = windows[torch.arange(n, device=x.device), :, offsets[:, 0], offsets[:, 1]]  # (N, C, H, W)
+    return torch.where(flip[:, None, None, None], crops.flip(-1), crops)
 
 
 @dataclass

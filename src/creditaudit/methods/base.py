@@ -42,6 +42,19 @@ class MethodSettings:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+def _fused_adamw_supported() -> bool:
+    """The fused AdamW kernel (CPU and CUDA since torch 2.4) is ~6× faster than the foreach one
+    on this model's CPU step; older torch falls back to the default implementation."""
+    try:
+        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], fused=True)
+        return True
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+_FUSED = {"fused": True} if _fused_adamw_supported() else {}
+
+
 def output_error(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """e = softmax(logits) − onehot(y), (N, C)."""
     return logits.softmax(-1) - F.one_hot(y, logits.shape[-1]).to(logits.dtype)
@@ -50,6 +63,17 @@ def output_error(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def rms_normalise(a: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """a / (rms(a) + eps), per sample along the feature dimension."""
     return a / (a.pow(2).mean(-1, keepdim=True).sqrt() + eps)
+
+
+@dataclass
+class LocalForward:
+    """`Method.local_forward`'s result: logits (graph to the head only), h_0 … h_L (detached
+    values), h_0 = embed(x) with its graph, and f_l(h_l.detach()) with graph per trainable block."""
+
+    logits: torch.Tensor
+    hidden: list[torch.Tensor]
+    h0: torch.Tensor
+    branches: dict[int, torch.Tensor]
 
 
 def bp_credit(model: ResidualMLP, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
@@ -119,9 +143,30 @@ class Method(ABC):
                    if self.trainable(l)]
                 + [{"params": self.head_params()}])
 
-    def local_update(self, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                     hidden: list[torch.Tensor], credit: list[torch.Tensor],
-                     lam: float = 0.0) -> torch.Tensor:
+    def local_forward(self, x: torch.Tensor) -> "LocalForward":
+        """One forward pass that is at once the model's forward and every local loss's graph.
+
+        Each block sees its input detached, h_{l+1} = h_l + f_l(h_l) with h_l.detach(), so the
+        values are exactly the model's forward, while the graph holds only the local pieces:
+        embed(x) for the embedding, f_l(h_l.detach()) per trainable block, and the readout of
+        h_L.detach() for the head. A local method thus pays for one forward per step, not two.
+        """
+        h0 = self.model.embed(x.flatten(1))
+        h = h0.detach()
+        hidden, branches = [h], {}
+        for l, block in enumerate(self.model.blocks):
+            if self.trainable(l):
+                f = block(h)
+                branches[l] = f
+                h = h + f.detach()
+            else:
+                with torch.no_grad():
+                    h = h + block(h)
+            hidden.append(h)
+        return LocalForward(self.model.readout(h), hidden, h0, branches)
+
+    def local_update(self, opt: torch.optim.Optimizer, y: torch.Tensor, fwd: "LocalForward",
+                     credit: list[torch.Tensor], lam: float = 0.0) -> torch.Tensor:
         """One fused step of a local-credit method (dfa, dfa-penalty, sb, cb), given a_0 … a_L:
 
             J = CE(out_head(out_ln(h_L.detach())), y)                            out_ln, out_head
@@ -133,26 +178,24 @@ class Method(ABC):
         the gradient of its own loss; then each trainable block's gradient is clipped to norm
         `settings.clip` and one optimizer step is taken. Returns the batch CE (detached).
         """
-        h = [t.detach() for t in hidden]
         a = [t.detach() for t in credit]
-        ce = F.cross_entropy(self.model.readout(h[-1]), y)
-        total = ce + (self.model.embed(x.flatten(1)) * a[0]).sum(-1).mean()
-        trainable = [l for l in range(self.model.n_blocks) if self.trainable(l)]
-        for l in trainable:
-            f = self.model.blocks[l](h[l])
+        ce = F.cross_entropy(fwd.logits, y)
+        total = ce + (fwd.h0 * a[0]).sum(-1).mean()
+        for l, f in fwd.branches.items():
             total = total + (f * a[l + 1]).sum(-1).mean()
             if lam:
                 total = total + lam * f.pow(2).sum(-1).mean()
         opt.zero_grad(set_to_none=True)
         total.backward()
-        for l in trainable:
+        for l in fwd.branches:
             torch.nn.utils.clip_grad_norm_(self.block_params(l), self.settings.clip)
         opt.step()
         return ce.detach()
 
     def add_optimizer(self, params) -> torch.optim.Optimizer:
         """AdamW(lr, weight decay) with cosine annealing to 0 over the run (stepped per epoch)."""
-        opt = torch.optim.AdamW(params, lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+        opt = torch.optim.AdamW(params, lr=self.settings.lr, weight_decay=self.settings.weight_decay,
+                                **_FUSED)
         self.optimizers.append(opt)
         self.schedulers.append(torch.optim.lr_scheduler.CosineAnnealingLR(
             opt, T_max=max(1, self.settings.epochs), eta_min=0.0))

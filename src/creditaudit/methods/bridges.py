@@ -108,9 +108,8 @@ class _Bridge(Method):
         return h, depth, e.repeat(len(layers), 1)
 
     def train_step(self, x, y):
-        with torch.no_grad():
-            logits, hidden = self.model(x, return_hidden=True)
-            e = output_error(logits, y)                                         # s = e
+        fwd = self.local_forward(x)
+        hidden, e = fwd.hidden, output_error(fwd.logits.detach(), y)           # s = e
         credit, aux_loss = self._credit_and_aux_loss(hidden, e, y)
         if aux_loss.requires_grad:                                              # (not with 0 blocks in sb)
             self.aux_opt.zero_grad(set_to_none=True)
@@ -118,7 +117,7 @@ class _Bridge(Method):
             self.aux_opt.step()
             self._after_aux_step()
         self.last_aux_loss = float(aux_loss.detach())
-        return self.local_update(self.opt, x, y, hidden, credit, lam=self.settings.lam)
+        return self.local_update(self.opt, y, fwd, credit, lam=self.settings.lam)
 
     def credit(self, x, y):
         with torch.no_grad():

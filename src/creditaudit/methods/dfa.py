@@ -66,8 +66,10 @@ class DFA(Method):
         return hidden, dfa_credit(e, feedback, self.model.n_blocks)
 
     def train_step(self, x, y):
-        hidden, credit = self._credit(x, y, self.feedback)
-        return self.local_update(self.opt, x, y, hidden, credit, lam=self.lam)
+        fwd = self.local_forward(x)
+        e = output_error(fwd.logits.detach(), y)                               # e = softmax − onehot
+        credit = dfa_credit(e, self.feedback, self.model.n_blocks)
+        return self.local_update(self.opt, y, fwd, credit, lam=self.lam)
 
     def credit(self, x, y):
         return self._credit(x, y, self.feedback)[1]
