@@ -149,3 +149,19 @@ def test_cli_help_and_version(capsys):
     with pytest.raises(SystemExit):
         cli_main(["--help"])
     assert "train" in capsys.readouterr().out
+
+
+def test_stop_when_flagged_ends_a_doomed_run_and_records_first_fire(tmp_path, synthetic):
+    from creditaudit.protocol import Thresholds
+    always = Thresholds(gain=1e9)  # (b′) fires at every epoch, from the init snapshot on
+    run = train_run(RunConfig(**SMALL).replace(epochs=10, stop_when_flagged=3), tmp_path / "r",
+                    data=synthetic, progress=False, thresholds=always)
+    assert run.status["status"] == "stopped"
+    assert "--stop-when-flagged 3" in run.status["message"]
+    assert run.status["epochs_completed"] == 2      # epochs 0, 1, 2 flagged → stop
+    assert run.status["first_fire"]["b_prime"] == 0
+    assert run.status["first_fire"]["a"] is None
+
+    never = train_run(RunConfig(**SMALL).replace(stop_when_flagged=1), tmp_path / "n",
+                      data=synthetic, progress=False)
+    assert never.status["status"] == "finished" and never.history[-1]["epoch"] == SMALL["epochs"]

@@ -63,6 +63,8 @@ class RunConfig:
         if k is not None and (not isinstance(k, int) or not 0 <= k <= self.blocks):
             raise CreditAuditError(
                 f"trainable_blocks must be an integer in 0..{self.blocks} (the number of blocks), got {k!r}")
+        if k == self.blocks:  # "all blocks train" has one spelling, so equal runs share one key
+            object.__setattr__(self, "trainable_blocks", None)
         for name in ("lr", "weight_decay", "lam", "w2_std"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
@@ -134,7 +136,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # MNIST-1D needs no download; epochs chosen so 7 methods × 3 seeds × (run + 2 controls) fit
     # in about ten minutes on a 2-core CPU.
     "quick": {"dataset": "mnist1d", "methods": ["bp", "fa", "dfa", "dfa-penalty", "ep", "sb", "cb"],
-              "seeds": [42, 123, 456], "epochs": 20, "out": "audits/quick",
+              "seeds": [42, 123, 456], "epochs": 15, "out": "audits/quick",
               "training": {"lam": 1e-2}},
     # The paper's protocol (SPEC §4): CIFAR-10, 100 epochs, from --data-dir.
     "paper": {"dataset": "cifar10", "methods": ["bp", "fa", "dfa", "dfa-penalty", "ep", "sb", "cb"],

@@ -646,5 +646,160 @@ def write_report(audit: dict, out_dir: Path) -> dict[str, Path]:
     return paths
 
 
+# -- the other experiments: one table and one figure each, from their JSON ----------------------
+def _save_png(fig: Figure, path: Path) -> Path:
+    store.atomic_write_bytes(Path(path), _png(fig))
+    return Path(path)
+
+
+def calibration_table(report: dict) -> str:
+    """`creditaudit calibrate`: per layer ‖g_l‖, Γ_l beside its null (z), ρ_l beside its controls."""
+    report = store.json_safe(report)
+    null = report.get("null") or {}
+    rho = {r["layer"]: r for r in report.get("rho") or []}
+    gamma = report.get("gamma") or [None] * len(report["bp_grad_norms"])
+    z = report.get("gamma_z") or [None] * len(gamma)
+    rows = []
+    for l, g in enumerate(report["bp_grad_norms"]):
+        r = rho.get(l, {})
+        nm = (null.get("mean") or [None] * len(gamma))[l]
+        ns = (null.get("std") or [None] * len(gamma))[l]
+        rows.append([str(l), _sci(g), _signed(gamma[l]) + ("" if report.get("gamma_interpretable") else "*"),
+                     "—" if nm is None else f"{_signed(nm)} ± {_g(ns)}", _g(z[l]),
+                     _signed(r.get("method")), _signed(r.get("bp")), _signed(r.get("random"))])
+    head = ["layer", "‖g_l‖", "Γ_l", "null μ ± σ", "z", "ρ method", "ρ BP (≈1)", "ρ random (≈0)"]
+    lines = [f"calibration — {report.get('label', '')}: verdict {report['verdict']}", "",
+             _markdown(head, rows)]
+    if not report.get("gamma_interpretable"):
+        lines.append("\n* Γ uninterpretable: (b) or (b′) fired, the BP reference is at the floor or attenuated.")
+    if not null:
+        lines.append("\n(no null: this method has no random feedback to redraw)")
+    return "\n".join(lines)
+
+
+def ladder_table(result: dict) -> str:
+    """`creditaudit ladder`: accuracy per method and number of trainable blocks k."""
+    result = store.json_safe(result)
+    rows = [[r["method"], str(r["k"]), _pct(r["acc"], r["acc_std"]), _sci(r.get("h_L")),
+             ", ".join(sorted(set(r["statuses"])))] for r in result["rows"]]
+    return _markdown(["method", "k trainable", "test acc %", "‖h_L‖", "status"], rows)
+
+
+def ladder_figure(result: dict, path: Path) -> Path:
+    result = store.json_safe(result)
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    for method in dict.fromkeys(r["method"] for r in result["rows"]):
+        rows = [r for r in result["rows"] if r["method"] == method]
+        ks = [r["k"] for r in rows]
+        acc = [100 * _plottable(r["acc"]) for r in rows]
+        sd = [100 * (_f(r["acc_std"]) or 0.0) for r in rows]
+        ax.errorbar(ks, acc, yerr=sd, marker="o", capsize=3, label=method)
+    ax.set_xlabel("trainable blocks k (0 = frozen control, L = full run)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Depth ladder")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return _save_png(fig, path)
+
+
+def penalty_table(result: dict) -> str:
+    """`creditaudit penalty-sweep`: per λ accuracy, norms, gain, deep Γ vs null, deep ρ, verdict."""
+    result = store.json_safe(result)
+    rows = []
+    for r in result["rows"]:
+        gamma, null = _gamma_cells(r)
+        rows.append([f"{_f(r['lam']):g}", _pct(r["acc"], r["acc_std"]), _pct(r["frozen_acc"]),
+                     _sci(r["h_L"]), _sci(r["g_L"]), _sci(r["gain"]), gamma, null,
+                     _signed(r["rho_deep"]), r["verdict"]])
+    return _markdown(["λ", "test acc %", "frozen %", "‖h_L‖", "‖g_L‖", "gain", "deep Γ", "Γ null (z)",
+                      "deep ρ", "verdict"], rows)
+
+
+def penalty_figure(result: dict, path: Path) -> Path:
+    result = store.json_safe(result)
+    rows = result["rows"]
+    x = list(range(len(rows)))
+    labels = [f"{_f(r['lam']):g}" for r in rows]
+    fig = Figure(figsize=(11, 3.6))
+    axes = fig.subplots(1, 3)
+    axes[0].plot(x, [100 * _plottable(r["acc"]) for r in rows], marker="o")
+    axes[0].set_ylabel("test accuracy (%)")
+    axes[1].plot(x, [_plottable(r["h_L"], log=True) for r in rows], marker="o", label="‖h_L‖")
+    axes[1].plot(x, [_plottable(r["g_L"], log=True) for r in rows], marker="s", label="‖g_L‖")
+    axes[1].set_yscale("log")
+    axes[1].legend()
+    axes[2].plot(x, [_plottable(r["gamma_deep"]) for r in rows], marker="o", label="deep Γ")
+    mean = [_plottable(r.get("null_deep_mean")) for r in rows]
+    std = [_plottable(r.get("null_deep_std")) for r in rows]
+    axes[2].fill_between(x, [m - 2 * s for m, s in zip(mean, std)], [m + 2 * s for m, s in zip(mean, std)],
+                         alpha=0.25, label="null ± 2σ")
+    axes[2].plot(x, [_plottable(r["rho_deep"]) for r in rows], marker="^", label="deep ρ")
+    axes[2].axhline(0, color="0.5", lw=0.8)
+    axes[2].legend()
+    for ax in axes:
+        ax.set_xticks(x, labels)
+        ax.set_xlabel("λ")
+        ax.grid(alpha=0.3)
+    fig.suptitle("dfa-penalty sweep")
+    return _save_png(fig, path)
+
+
+def identity_table(result: dict) -> str:
+    """`creditaudit identity-check`: per block ‖f_l‖/‖h_l‖ and the whole stack, mean ± std over seeds."""
+    result = store.json_safe(result)
+    rows = [[f"block {l}", f"{_g(m)} ± {_g(s)}"]
+            for l, (m, s) in enumerate(zip(result["block_ratio_mean"], result["block_ratio_std"]))]
+    rows.append(["‖h_L − h_0‖/‖h_0‖", f"{_g(result['stack_change_mean'])} ± {_g(result['stack_change_std'])}"])
+    rows.append(["cos(h_L, h_0)", f"{_g(result['stack_cos_mean'])} ± {_g(result['stack_cos_std'])}"])
+    return (f"frozen-init identity check — seeds {', '.join(map(str, result['seeds']))}, "
+            f"{result['n_samples']} samples (medians over samples, mean ± std over seeds)\n\n"
+            + _markdown(["quantity", "value"], rows))
+
+
+def identity_figure(result: dict, path: Path) -> Path:
+    result = store.json_safe(result)
+    fig = Figure(figsize=(5, 3.5))
+    ax = fig.add_subplot()
+    means = [_plottable(v) for v in result["block_ratio_mean"]]
+    stds = [_f(v) or 0.0 for v in result["block_ratio_std"]]
+    ax.bar(range(len(means)), means, yerr=stds, capsize=3)
+    ax.set_xlabel("block l")
+    ax.set_ylabel("median ‖f_l(h_l)‖ / ‖h_l‖ at init")
+    ax.set_title(f"stack: ‖h_L−h_0‖/‖h_0‖ = {_g(result['stack_change_mean'])}, "
+                 f"cos = {_g(result['stack_cos_mean'])}", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    return _save_png(fig, path)
+
+
+def sensitivity_figure(reports: Sequence[dict], sensitivity: dict, path: Path) -> Path:
+    """Each run's statistic for (a), (b), (b′) on a log axis, with the threshold and the interval
+    over which every verdict stays the same shaded."""
+    reports = store.json_safe(list(reports))
+    sensitivity = store.json_safe(sensitivity)
+    stats = (("growth", "max block growth (a)", lambda r: r["max_growth"]),
+             ("floor", "‖g_L‖ (b)", lambda r: r["bp_grad_norms"][-1]),
+             ("gain", "readout gain (b′)", lambda r: r["readout_gain"]))
+    fig = Figure(figsize=(12, 3.6))
+    for ax, (name, title, stat) in zip(fig.subplots(1, 3), stats):
+        values = [_plottable(stat(r), log=True) for r in reports]
+        labels = [r.get("label", "") for r in reports]
+        ax.scatter(values, range(len(values)), s=14)
+        ax.set_yticks(range(len(values)), labels, fontsize=6)
+        ax.set_xscale("log")
+        entry = sensitivity.get(name, {})
+        lo, hi = (entry.get("interval") or [None, None])
+        lo, hi = _f(lo), _f(hi)
+        if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi) and lo > 0:
+            ax.axvspan(lo, hi, alpha=0.2, color="tab:green", label="same verdicts")
+        if _f(entry.get("current")):
+            ax.axvline(_f(entry["current"]), color="tab:red", ls="--", label="threshold")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+    return _save_png(fig, path)
+
+
 __all__ = ["audit_table", "write_report", "report_html", "norms_figure", "monitor_figure",
-           "gamma_figure", "rho_figure"]
+           "gamma_figure", "rho_figure", "calibration_table", "ladder_table", "ladder_figure",
+           "penalty_table", "penalty_figure", "identity_table", "identity_figure",
+           "sensitivity_figure"]
