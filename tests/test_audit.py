@@ -2,7 +2,6 @@
 import json
 
 import pytest
-import torch
 
 from creditaudit.cli import main as cli_main
 from creditaudit.config import audit_config_from_dict, load_audit_toml

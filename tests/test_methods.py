@@ -12,8 +12,6 @@ from creditaudit.data import load_dataset
 from creditaudit.methods import METHODS, MethodSettings, bp_credit, method_class, rms_normalise
 from creditaudit.model import ResidualMLP
 
-torch.set_num_threads(1)
-
 ALL = tuple(METHODS)
 
 

@@ -12,27 +12,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from creditaudit import metrics as M
-from creditaudit.data.generated import load_digits
 from creditaudit.methods import BP, MethodSettings
 from creditaudit.model import ResidualMLP, ResidualStream
 from creditaudit.protocol import (Report, Thresholds, diagnose, fires_a, fires_b, fires_b_prime,
                                   first_fire_epochs, threshold_sensitivity)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny: one intra-op thread is as fast, and does not collapse when the
-    test machine's cores are shared (two spinning OpenMP threads on a busy 2-core box are ~20×
-    slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_digits()
 
 
 @pytest.fixture(scope="module")

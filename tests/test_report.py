@@ -7,7 +7,6 @@ import shutil
 import subprocess
 
 import pytest
-import torch
 from PIL import Image
 
 from creditaudit import store
@@ -21,7 +20,6 @@ FILES = ("audit.md", "report.html", "norms.png", "monitor.png", "gamma.png", "rh
 @pytest.fixture(scope="module")
 def audited(tmp_path_factory):
     """A real (tiny) audit: digits, bp + dfa, 2 seeds, 2 epochs, with its report written."""
-    torch.set_num_threads(1)  # conftest's autouse fixture is function-scoped: it runs after this one
     tmp = tmp_path_factory.mktemp("audit")
     config = audit_config_from_dict({"dataset": "digits", "methods": ["bp", "dfa"], "seeds": [1, 2],
                                      "epochs": 2, "out": str(tmp), "model": {"width": 32, "blocks": 2},

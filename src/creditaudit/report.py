@@ -445,7 +445,7 @@ def gamma_figure(audit: dict) -> Figure:
         gamma = [_plottable(v) for v in row.get("gamma_layers") or []]
         if not _has_values(gamma):
             continue
-        method, color = str(row.get("method")), colors.get(str(row.get("method")), "k")
+        color = colors.get(str(row.get("method")), "k")
         null = row.get("null_layers")
         if isinstance(null, (list, tuple)) and len(null) == 2 and null[0] and null[1]:
             mean = [_plottable(v) for v in null[0]]

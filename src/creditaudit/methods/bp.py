@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from .base import Method, bp_credit
