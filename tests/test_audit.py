@@ -74,6 +74,9 @@ def test_a_run_that_raises_is_reported_failed_and_the_audit_completes(tmp_path, 
     assert statuses[("bp", "none")] == "finished"
     dfa_row = next(r for r in result["methods"] if r["method"] == "dfa")
     assert dfa_row["failed"] and "simulated crash" in dfa_row["failed"][0]["message"]
+    # no diagnosed run: the method is not declared trustworthy, nor counted by any strategy
+    assert dfa_row["verdict"].startswith("incomplete")
+    assert set(dfa_row["strategies"].values()) == {"n/a (no run)"}
     assert (tmp_path / "audit.json").exists()
 
 

@@ -21,6 +21,7 @@ def test_ladder_covers_k_0_to_L_and_reuses_equal_runs(tmp_path, capsys):
     assert cli_main(["ladder", "--methods", "bp", *SMALL, "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "ladder.json").read_text())
     assert [r["k"] for r in result["rows"]] == [0, 1, 2]
+    assert all(r["acc"] is not None and r["statuses"] == ["finished"] for r in result["rows"])
     assert (tmp_path / "ladder.png").stat().st_size > 1000
     # k = L is the ordinary full run: one spelling, one key
     assert RunConfig(blocks=2, trainable_blocks=2).run_key == RunConfig(blocks=2).run_key

@@ -239,3 +239,25 @@ def test_float64_model_stays_float64(digits):
     x, y = digits.eval_batch(0, 16)
     bp = M.bp_gradients(model, x.double(), y)
     assert bp.grads[-1].dtype == torch.float64
+
+
+def test_gamma_counts_withheld_credit_as_zero_not_as_missing():
+    g = torch.randn(4, 8, dtype=torch.float64)
+    a = g.clone()
+    a[2:] = 0.0                       # the method gives half the samples no credit at all
+    assert M.gradient_cosine([a], [g])[0] == pytest.approx(0.5)
+    g[3] = 0.0                        # a sample with no reference direction is left out
+    assert M.gradient_cosine([a], [g])[0] == pytest.approx(2 / 3)
+
+
+def test_rho_bp_control_survives_a_floor_level_reference():
+    """With ‖g‖ ~ 1e-9 the mean-reduced ε⟨g, v⟩ is below the 1e-12 std cutoff; the control
+    must still read ≈ 1 (it is computed in per-sample units)."""
+    torch.manual_seed(0)
+    model = ResidualMLP(16, d=32, n_blocks=2).double()
+    with torch.no_grad():
+        model.embed.weight.mul_(1e8)  # ‖h‖ ~ 1e8 → the readout attenuates g to the floor
+    x, y = torch.randn(64, 16, dtype=torch.float64), torch.randint(0, 10, (64,))
+    assert M.bp_grad_norms(model, x, y)[-1] < 1e-7
+    rho = M.perturbation_with_controls(model, x, y, 1, gen=torch.Generator().manual_seed(0))
+    assert rho.bp > 0.95 and abs(rho.random) < 0.1

@@ -165,3 +165,28 @@ def test_stop_when_flagged_ends_a_doomed_run_and_records_first_fire(tmp_path, sy
     never = train_run(RunConfig(**SMALL).replace(stop_when_flagged=1), tmp_path / "n",
                       data=synthetic, progress=False)
     assert never.status["status"] == "finished" and never.history[-1]["epoch"] == SMALL["epochs"]
+
+
+def test_a_diverged_run_fires_a_in_its_diagnosis(tmp_path, synthetic):
+    from creditaudit.experiments import eval_batches
+    from creditaudit.protocol import diagnose
+    run = train_run(RunConfig(**SMALL).replace(lr=1e9, epochs=6), tmp_path / "r", data=synthetic,
+                    progress=False)
+    if run.status["status"] != "diverged":
+        pytest.skip("lr=1e9 did not diverge on this platform")
+    report = diagnose(run.model, eval_batches(synthetic, 8), diverged=run.status["message"])
+    assert report.flags["a"] and report.verdict.startswith("walk back: (a)")
+    assert "training diverged" in report.reasons[0]
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(method="ep", options={"steps": 0}), "steps"),
+    (dict(method="ep", options={"beta": -1.0}), "beta"),
+    (dict(method="cb", options={"ema": 1.5}), "ema"),
+    (dict(method="sb", options={"draws": 0}), "draws"),
+    (dict(method="bp", lam=0.01), "lam"),
+    (dict(stop_when_flagged="3"), "stop_when_flagged"),
+])
+def test_bad_method_options_and_misplaced_lambda_are_user_errors(kwargs, needle):
+    with pytest.raises(CreditAuditError, match=needle):
+        RunConfig(**kwargs)

@@ -82,7 +82,10 @@ def _load_for_diagnosis(args):
     from .experiments import eval_batches
     from .train import load_run
     from .data import load_dataset
-    run = load_run(args.run_dir, args.device if args.device != "auto" else "cpu")
+    from .train import resolve_device
+    if args.eval_batches < 1:
+        raise CreditAuditError(f"--eval-batches must be ≥ 1 (8 or more for stability (c)), got {args.eval_batches}")
+    run = load_run(args.run_dir, resolve_device(args.device))
     frozen_acc = None
     if args.frozen_control:
         control = load_run(args.frozen_control, "cpu")
@@ -99,7 +102,8 @@ def _cmd_diagnose(args) -> int:
     run, batches, frozen_acc = _load_for_diagnosis(args)
     report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
                       test_acc=run.test_acc, thresholds=Thresholds(), monitor_history=run.history,
-                      rho=args.rho, label=run.config.label)
+                      rho=args.rho, label=run.config.label,
+                      diverged=run.status.get("message") if run.status.get("status") == "diverged" else None)
     print(report.to_json(indent=2) if args.json else report)
     return 0
 
@@ -209,10 +213,16 @@ def _cmd_thresholds(args) -> int:
     from .store import atomic_write_json, read_json
     audit_dir = Path(args.audit_dir)
     result = read_json(audit_dir / "audit.json", "creditaudit audit folder (with audit.json)")
-    reports = [r["report"] for r in result.get("runs", []) if r.get("report") and r["control"] == "none"]
+    runs = result.get("runs") if isinstance(result, dict) else None
+    reports = [r["report"] for r in runs or [] if isinstance(r, dict) and r.get("report")
+               and r.get("control") == "none"]
     if not reports:
-        raise CreditAuditError(f"{audit_dir}/audit.json holds no diagnosed runs")
-    sensitivity, table = threshold_sensitivity(reports, Thresholds(**result["thresholds"]))
+        raise CreditAuditError(f"{audit_dir}/audit.json holds no diagnosed runs; is it an audit folder?")
+    try:
+        thresholds = Thresholds(**result.get("thresholds", {}))
+    except TypeError as err:
+        raise CreditAuditError(f"{audit_dir}/audit.json has unreadable thresholds ({err})") from None
+    sensitivity, table = threshold_sensitivity(reports, thresholds)
     atomic_write_json(audit_dir / "thresholds.json", sensitivity)
     sensitivity_figure(reports, sensitivity, audit_dir / "thresholds.png")
     print(table)

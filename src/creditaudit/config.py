@@ -16,6 +16,9 @@ from typing import Any
 from .errors import CreditAuditError
 
 
+LAMBDA_METHODS = ("dfa-penalty", "sb", "cb")  # the methods whose local loss has a λ‖f‖² term
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One run: method × dataset × model × seed × schedule, plus the depth control.
@@ -70,7 +73,11 @@ class RunConfig:
             if not isinstance(value, (int, float)) or value < 0:
                 raise CreditAuditError(f"{name} must be a number ≥ 0, got {value!r}")
         METHODS[self.method].resolve_options(self.options)
-        if self.stop_when_flagged is not None and self.stop_when_flagged < 1:
+        if self.lam and self.method not in LAMBDA_METHODS:
+            raise CreditAuditError(f"lam (the residual penalty λ) applies to {', '.join(LAMBDA_METHODS)}, "
+                                   f"not to {self.method!r}; drop it or choose dfa-penalty")
+        swf = self.stop_when_flagged
+        if swf is not None and (not isinstance(swf, int) or isinstance(swf, bool) or swf < 1):
             raise CreditAuditError(
                 f"stop_when_flagged must be ≥ 1 epoch, got {self.stop_when_flagged!r}")
 

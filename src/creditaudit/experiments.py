@@ -73,6 +73,7 @@ class Job:
     data_dir: str
     device: str
     threads: int
+    thresholds: dict = field(default_factory=dict)
 
 
 def _train_job(job: Job) -> dict[str, Any]:
@@ -84,7 +85,8 @@ def _train_job(job: Job) -> dict[str, Any]:
     was_done = read_status(run_dir).get("status") in DONE if (run_dir / "status.json").exists() else False
     try:
         data = _dataset(config.dataset, job.data_dir, job.device)
-        run = train_run(config, run_dir, data=data, device=job.device, progress=False)
+        run = train_run(config, run_dir, data=data, device=job.device, progress=False,
+                        thresholds=Thresholds(**job.thresholds))
         (run_dir / "error.txt").unlink(missing_ok=True)
         return {"status": run.status["status"], "message": run.status["message"],
                 "trained": not was_done, "seconds": time.perf_counter() - t0}
@@ -99,7 +101,6 @@ def _train_job(job: Job) -> dict[str, Any]:
 @dataclass
 class DiagnoseJob(Job):
     frozen_acc: float | None = None
-    thresholds: dict = field(default_factory=dict)
     n_eval: int = 8
     rho: bool = True
 
@@ -113,7 +114,9 @@ def _diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
         report = diagnose(run.model, eval_batches(data, job.n_eval), method=run.method,
                           frozen_acc=job.frozen_acc, test_acc=run.test_acc,
                           thresholds=Thresholds(**job.thresholds), monitor_history=run.history,
-                          rho=job.rho, label=run.config.label).to_dict()
+                          rho=job.rho, label=run.config.label,
+                          diverged=run.status.get("message") if run.status.get("status") == "diverged"
+                          else None).to_dict()
         store.atomic_write_json(Path(job.run_dir) / "diagnosis.json", report)
         return report
     except Exception as err:  # noqa: BLE001
@@ -189,7 +192,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, data_dir: str, device: 
     threads = 1 if workers > 1 else max(1, torch.get_num_threads())
     _dataset(configs[0].dataset, data_dir, "cpu")  # fail fast (missing data) before any worker starts
     dirs = [run_dir_for(root, c) for c in configs]
-    train_jobs = [Job(c.to_dict(), str(d), data_dir, str(dev), threads) for c, d in zip(configs, dirs)]
+    train_jobs = [Job(c.to_dict(), str(d), data_dir, str(dev), threads, asdict(thresholds))
+                  for c, d in zip(configs, dirs)]
     t0 = time.perf_counter()
 
     def said(i: int, res: dict) -> None:
@@ -216,7 +220,7 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, data_dir: str, device: 
         frozen = frozen_of(o.config) if frozen_of else None
         frozen_acc = by_key[frozen.run_key].test_acc if frozen and frozen.run_key in by_key else None
         diag_jobs.append(DiagnoseJob(o.config.to_dict(), str(o.run_dir), data_dir, str(dev), threads,
-                                     frozen_acc, asdict(thresholds), n_eval,
+                                     asdict(thresholds), frozen_acc, n_eval,
                                      rho and o.config.control == "none"))
         diag_index.append(i)
     log(f"diagnosing {len(diag_jobs)} runs")
@@ -262,8 +266,11 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
     frozen = [o for o in mine if o.config.control == "frozen"]
     shallow = [o for o in mine if o.config.control == "shallow"]
     diagnosed = [o for o in main if o.report]
+    # (d) compares the same seeds: only seeds where both the run and its frozen control finished
+    frozen_by_seed = {o.config.seed: o.test_acc for o in frozen if o.test_acc is not None}
+    paired = [o for o in main if o.test_acc is not None and o.config.seed in frozen_by_seed]
     acc, acc_sd = _mean_std([o.test_acc for o in main if o.test_acc is not None])
-    facc, facc_sd = _mean_std([o.test_acc for o in frozen if o.test_acc is not None])
+    facc, facc_sd = _mean_std([frozen_by_seed[o.config.seed] for o in paired] or list(frozen_by_seed.values()))
     sacc, sacc_sd = _mean_std([o.test_acc for o in shallow if o.test_acc is not None])
     rep = lambda key: [_num(o.report[key]) for o in diagnosed]
     gammas = [o.report["gamma"] for o in diagnosed if o.report.get("gamma")]
@@ -274,7 +281,8 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
 
     counts = {k: sum(bool(o.report["flags"].get(k)) for o in diagnosed) for k in ("a", "b", "b_prime", "c")}
     flags: dict[str, bool | None] = {k: (counts[k] > 0 if diagnosed else None) for k in counts}
-    depth_gap = None if acc is None or facc is None else acc - facc
+    depth_gap = (statistics.fmean(o.test_acc - frozen_by_seed[o.config.seed] for o in paired)
+                 if paired else None)
     flags["d"] = None if depth_gap is None else depth_gap < thresholds.depth_margin - 1e-9
     reasons = []
     for k in ("a", "b", "b_prime", "c"):
@@ -283,12 +291,18 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
             sentence = next((s for s in first.report["reasons"] if s.startswith(FLAG_NAMES[k])), FLAG_NAMES[k])
             reasons.append(f"{sentence} [{counts[k]}/{len(diagnosed)} seeds; e.g. {first.config.label}]")
     if flags["d"]:
-        reasons.append(f"(d) UNDERCUT: mean accuracy {acc:.4f} does not clear the frozen-blocks "
-                       f"control {facc:.4f} by {100 * thresholds.depth_margin:g} points, so the "
-                       "headline accuracy does not show that the trained blocks add anything.")
-    verdict = lambda keys: ("walk back: " + ", ".join(FLAG_NAMES[k] for k in keys if flags.get(k))
-                            if any(flags.get(k) for k in keys) else "trustworthy")
-    failed = [o for o in main if o.status not in DONE]
+        reasons.append(f"(d) UNDERCUT: over {len(paired)} seed(s), accuracy is "
+                       f"{100 * depth_gap:+.1f} points from the frozen-blocks control of the same "
+                       f"seed, short of +{100 * thresholds.depth_margin:g}, so the headline accuracy "
+                       "does not show that the trained blocks add anything.")
+    failed = [o for o in main if o.status not in DONE or not o.report]
+
+    def verdict(keys) -> str:
+        if not diagnosed:
+            return f"incomplete: no diagnosed run ({len(failed)}/{len(main)} failed)"
+        fired = [FLAG_NAMES[k] for k in keys if flags.get(k)]
+        return "walk back: " + ", ".join(fired) if fired else "trustworthy"
+
     mean_gamma = _mean_std([statistics.fmean(_num(g) for g in gs) for gs in gammas
                             if all(g is not None for g in gs)])[0]
     first_fire = {k: [(o.report.get("first_fire") or {}).get(k) for o in diagnosed]
@@ -300,7 +314,8 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
         "failed": [{"label": o.config.label, "status": o.status, "message": o.message} for o in failed],
         "acc": acc, "acc_std": acc_sd, "frozen_acc": facc, "frozen_acc_std": facc_sd,
         "shallow_acc": sacc, "shallow_acc_std": sacc_sd, "depth_gap": depth_gap,
-        "h_L": _median([r[-1] for r in (o.report["residual_norms"] for o in diagnosed)]) if diagnosed else None,
+        "n_paired_with_frozen": len(paired),
+        "h_L": _median([_num(o.report["residual_norms"][-1]) for o in diagnosed]),
         "g_L": _median([_num(o.report["bp_grad_norms"][-1]) for o in diagnosed]),
         "gain": _median(rep("readout_gain")), "max_growth": _median(rep("max_growth")),
         "stability_mid": _mean_std(rep("stability_mid"))[0],
@@ -336,6 +351,8 @@ def reporting_strategies(row: dict) -> dict[str, str]:
     full protocol:  the project verdict ((a), (b′), (d)).
     """
     g = row.get("gamma_mean_all")
+    if row["verdict"].startswith("incomplete"):
+        return {s: "n/a (no run)" for s in STRATEGIES}
     return {"accuracy only": "accept",
             "accuracy + Γ": "n/a (no credit)" if g is None else ("accept" if g > 0 else "walk back"),
             "full protocol": "accept" if row["verdict"] == "trustworthy" else "walk back"}
@@ -405,10 +422,10 @@ def ladder(base: Sequence[RunConfig], out: Path, *, data_dir: str, device: str =
     for method in dict.fromkeys(c.method for c in base):
         mine = [o for o in outcomes if o.config.method == method]
         for k in range(base[0].blocks + 1):
-            at_k = [o for o in mine if o.config.trainable_blocks == k]
+            at_k = [o for o in mine if len(o.config.trainable_block_ids) == k]
             acc, sd = _mean_std([o.test_acc for o in at_k])
             rows.append({"method": method, "k": k, "acc": acc, "acc_std": sd,
-                         "h_L": _median([o.report["residual_norms"][-1] for o in at_k if o.report]),
+                         "h_L": _median([_num(o.report["residual_norms"][-1]) for o in at_k if o.report]),
                          "statuses": [o.status for o in at_k]})
     result = {"experiment": "ladder", "creditaudit_version": __version__,
               "base": [c.to_dict() for c in base], "rows": rows,

@@ -31,11 +31,12 @@ def per_sample_norm(t: torch.Tensor) -> torch.Tensor:
 
 
 def median(t: torch.Tensor) -> float:
-    """Median over samples as a Python float (NaN-propagating: a non-finite sample shows)."""
-    t = t.detach().double()
+    """Median over samples as a Python float: the mean of the two middle values for an even
+    count (numpy's convention, so independent re-implementations agree); NaN-propagating."""
+    t = t.detach().double().flatten()
     if torch.isnan(t).any():
         return float("nan")
-    return float(t.median())
+    return float(t.quantile(0.5))
 
 
 @dataclass
@@ -205,9 +206,10 @@ def per_sample_cosine(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 def gradient_cosine(credit, grads) -> list[float]:
     """Γ_l = mean over samples of cos(a_l,i, g_l,i), l = 0 … L (see `per_sample_cosine`).
 
-    Samples where a_l,i or g_l,i is exactly zero (no direction) are left out of the mean; a layer
-    where every sample is left out gives NaN. Any non-finite value in a layer gives NaN for that
-    layer — never a silently partial mean.
+    A sample whose reference g_l,i is exactly zero has no direction to be compared with and is
+    left out; a sample the method gives no credit (a_l,i = 0) counts as cos = 0, so withholding
+    credit is never rewarded. A layer where every sample is left out gives NaN, and so does any
+    non-finite value in a layer — never a silently partial mean.
     """
     gammas = []
     for a, g in zip(credit, grads):
@@ -215,7 +217,8 @@ def gradient_cosine(credit, grads) -> list[float]:
             gammas.append(float("nan"))
             continue
         cos = per_sample_cosine(a, g)
-        cos = cos[~torch.isnan(cos)]
+        has_ref = per_sample_norm(g) > 0
+        cos = torch.nan_to_num(cos, nan=0.0)[has_ref]
         gammas.append(float(cos.mean()) if len(cos) else float("nan"))
     return gammas
 
@@ -244,7 +247,7 @@ def cross_batch_stability_from(grads_per_batch: list[list[torch.Tensor]],
             n = g.norm(dim=-1, keepdim=True)
             keep = n.squeeze(-1) > 0
             means.append((g[keep] / n[keep]).mean(0) if keep.any()
-                         else torch.full(g.shape[1:], float("nan"), dtype=torch.float64))
+                         else torch.full(g.shape[1:], float("nan"), dtype=torch.float64, device=g.device))
         k = len(means)
         if k < 2 or not finite:
             out.append(float("nan"))
@@ -381,8 +384,7 @@ class _Perturbation:
             loss = _per_sample_ce(self.stream.forward_from(layer, states).double(),
                                   y.repeat(m + 1))
         self.delta = (loss[n:].reshape(m, n) - loss[:n].unsqueeze(0))      # (M, N)
-        self.h, self.y, self.v, self.layer, self.m, self.eps = h, y, v, layer, m, eps
-        self.gen = gen
+        self.h, self.y, self.v, self.layer, self.eps = h, y, v, layer, eps
 
     def rho(self, a: torch.Tensor) -> float:
         """ρ for credit a (N, d): Pearson(ε⟨a_i, v_mi⟩, ΔL_mi) over all M × N pairs."""
@@ -391,10 +393,14 @@ class _Perturbation:
         return _pearson(pred, self.delta)
 
     def bp_gradient(self) -> torch.Tensor:
-        """g_l of the mean-reduced CE, in the same (float64) copy the ΔL come from."""
+        """∂ℓ_i/∂h_l,i per sample (sum-reduced CE), in the same float64 copy the ΔL come from.
+
+        Per-sample units, like ΔL: ρ is scale-free, but the mean-reduced g (÷N) of a floor-level
+        model would put ε⟨g, v⟩ below the 1e-12 std cutoff and read the control as 0.
+        """
         with torch.enable_grad():
             h = self.h.clone().requires_grad_(True)
-            loss = F.cross_entropy(self.stream.forward_from(self.layer, h), self.y)
+            loss = F.cross_entropy(self.stream.forward_from(self.layer, h), self.y, reduction="sum")
             (g,) = torch.autograd.grad(loss, h)
         return g.detach()
 
@@ -424,7 +430,7 @@ def perturbation_with_controls(model, x: torch.Tensor, y: torch.Tensor, layer: i
     gen = gen if gen is not None else derived_generator(0, "rho")
     pert = _Perturbation(model, x, y, layer, m, eps, gen)
     method = None if credit is None else pert.rho(_layer_credit(credit, layer))
-    random_a = torch.randn(pert.h.shape, generator=gen, dtype=torch.float64)
+    random_a = torch.randn(pert.h.shape, generator=gen, dtype=torch.float64).to(pert.h.device)
     return PerturbationCorrelation(layer, method, pert.rho(pert.bp_gradient()), pert.rho(random_a),
                                    m, eps, str(pert.h.dtype).replace("torch.", ""))
 

@@ -84,7 +84,7 @@ class ResidualMLP(nn.Module):
 
 
 class _SkipStep:
-    """h_l ↦ h_l + f_l(h_l) for one block (a named callable, so streams stay picklable-free)."""
+    """h_l ↦ h_l + f_l(h_l) for one block (a named class rather than a lambda, for readable reprs)."""
 
     def __init__(self, block: nn.Module):
         self.block = block

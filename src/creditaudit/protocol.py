@@ -154,6 +154,8 @@ class Report:
     rho: list[M.PerturbationCorrelation] | None = None
     depth: M.DepthUtility | None = None
     first_fire: dict[str, int | None] | None = None
+    diverged: str | None = None               # training ended non-finite: the run's own message
+    nudge: list[M.NudgeResult] | None = None  # nudging test at the ρ layers (needs a method)
 
     @property
     def stability_mid(self) -> float:
@@ -179,7 +181,8 @@ class Report:
             "gamma_z": self.gamma_z,
             "rho": None if self.rho is None else [r.to_dict() for r in self.rho],
             "depth": None if self.depth is None else self.depth.to_dict(),
-            "first_fire": self.first_fire,
+            "first_fire": self.first_fire, "diverged": self.diverged,
+            "nudge": None if self.nudge is None else [n.to_dict() for n in self.nudge],
             "thresholds": asdict(self.thresholds),
         }
         return json_safe(d)
@@ -287,7 +290,11 @@ def _verdict(flags: dict[str, bool | None], keys: Sequence[str], nonfinite: bool
 def _reasons(r: Report) -> list[str]:
     t, f, out = r.thresholds, r.flags, []
     if f["a"]:
-        if r.nonfinite:
+        if r.diverged:
+            out.append(f"(a) EXPLODED: training diverged ({r.diverged}); the figures here come "
+                       "from its last finite checkpoint, and no number of this run can be "
+                       "reported as the method's result.")
+        elif r.nonfinite:
             out.append("(a) EXPLODED: the residual stream (or its readout) is non-finite (inf/NaN) "
                        "on the eval batches, so every number measured on it — accuracy, Γ, ρ — "
                        "is invalid.")
@@ -340,7 +347,7 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
              thresholds: Thresholds = Thresholds(), monitor_history: Sequence[dict] | None = None,
              null: bool | None = None, null_k: int = 20, null_seed: int = 0,
              rho: bool | Sequence[int] = False, rho_m: int = 32, rho_eps: float = 1e-3,
-             rho_seed: int = 0, label: str = "") -> Report:
+             rho_seed: int = 0, label: str = "", diverged: str | None = None) -> Report:
     """Run the SPEC §6 protocol on `model` (a ResidualStream or a model with `.stream()`).
 
     eval_batches:    list of (x, y); SPEC: K ≥ 8 disjoint batches of 128 (s_l needs K ≥ 2).
@@ -355,6 +362,8 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
     rho:             True = ρ at the deep positions 1 … L, or a list of layers; on the first eval
                      batch, with its BP and random controls. Off by default (a batched float64
                      forward of M·N states per layer).
+    diverged:        the trainer's message when the run ended non-finite; (a) then fires
+                     whatever the last finite checkpoint looks like.
     Never raises on a non-finite model: the report says so instead.
     """
     if not eval_batches:
@@ -366,14 +375,14 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
     try:
         return _diagnose(model, list(eval_batches), method, frozen_acc, test_acc, thresholds,
                          monitor_history, null, null_k, null_seed, rho, rho_m, rho_eps, rho_seed,
-                         label)
+                         label, diverged)
     finally:
         if module is not None:
             module.train(was_training)
 
 
 def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, null_k, null_seed,
-              rho, rho_m, rho_eps, rho_seed, label) -> Report:
+              rho, rho_m, rho_eps, rho_seed, label, diverged) -> Report:
     stream = as_stream(model)
     bps = [M.bp_gradients(stream, x, y) for x, y in batches]
     pooled = _pooled_bp(bps)
@@ -392,16 +401,20 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     if frozen_acc is not None:
         depth = M.depth_utility(eval_acc if test_acc is None else test_acc, frozen_acc,
                                 t.depth_margin)
-    flags = {"a": fires_a(growth, t), "b": fires_b(g_norms[-1], t),
+    flags = {"a": bool(diverged) or fires_a(growth, t), "b": fires_b(g_norms[-1], t),
              "b_prime": fires_b_prime(gain, t), "c": fires_c(stability[mid], t),
              "d": None if depth is None else depth.undercut}
 
     report = Report(label, len(batches), len(pooled.logits), t, h_norms, g_norms, gain, growth,
                     pooled.loss, eval_acc, M.median(M.per_sample_norm(pooled.logit_grad)),
                     nonfinite, stability, mid, flags, _verdict(flags, PROJECT_FLAGS, nonfinite),
-                    _verdict(flags, PAPER_FLAGS, nonfinite), [], depth=depth)
+                    _verdict(flags, PAPER_FLAGS, nonfinite), [], depth=depth, diverged=diverged)
     report.reasons = _reasons(report)
     report.notes = _disagreement(report)
+    if depth is None:
+        report.notes.append("(d) not evaluated: no frozen-blocks control accuracy was given "
+                            "(creditaudit diagnose --frozen-control RUN_DIR), so the verdict does "
+                            "not speak to depth utility.")
     if len(batches) < 8:
         report.notes.append(f"cross-batch stability used K = {len(batches)} batches; SPEC asks "
                             "for K ≥ 8, so s_l is noisier than the paper's.")
@@ -424,6 +437,8 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
         report.rho = [M.perturbation_with_controls(model, x0, y0, l, a0, m=rho_m, eps=rho_eps,
                                                    gen=derived_generator(rho_seed, f"rho:{l}"))
                       for l in layers]
+        if a0 is not None:
+            report.nudge = [M.nudging_test(model, x0, y0, l, a0) for l in layers]
     if history is not None:
         report.first_fire = first_fire_epochs(history, t)
     return report

@@ -25,9 +25,9 @@ from typing import Any, Callable, Sequence
 from matplotlib.figure import Figure
 
 from . import store
+from .experiments import STRATEGIES
 from .protocol import Thresholds, first_fire_epochs
 
-STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
 FIGURES = {
     "norms.png": "Per-layer median ‖h_l‖ and BP gradient ‖g_l‖ of the main runs (mean over seeds), "
                  "log scale; the dashed line is the (b) floor.",
@@ -222,7 +222,7 @@ def _legend(audit: dict) -> list[str]:
     return [
         "test acc / frozen / shallow: final test accuracy (%), mean ± std over seeds, of the method, "
         "its frozen-blocks control and its shallow control; (d) UNDERCUT fires unless the method "
-        f"clears the frozen control by {100 * (_f(t.get('depth_margin')) or 0.02):g} points.",
+        f"clears the frozen control by {100 * (0.02 if _f(t.get('depth_margin')) is None else _f(t.get('depth_margin'))):g} points.",
         "‖h_L‖, ‖g_L‖: median over samples of the per-sample L2 norm of the last residual position and "
         f"of the BP gradient there (median over seeds); (b) AT FLOOR fires when ‖g_L‖ < {th('floor', 1e-7)}.",
         f"gain: readout gain ‖g_L‖/‖∂CE/∂logits‖, (b′) ATTENUATED below {th('gain', 1e-2)}; "
@@ -657,6 +657,7 @@ def calibration_table(report: dict) -> str:
     report = store.json_safe(report)
     null = report.get("null") or {}
     rho = {r["layer"]: r for r in report.get("rho") or []}
+    nudge = {n["layer"]: n for n in report.get("nudge") or []}
     gamma = report.get("gamma") or [None] * len(report["bp_grad_norms"])
     z = report.get("gamma_z") or [None] * len(gamma)
     rows = []
@@ -666,14 +667,18 @@ def calibration_table(report: dict) -> str:
         ns = (null.get("std") or [None] * len(gamma))[l]
         rows.append([str(l), _sci(g), _signed(gamma[l]) + ("" if report.get("gamma_interpretable") else "*"),
                      "—" if nm is None else f"{_signed(nm)} ± {_g(ns)}", _g(z[l]),
-                     _signed(r.get("method")), _signed(r.get("bp")), _signed(r.get("random"))])
-    head = ["layer", "‖g_l‖", "Γ_l", "null μ ± σ", "z", "ρ method", "ρ BP (≈1)", "ρ random (≈0)"]
+                     _signed(r.get("method")), _signed(r.get("bp")), _signed(r.get("random")),
+                     _signed(nudge.get(l, {}).get("relative"))])
+    head = ["layer", "‖g_l‖", "Γ_l", "null μ ± σ", "z", "ρ method", "ρ BP (≈1)", "ρ random (≈0)",
+            "nudge ΔCE vs BP"]
     lines = [f"calibration — {report.get('label', '')}: verdict {report['verdict']}", "",
              _markdown(head, rows)]
     if not report.get("gamma_interpretable"):
         lines.append("\n* Γ uninterpretable: (b) or (b′) fired, the BP reference is at the floor or attenuated.")
     if not null:
         lines.append("\n(no null: this method has no random feedback to redraw)")
+    lines.append("\nnudge: ΔCE after h_l ← h_l − 0.01·â_l (â rescaled per sample to ‖g_l‖), "
+                 "relative to the same nudge along the BP gradient (1 = as good as BP).")
     return "\n".join(lines)
 
 

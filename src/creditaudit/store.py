@@ -129,12 +129,28 @@ def save_checkpoint(run_dir: Path, epoch: int, state: dict[str, Any], meta: dict
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(run_dir)
     previous = _checkpoint_meta(run_dir)
     atomic_write_json(run_dir / "checkpoint.json", {
         "format": FORMAT, "version": FORMAT_VERSION, "epoch": epoch, "tensors": name,
         "sha256": _sha256(run_dir / name), **meta, "skeleton": skeleton})
+    _fsync_dir(run_dir)  # the new JSON is on disk before the tensors it replaces go
     if previous and previous.get("tensors") not in (None, name):
         (run_dir / previous["tensors"]).unlink(missing_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make renames inside `path` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _checkpoint_meta(run_dir: Path) -> dict | None:
@@ -218,13 +234,3 @@ def write_metrics(run_dir: Path, history: list[dict]) -> None:
     """Rewrite metrics.jsonl from the full history (atomic; at most a few hundred lines)."""
     atomic_write_text(Path(run_dir) / "metrics.jsonl",
                       "".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in history))
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError as err:
-        raise CreditAuditError(f"{path} is corrupt ({err}); delete the run folder and train again") from None

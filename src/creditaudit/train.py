@@ -24,7 +24,7 @@ from .errors import CreditAuditError
 from .methods import Method, MethodSettings, method_class
 from .metrics import accuracy, monitor_snapshot
 from .model import ResidualMLP
-from .protocol import Thresholds, fires_a, fires_b, fires_b_prime, first_fire_epochs
+from .protocol import Thresholds, fires_a, fires_b_prime, first_fire_epochs
 from .seeding import derived_generator, seed_everything
 
 
@@ -101,7 +101,11 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu",
         raise CreditAuditError(f"checkpoint in {run_dir} does not fit its config.json ({err})") from None
     model.to(resolve_device(device))
     method = build_method(config, model)
-    method.load_state_dict(state["method"])
+    try:
+        method.load_state_dict(state["method"])
+    except (KeyError, ValueError, RuntimeError, TypeError) as err:
+        raise CreditAuditError(f"the method state in {run_dir} does not fit a {config.method!r} run "
+                               f"({type(err).__name__}: {err}); the checkpoint is corrupt or foreign") from None
     return Run(config, run_dir, model, method, state["history"], read_status(run_dir))
 
 
@@ -165,7 +169,7 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
 
     t0 = time.perf_counter() - (history[-1]["wall_time"] if history else 0.0)
     if not history:  # epoch 0: the model at init, the reference for every later growth figure
-        history.append(_record(0, float("nan"), model, data, eval_x, eval_y, 0.0))
+        history.append(_record(0, None, model, data, eval_x, eval_y, 0.0))  # no training loss yet
         save(0)
     bar = tqdm(range(start + 1, config.epochs + 1), desc=config.label, disable=not progress,
                initial=start, total=config.epochs, leave=False)
@@ -193,7 +197,7 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
     return finish("finished", f"trained {config.epochs} epochs", history[-1]["wall_time"])
 
 
-def _record(epoch: int, train_loss: float, model: ResidualMLP, data: ArrayDataset,
+def _record(epoch: int, train_loss: float | None, model: ResidualMLP, data: ArrayDataset,
             eval_x: torch.Tensor, eval_y: torch.Tensor, wall: float) -> dict[str, Any]:
     """One line of the metrics log: losses, test accuracy, the monitor on the fixed eval batch."""
     model.eval()
@@ -204,11 +208,14 @@ def _record(epoch: int, train_loss: float, model: ResidualMLP, data: ArrayDatase
 
 
 def _flag_streak(history: list[dict], thresholds: Thresholds) -> int:
-    """How many consecutive epochs, ending now, at least one monitor flag ((a), (b), (b′)) held."""
+    """How many consecutive epochs, ending now, (a) or (b′) has held.
+
+    (b) alone does not count: it also fires on a healthy model that fits its eval batch (the
+    confound (b′) removes), and stopping such a run early would only truncate a good result.
+    """
     streak = 0
     for r in reversed(history):
-        if not (fires_a(r["max_growth"], thresholds) or fires_b(r["g_norms"][-1], thresholds)
-                or fires_b_prime(r["gain"], thresholds)):
+        if not (fires_a(r["max_growth"], thresholds) or fires_b_prime(r["gain"], thresholds)):
             break
         streak += 1
     return streak

@@ -15,6 +15,7 @@ Only blocks listed in `settings.trainable_blocks` may change; the rest stay bit-
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import CreditAuditError
+from ..metrics import bp_gradients
 from ..model import ResidualMLP
 from ..seeding import derived_generator
 
@@ -77,11 +79,9 @@ class LocalForward:
 
 
 def bp_credit(model: ResidualMLP, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
-    """g_l = ∂CE/∂h_l (mean-reduced CE) at every residual position, l = 0 … L."""
-    with torch.enable_grad():
-        logits, hidden = model(x, return_hidden=True)
-        grads = torch.autograd.grad(F.cross_entropy(logits, y), hidden)
-    return [g.detach() for g in grads]
+    """g_l = ∂CE/∂h_l (mean-reduced CE) at every residual position, l = 0 … L — the same
+    reference the protocol measures against (`metrics.bp_gradients`)."""
+    return bp_gradients(model, x, y).grads
 
 
 class Method(ABC):
@@ -95,6 +95,7 @@ class Method(ABC):
     name: ClassVar[str] = ""
     random_feedback: ClassVar[bool] = False
     option_defaults: ClassVar[dict[str, Any]] = {}   # the method's knobs (settings.options)
+    option_ranges: ClassVar[dict[str, tuple[float, float]]] = {}  # inclusive [low, high] per knob
 
     @classmethod
     def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -110,6 +111,10 @@ class Method(ABC):
             if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
                 raise CreditAuditError(f"option {key} of method {cls.name!r} must be a "
                                        f"{kind.__name__}, got {value!r}")
+            low, high = cls.option_ranges.get(key, (-math.inf, math.inf))
+            if not low <= value <= high:
+                raise CreditAuditError(f"option {key} of method {cls.name!r} must lie in "
+                                       f"[{low:g}, {high:g}], got {value!r}")
         return {**cls.option_defaults, **options}
 
     def __init__(self, model: ResidualMLP, settings: MethodSettings):

@@ -69,29 +69,20 @@ def per_sample_loss_grad(model, h_last: torch.Tensor, y: torch.Tensor):
     return loss.detach(), grad.detach()
 
 
-def _flat(state: dict, prefix: str = "") -> dict:
-    """A module state dict that may have come back nested ({"net": {"0": {"weight": …}}}) → flat."""
-    out = {}
-    for k, v in state.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 class _Bridge(Method):
     """Shared plumbing: options, the aux net with its optimizer, the local update."""
 
     option_defaults = DEFAULTS
+    option_ranges = {"hidden": (1, math.inf), "t_dim": (1, math.inf), "draws": (1, math.inf),
+                     "noise": (0.0, math.inf), "tau": (1e-12, math.inf), "ema": (0.0, 1.0)}
 
     predicts_state = False          # G_ψ outputs a state (d values), V_φ's q_φ C values
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
         self.opts = self.resolve_options(settings.options)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen)))
+        with torch.random.fork_rng(devices=[]):  # the aux net is built on the CPU: only its RNG is touched
+            torch.default_generator.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen)))
             self.aux = Probe(model.d, model.n_classes, model.n_blocks + 1, int(self.opts["hidden"]),
                              int(self.opts["t_dim"]), model.d if self.predicts_state else model.n_classes)
         like = model.out_head.weight
@@ -132,7 +123,7 @@ class _Bridge(Method):
         return {"aux": dict(self.aux.state_dict())}
 
     def load_extra_state(self, state):
-        self.aux.load_state_dict(_flat(state["aux"]))
+        self.aux.load_state_dict(state["aux"])
 
 
 class StateBridge(_Bridge):
@@ -211,4 +202,4 @@ class CreditBridge(_Bridge):
 
     def load_extra_state(self, state):
         super().load_extra_state(state)
-        self.target.load_state_dict(_flat(state["target"]))
+        self.target.load_state_dict(state["target"])

@@ -43,6 +43,8 @@ No gradient clipping: the EP estimator approximates the BP gradient.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -54,6 +56,7 @@ DEFAULTS = {"beta": 10.0, "steps": 20, "alpha": 0.5}
 class EP(Method):
     name = "ep"
     option_defaults = DEFAULTS
+    option_ranges = {"beta": (1e-12, math.inf), "steps": (1, math.inf), "alpha": (1e-12, math.inf)}
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
