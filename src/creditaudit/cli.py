@@ -163,34 +163,31 @@ def _experiment_bases(args):
     return config, [config.base_config(m, s) for m in config.methods for s in config.seeds]
 
 
+def _run_experiment(args, name: str, run, figure, table, **extra) -> int:
+    """ladder / penalty-sweep: bases from the settings, run, then <out>/<name>.json, .png, table."""
+    from .protocol import Thresholds
+    config, bases = _experiment_bases(args)
+    out = Path(args.out or Path(config.out) / name)
+    result = run(bases, out, data_dir=config.data_dir, device=config.device, jobs=config.jobs,
+                 thresholds=Thresholds(**config.thresholds), **extra)
+    figure(result, out / f"{name}.png")
+    print(table(result))
+    print(f"written: {out / (name + '.json')}, {out / (name + '.png')}")
+    return 0
+
+
 def _cmd_ladder(args) -> int:
     from .experiments import ladder
     from .report import ladder_figure, ladder_table
-    from .protocol import Thresholds
-    config, bases = _experiment_bases(args)
-    out = Path(args.out or Path(config.out) / "ladder")
-    result = ladder(bases, out, data_dir=config.data_dir, device=config.device, jobs=config.jobs,
-                    thresholds=Thresholds(**config.thresholds))
-    ladder_figure(result, out / "ladder.png")
-    print(ladder_table(result))
-    print(f"written: {out / 'ladder.json'}, {out / 'ladder.png'}")
-    return 0
+    return _run_experiment(args, "ladder", ladder, ladder_figure, ladder_table)
 
 
 def _cmd_penalty(args) -> int:
     from .experiments import penalty_sweep
     from .report import penalty_figure, penalty_table
-    from .protocol import Thresholds
     args.methods = ["dfa-penalty"]
-    config, bases = _experiment_bases(args)
-    out = Path(args.out or Path(config.out) / "penalty_sweep")
-    result = penalty_sweep(bases, out, lambdas=args.lambdas, data_dir=config.data_dir,
-                           device=config.device, jobs=config.jobs,
-                           thresholds=Thresholds(**config.thresholds))
-    penalty_figure(result, out / "penalty_sweep.png")
-    print(penalty_table(result))
-    print(f"written: {out / 'penalty_sweep.json'}, {out / 'penalty_sweep.png'}")
-    return 0
+    return _run_experiment(args, "penalty_sweep", penalty_sweep, penalty_figure, penalty_table,
+                           lambdas=args.lambdas)
 
 
 def _cmd_identity(args) -> int:
