@@ -191,7 +191,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 def per_sample_cosine(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """cos(a_i, g_i) = ⟨a_i, g_i⟩ / (‖a_i‖·‖g_i‖) per sample, in float64, denominator NOT clamped.
 
-    F.cosine_similarity clamps ‖a‖·‖g‖ at 1e-8, which shrinks the cosine ~100× exactly when the
+    torch's cosine_similarity clamps ‖a‖·‖g‖ at 1e-8, which shrinks the cosine ~100× exactly when the
     reference gradient sits at the floor (‖g‖ ~ 1e-10); float64 keeps ‖g‖² ~ 1e-20 representable.
     Rows where either vector has zero norm have no direction: they come back NaN. Non-finite
     inputs give NaN rows.
