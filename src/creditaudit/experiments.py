@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import __version__, store
+from .store import json_number as _num
 from .config import AuditConfig, RunConfig
 from .data import ArrayDataset, load_dataset
 from .errors import CreditAuditError
@@ -241,14 +242,10 @@ def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(vals), (statistics.pstdev(vals) if len(vals) > 1 else 0.0)
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
+def _median(values: Sequence[float]) -> float | None:
+    """Median of the measured values (NaN = not measured); None when there are none."""
+    vals = [v for v in values if not math.isnan(v)]
     return statistics.median(vals) if vals else None
-
-
-def _num(v: Any) -> float | None:
-    """A JSON-safe number back to float (None stays None, "inf" → inf)."""
-    return None if v is None else float(v)
 
 
 def _deep(values: Sequence[Any] | None) -> float | None:
@@ -256,7 +253,7 @@ def _deep(values: Sequence[Any] | None) -> float | None:
     if not values or len(values) < 2:
         return None
     vals = [_num(v) for v in values[1:]]
-    return None if any(v is None for v in vals) else statistics.fmean(vals)
+    return None if any(math.isnan(v) for v in vals) else statistics.fmean(vals)
 
 
 def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thresholds) -> dict:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from . import metrics as M
 from .model import as_stream
-from .store import json_safe
+from .store import json_number as _num, json_safe
 from .seeding import derived_generator
 
 
@@ -52,13 +52,6 @@ PAPER_FLAGS = ("a", "b", "d")
 # ---------------------------------------------------------------------------------------------
 # JSON helpers
 # ---------------------------------------------------------------------------------------------
-
-def _num(value: Any) -> float:
-    """Inverse of json_safe for one number: None → NaN, "inf" → inf."""
-    if value is None:
-        return float("nan")
-    return float(value)
-
 
 def _fmt(value: float | None, spec: str = ".3g") -> str:
     """format(value, spec); None → "—" and NaN → "nan", both padded to the spec's width."""

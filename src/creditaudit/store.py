@@ -230,6 +230,11 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def json_number(value: Any) -> float:
+    """The inverse of `json_safe` for one number: None → NaN, "inf"/"-inf" → ±inf."""
+    return float("nan") if value is None else float(value)
+
+
 def write_metrics(run_dir: Path, history: list[dict]) -> None:
     """Rewrite metrics.jsonl from the full history (atomic; at most a few hundred lines)."""
     atomic_write_text(Path(run_dir) / "metrics.jsonl",
