@@ -227,6 +227,11 @@ def _cmd_thresholds(args) -> int:
     return 0
 
 
+def _cmd_lint(args) -> int:
+    from .lint import run_lint
+    return run_lint(args.paths, sys.stdout)
+
+
 def _add_audit_args(p: argparse.ArgumentParser, experiment: bool = False) -> None:
     p.add_argument("--preset", choices=["quick", "paper"],
                    help="quick (default: MNIST-1D, no download) or paper (CIFAR-10, 100 epochs)")
@@ -302,6 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     th = sub.add_parser("thresholds", help="threshold sensitivity over an audit's runs")
     th.add_argument("audit_dir", help="an audit folder (with audit.json)")
     th.set_defaults(func=_cmd_thresholds)
+
+    lint = sub.add_parser("lint", help="check your own training/eval code for the protocol's pitfalls")
+    lint.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders to check")
+    lint.set_defaults(func=_cmd_lint)
     return p
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,23 @@ class BPGradients:
     logit_grad: torch.Tensor
     logits: torch.Tensor
     loss: float
+
+
+def ce_gradient(rest: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, y: torch.Tensor,
+                reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference gradient at one residual position: (CE, ∂CE/∂h), CE = CE(rest(h), y).
+
+    `rest` maps the state h (N, …) to logits — the readout for h_L, or the remaining blocks plus
+    the readout for an inner position. reduction "mean" is the paper's convention (g_l, ÷N);
+    "sum" and "none" give per-sample units ∂ℓ_i/∂h_i (for "none" the loss comes back per sample
+    and the gradient is that of their sum). Every ∂CE/∂h in the package comes from here or from
+    `bp_gradients` (all positions at once).
+    """
+    with torch.enable_grad():
+        leaf = h.detach().requires_grad_(True)
+        loss = F.cross_entropy(rest(leaf), y, reduction=reduction)
+        (grad,) = torch.autograd.grad(loss.sum() if reduction == "none" else loss, leaf)
+    return loss.detach(), grad.detach()
 
 
 def bp_gradients(model, x: torch.Tensor, y: torch.Tensor) -> BPGradients:
@@ -398,11 +415,8 @@ class _Perturbation:
         Per-sample units, like ΔL: ρ is scale-free, but the mean-reduced g (÷N) of a floor-level
         model would put ε⟨g, v⟩ below the 1e-12 std cutoff and read the control as 0.
         """
-        with torch.enable_grad():
-            h = self.h.clone().requires_grad_(True)
-            loss = F.cross_entropy(self.stream.forward_from(self.layer, h), self.y, reduction="sum")
-            (g,) = torch.autograd.grad(loss, h)
-        return g.detach()
+        rest = lambda h: self.stream.forward_from(self.layer, h)
+        return ce_gradient(rest, self.h, self.y, reduction="sum")[1]
 
 
 def perturbation_correlation(model, x: torch.Tensor, y: torch.Tensor, layer: int, credit,
@@ -468,17 +482,14 @@ def nudging_test(model, x: torch.Tensor, y: torch.Tensor, layer: int, credit,
     stream, xin = _exact_stream(model, x)
     with torch.no_grad():
         h = stream.hidden(xin)[layer].detach()
-    with torch.enable_grad():
-        hg = h.clone().requires_grad_(True)
-        loss0 = F.cross_entropy(stream.forward_from(layer, hg), y)
-        (g,) = torch.autograd.grad(loss0, hg)
+    loss0, g = ce_gradient(lambda s: stream.forward_from(layer, s), h, y)
     a = _layer_credit(credit, layer).detach().to(h.device, h.dtype)
     na, ng = a.norm(dim=-1, keepdim=True), g.norm(dim=-1, keepdim=True)
     a_hat = torch.where(na > 0, a * ng / torch.where(na > 0, na, torch.ones_like(na)),
                         torch.zeros_like(a))
     with torch.no_grad():
         ce = lambda s: float(F.cross_entropy(stream.forward_from(layer, s), y))
-        base = float(loss0.detach())
+        base = float(loss0)
         d_method, d_bp = ce(h - eta * a_hat) - base, ce(h - eta * g) - base
     ok = all(math.isfinite(t) for t in (d_method, d_bp)) and d_bp != 0
     return NudgeResult(layer, eta, d_method, d_bp, d_method / d_bp if ok else float("nan"))

@@ -1,8 +1,10 @@
-"""The one interface every credit-assignment method implements (SPEC §5, last paragraph).
+"""The one interface every credit-assignment method implements.
 
 A method owns the update rule and nothing else: the trainer hands it batches, the protocol asks
 it for its credit signal. Adding a method = one file with a `Method` subclass + one line in
-`methods/__init__.py` + its tests.
+`methods/__init__.py` + its tests (docs/ARCHITECTURE.md). A method sees the model only through
+`model.ResidualModel`: embed_input, blocks (the residual branches), readout and their parameters.
+A method's knobs (λ included) are its `option_defaults`, validated by `resolve_options`.
 
 Conventions shared by all methods:
     e    = softmax(logits) − onehot(y)                       output error, (N, C)
@@ -21,25 +23,22 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import CreditAuditError
-from ..metrics import bp_gradients
-from ..model import ResidualMLP
+from ..model import ResidualModel
 from ..seeding import derived_generator
 
 
 @dataclass
 class MethodSettings:
     """What a method needs to know about the run. `options` holds method-specific knobs
-    (e.g. EP's beta/steps/alpha, the bridges' hidden width); each method documents its own."""
+    (e.g. EP's beta/steps/alpha, the penalty λ `lam`); each method declares and documents its own."""
 
     epochs: int
     seed: int = 42
     lr: float = 1e-3
     weight_decay: float = 0.01
     clip: float = 1.0
-    lam: float = 0.0
     trainable_blocks: tuple[int, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -57,33 +56,6 @@ def _fused_adamw_supported() -> bool:
 _FUSED = {"fused": True} if _fused_adamw_supported() else {}
 
 
-def output_error(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """e = softmax(logits) − onehot(y), (N, C)."""
-    return logits.softmax(-1) - F.one_hot(y, logits.shape[-1]).to(logits.dtype)
-
-
-def rms_normalise(a: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """a / (rms(a) + eps), per sample along the feature dimension."""
-    return a / (a.pow(2).mean(-1, keepdim=True).sqrt() + eps)
-
-
-@dataclass
-class LocalForward:
-    """`Method.local_forward`'s result: logits (graph to the head only), h_0 … h_L (detached
-    values), h_0 = embed(x) with its graph, and f_l(h_l.detach()) with graph per trainable block."""
-
-    logits: torch.Tensor
-    hidden: list[torch.Tensor]
-    h0: torch.Tensor
-    branches: dict[int, torch.Tensor]
-
-
-def bp_credit(model: ResidualMLP, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
-    """g_l = ∂CE/∂h_l (mean-reduced CE) at every residual position, l = 0 … L — the same
-    reference the protocol measures against (`metrics.bp_gradients`)."""
-    return bp_gradients(model, x, y).grads
-
-
 class Method(ABC):
     """One credit-assignment rule behind the trainer's single interface.
 
@@ -96,6 +68,8 @@ class Method(ABC):
     random_feedback: ClassVar[bool] = False
     option_defaults: ClassVar[dict[str, Any]] = {}   # the method's knobs (settings.options)
     option_ranges: ClassVar[dict[str, tuple[float, float]]] = {}  # inclusive [low, high] per knob
+    option_help: ClassVar[dict[str, str]] = {}       # one line per knob, for --help and the docs
+    sweep: ClassVar[dict[str, tuple]] = {}           # option → values `penalty-sweep` runs over
 
     @classmethod
     def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -112,12 +86,20 @@ class Method(ABC):
                 raise CreditAuditError(f"option {key} of method {cls.name!r} must be a "
                                        f"{kind.__name__}, got {value!r}")
             low, high = cls.option_ranges.get(key, (-math.inf, math.inf))
+            if kind is float and not math.isfinite(value):
+                raise CreditAuditError(f"option {key} of method {cls.name!r} must be a finite "
+                                       f"number, got {value!r}")
             if not low <= value <= high:
                 raise CreditAuditError(f"option {key} of method {cls.name!r} must lie in "
                                        f"[{low:g}, {high:g}], got {value!r}")
         return {**cls.option_defaults, **options}
 
-    def __init__(self, model: ResidualMLP, settings: MethodSettings):
+    @classmethod
+    def option(cls, options: dict[str, Any], key: str) -> Any:
+        """One resolved option value (the default when `options` does not set it)."""
+        return {**cls.option_defaults, **options}[key]
+
+    def __init__(self, model: ResidualModel, settings: MethodSettings):
         self.model = model
         self.settings = settings
         self.gen = derived_generator(settings.seed, f"method:{self.name}")
@@ -135,67 +117,12 @@ class Method(ABC):
         return [p for l in range(self.model.n_blocks) if self.trainable(l) for p in self.block_params(l)]
 
     def embed_params(self) -> list[torch.nn.Parameter]:
-        return list(self.model.embed.parameters())
+        return self.model.embed_parameters()
 
     def head_params(self) -> list[torch.nn.Parameter]:
-        """out_ln and out_head: trained on the true CE gradient by every method."""
-        return list(self.model.out_ln.parameters()) + list(self.model.out_head.parameters())
-
-    def local_param_groups(self) -> list[dict[str, Any]]:
-        """AdamW parameter groups of a local-credit method: embed, each trainable block, head."""
-        return ([{"params": self.embed_params()}]
-                + [{"params": self.block_params(l)} for l in range(self.model.n_blocks)
-                   if self.trainable(l)]
-                + [{"params": self.head_params()}])
-
-    def local_forward(self, x: torch.Tensor) -> "LocalForward":
-        """One forward pass that is at once the model's forward and every local loss's graph.
-
-        Each block sees its input detached, h_{l+1} = h_l + f_l(h_l) with h_l.detach(), so the
-        values are exactly the model's forward, while the graph holds only the local pieces:
-        embed(x) for the embedding, f_l(h_l.detach()) per trainable block, and the readout of
-        h_L.detach() for the head. A local method thus pays for one forward per step, not two.
-        """
-        h0 = self.model.embed(x.flatten(1))
-        h = h0.detach()
-        hidden, branches = [h], {}
-        for l, block in enumerate(self.model.blocks):
-            if self.trainable(l):
-                f = block(h)
-                branches[l] = f
-                h = h + f.detach()
-            else:
-                with torch.no_grad():
-                    h = h + block(h)
-            hidden.append(h)
-        return LocalForward(self.model.readout(h), hidden, h0, branches)
-
-    def local_update(self, opt: torch.optim.Optimizer, y: torch.Tensor, fwd: "LocalForward",
-                     credit: list[torch.Tensor], lam: float = 0.0) -> torch.Tensor:
-        """One fused step of a local-credit method (dfa, dfa-penalty, sb, cb), given a_0 … a_L:
-
-            J = CE(out_head(out_ln(h_L.detach())), y)                            out_ln, out_head
-              + (embed(x) · a_0).sum(-1).mean()                                  embed
-              + Σ_{l trainable} (f_l(h_l.detach()) · a_{l+1}).sum(-1).mean()    block l
-                                + λ · mean_i ‖f_l(h_l.detach())_i‖²
-
-        The parameter sets of the terms are disjoint, so ONE backward of J gives each part exactly
-        the gradient of its own loss; then each trainable block's gradient is clipped to norm
-        `settings.clip` and one optimizer step is taken. Returns the batch CE (detached).
-        """
-        a = [t.detach() for t in credit]
-        ce = F.cross_entropy(fwd.logits, y)
-        total = ce + (fwd.h0 * a[0]).sum(-1).mean()
-        for l, f in fwd.branches.items():
-            total = total + (f * a[l + 1]).sum(-1).mean()
-            if lam:
-                total = total + lam * f.pow(2).sum(-1).mean()
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        for l in fwd.branches:
-            torch.nn.utils.clip_grad_norm_(self.block_params(l), self.settings.clip)
-        opt.step()
-        return ce.detach()
+        """The readout (out_ln and out_head for the ResMLP): trained on the true CE gradient by
+        every method."""
+        return self.model.head_parameters()
 
     def add_optimizer(self, params) -> torch.optim.Optimizer:
         """AdamW(lr, weight decay) with cosine annealing to 0 over the run (stepped per epoch)."""
@@ -223,6 +150,12 @@ class Method(ABC):
     def end_epoch(self) -> None:
         for sched in self.schedulers:
             sched.step()
+
+    def epoch_log(self) -> dict[str, float]:
+        """Method-specific numbers for this epoch's line of the metrics log (e.g. EP's relaxation
+        residual); plain floats. Called once per epoch, after the last step, so a method may keep
+        device-side running sums during the epoch and read them here (no host sync per step)."""
+        return {}
 
     # -- checkpointing ------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

@@ -3,8 +3,8 @@
 Both learn an auxiliary net that maps a residual state h_l (plus a learned depth embedding t_l and the
 output error s = e, detached) to a credit a_l; the blocks then train with the local loss on it, the
 embedding with a_0, the head with CE (`Method.local_update`, per-block clip at settings.clip);
-settings.lam > 0 adds dfa-penalty's λ · mean_i ‖f_l(h_l)_i‖² to each block's local loss (the paper
-reports SB/CB with λ = 1e-2; the default 0 is the unpenalised probe).
+option `lam` > 0 adds dfa-penalty's λ · mean_i ‖f_l(h_l)_i‖² to each block's local loss (the paper
+reports SB/CB with λ = 1e-2, which the audit presets use; the default 0 is the unpenalised probe).
 The credits are in per-sample units (∂ℓ_i/∂h with ℓ_i the sample's CE, no 1/N), so the local loss
 (f_l · a_{l+1}).sum(-1).mean() has the BP weight gradient's scale when the probe is exact.
 
@@ -42,9 +42,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Method, output_error
+from ..metrics import ce_gradient
+from .local import LocalMethod, output_error
 
-DEFAULTS = {"hidden": 256, "t_dim": 16, "draws": 4, "noise": 0.1, "tau": 1.0, "ema": 0.99}
+DEFAULTS = {"hidden": 256, "t_dim": 16, "draws": 4, "noise": 0.1, "tau": 1.0, "ema": 0.99, "lam": 0.0}
 
 
 class Probe(nn.Module):
@@ -60,21 +61,14 @@ class Probe(nn.Module):
         return self.net(torch.cat([F.layer_norm(h, h.shape[-1:]), self.depth(depth), s], -1))
 
 
-def per_sample_loss_grad(model, h_last: torch.Tensor, y: torch.Tensor):
-    """(ℓ_i, ∂ℓ_i/∂h_L): per-sample CE of the readout and its gradient (sum-reduced, no 1/N)."""
-    with torch.enable_grad():
-        h = h_last.detach().requires_grad_(True)
-        loss = F.cross_entropy(model.readout(h), y, reduction="none")
-        grad = torch.autograd.grad(loss.sum(), h)[0]
-    return loss.detach(), grad.detach()
-
-
-class _Bridge(Method):
+class _Bridge(LocalMethod):
     """Shared plumbing: options, the aux net with its optimizer, the local update."""
 
     option_defaults = DEFAULTS
     option_ranges = {"hidden": (1, math.inf), "t_dim": (1, math.inf), "draws": (1, math.inf),
-                     "noise": (0.0, math.inf), "tau": (1e-12, math.inf), "ema": (0.0, 1.0)}
+                     "noise": (0.0, math.inf), "tau": (1e-12, math.inf), "ema": (0.0, 1.0),
+                     "lam": (0.0, math.inf)}
+    option_help = {"lam": "residual penalty λ in each block's local loss (the paper's SB/CB use 1e-2)"}
 
     predicts_state = False          # G_ψ outputs a state (d values), V_φ's q_φ C values
 
@@ -83,9 +77,9 @@ class _Bridge(Method):
         self.opts = self.resolve_options(settings.options)
         with torch.random.fork_rng(devices=[]):  # the aux net is built on the CPU: only its RNG is touched
             torch.default_generator.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen)))
-            self.aux = Probe(model.d, model.n_classes, model.n_blocks + 1, int(self.opts["hidden"]),
-                             int(self.opts["t_dim"]), model.d if self.predicts_state else model.n_classes)
-        like = model.out_head.weight
+            self.aux = Probe(math.prod(model.stream_shape), model.n_classes, model.n_blocks + 1, int(self.opts["hidden"]),
+                             int(self.opts["t_dim"]), math.prod(model.stream_shape) if self.predicts_state else model.n_classes)
+        like = model.head_parameters()[0]
         self.aux.to(device=like.device, dtype=like.dtype)
         self.opt = self.add_optimizer(self.local_param_groups())
         self.aux_opt = self.add_optimizer(self.aux.parameters())
@@ -108,7 +102,7 @@ class _Bridge(Method):
             self.aux_opt.step()
             self._after_aux_step()
         self.last_aux_loss = float(aux_loss.detach())
-        return self.local_update(self.opt, y, fwd, credit, lam=self.settings.lam)
+        return self.local_update(self.opt, y, fwd, credit, lam=float(self.opts["lam"]))
 
     def credit(self, x, y):
         with torch.no_grad():
@@ -137,7 +131,7 @@ class StateBridge(_Bridge):
 
     def _credit_and_aux_loss(self, hidden, e, y, with_aux: bool = True):
         n_blocks = self.model.n_blocks
-        _, a_last = per_sample_loss_grad(self.model, hidden[-1], y)            # a_L = ∂ℓ/∂h_L
+        _, a_last = ce_gradient(self.model.readout, hidden[-1], y, reduction="none")            # a_L = ∂ℓ/∂h_L
         if n_blocks == 0:
             return [a_last], torch.zeros(())
         with torch.enable_grad():
@@ -172,7 +166,7 @@ class CreditBridge(_Bridge):
             credit = list(grad_v.detach().chunk(n_blocks + 1))
             if not with_aux:
                 return credit, None
-            _, grad_last = per_sample_loss_grad(self.model, hidden[-1], y)
+            _, grad_last = ce_gradient(self.model.readout, hidden[-1], y, reduction="none")
             terminal = slice(n_blocks * n, None)
             aux_loss = ((grad_v[terminal] - grad_last).pow(2).sum()
                         / grad_last.pow(2).sum().clamp_min(1e-12))               # ∇V(h_L) ≈ ∂ℓ/∂h_L

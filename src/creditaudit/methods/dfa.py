@@ -27,27 +27,28 @@ import math
 import torch
 
 from ..seeding import derived_generator
-from .base import Method, output_error, rms_normalise
+from .local import LocalMethod, output_error, rms_normalise
 
 
 def draw_feedback(model, gen: torch.Generator) -> list[torch.Tensor]:
-    """B_l ~ N(0, 1/C), shape (d, C), one per block (at least one, for the embedding)."""
-    d, c = model.d, model.n_classes
-    like = model.out_head.weight
+    """B_l ~ N(0, 1/C), shape (D, C) with D the per-sample size of the stream (d for the ResMLP,
+    T·d for a token stream, C·H·W for a feature map), one per block (at least one, for the embedding)."""
+    d, c = math.prod(model.stream_shape), model.n_classes
+    like = model.head_parameters()[0]
     return [(torch.randn(d, c, generator=gen, dtype=torch.float64) / math.sqrt(c))
             .to(device=like.device, dtype=like.dtype) for _ in range(max(model.n_blocks, 1))]
 
 
-def dfa_credit(e: torch.Tensor, feedback: list[torch.Tensor], n_blocks: int) -> list[torch.Tensor]:
-    """[a_0, …, a_L] with a_0 = rms(e·B_0ᵀ) and a_{l+1} = rms(e·B_lᵀ)."""
-    projected = [rms_normalise(e @ b.T) for b in feedback]             # a = e · Bᵀ / rms
+def dfa_credit(e: torch.Tensor, feedback: list[torch.Tensor], n_blocks: int,
+               shape: tuple[int, ...]) -> list[torch.Tensor]:
+    """[a_0, …, a_L] with a_0 = rms(e·B_0ᵀ) and a_{l+1} = rms(e·B_lᵀ), each of the stream's shape."""
+    projected = [rms_normalise((e @ b.T).view((-1,) + shape)) for b in feedback]  # a = e · Bᵀ / rms
     return [projected[0]] + projected[:n_blocks]
 
 
-class DFA(Method):
+class DFA(LocalMethod):
     name = "dfa"
     random_feedback = True
-    penalised = False
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
@@ -57,18 +58,19 @@ class DFA(Method):
 
     @property
     def lam(self) -> float:
-        return self.settings.lam if self.penalised else 0.0
+        """The residual penalty λ: 0 for dfa, the `lam` option for dfa-penalty."""
+        return float(self.resolve_options(self.settings.options).get("lam", 0.0))
 
     def _credit(self, x, y, feedback):
         with torch.no_grad():
             logits, hidden = self.model(x, return_hidden=True)
             e = output_error(logits, y)                                    # e = softmax − onehot
-        return hidden, dfa_credit(e, feedback, self.model.n_blocks)
+        return hidden, dfa_credit(e, feedback, self.model.n_blocks, self.model.stream_shape)
 
     def train_step(self, x, y):
         fwd = self.local_forward(x)
         e = output_error(fwd.logits.detach(), y)                               # e = softmax − onehot
-        credit = dfa_credit(e, self.feedback, self.model.n_blocks)
+        credit = dfa_credit(e, self.feedback, self.model.n_blocks, self.model.stream_shape)
         return self.local_update(self.opt, y, fwd, credit, lam=self.lam)
 
     def credit(self, x, y):
@@ -87,7 +89,10 @@ class DFA(Method):
 
 
 class DFAPenalty(DFA):
-    """dfa plus λ · mean_i ‖f_l(h_l)_i‖² in every trainable block's local loss (λ = settings.lam)."""
+    """dfa plus λ · mean_i ‖f_l(h_l)_i‖² in every trainable block's local loss (option `lam`)."""
 
     name = "dfa-penalty"
-    penalised = True
+    option_defaults = {"lam": 1e-2}
+    option_ranges = {"lam": (0.0, math.inf)}
+    option_help = {"lam": "residual penalty λ in each block's local loss (λ = 0 is plain dfa)"}
+    sweep = {"lam": (0.0, 1e-4, 1e-3, 1e-2, 1e-1)}

@@ -48,6 +48,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..metrics import ce_gradient
 from .base import Method
 
 DEFAULTS = {"beta": 10.0, "steps": 20, "alpha": 0.5}
@@ -117,8 +118,7 @@ class EP(Method):
         """a_0 … a_L from the nudged states (see module docstring)."""
         with torch.enable_grad():
             if not self.model.n_blocks:
-                h = hidden[0].detach().requires_grad_(True)
-                return [torch.autograd.grad(F.cross_entropy(self.model.readout(h), y), h)[0]]
+                return [ce_gradient(self.model.readout, hidden[0], y)[1]]
             h0 = hidden[0].detach().requires_grad_(True)
             r = self.residuals([h0] + hidden[1:])
             a = [(-rl / self.beta).detach() for rl in r]                        # a_{l+1} = −r_l/β
@@ -129,7 +129,7 @@ class EP(Method):
         logits, h = self.nudged(x, y)
         loss = F.cross_entropy(self.model.readout(h[-1]), y)                      # head at h_L^β
         a0 = self._credit_at(h, y)[0]
-        loss = loss + (self.model.embed(x.flatten(1)) * a0).sum()                 # embed: Σ_i h_0,i · a_0,i
+        loss = loss + (self.model.embed_input(x) * a0).sum()                 # embed: Σ_i h_0,i · a_0,i
         for l, block in enumerate(self.model.blocks):
             if self.trainable(l):
                 r = h[l + 1] - h[l] - block(h[l])

@@ -88,7 +88,7 @@ class FA(Method):
         return hidden
 
     def train_step(self, x, y):
-        hidden = self.forward(self.model.embed(x.flatten(1)), self.feedback, train=True)
+        hidden = self.forward(self.model.embed_input(x), self.feedback, train=True)
         loss = F.cross_entropy(self.model.readout(hidden[-1]), y)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()                                   # δ flows through B; ∂W = δᵀx as usual
@@ -97,7 +97,7 @@ class FA(Method):
 
     def _credit(self, x, y, feedback) -> list[torch.Tensor]:
         with torch.enable_grad():
-            h0 = self.model.embed(x.flatten(1)).detach().requires_grad_(True)
+            h0 = self.model.embed_input(x).detach().requires_grad_(True)
             hidden = self.forward(h0, feedback, train=False)
             logits = self.model.readout(hidden[-1])
             grads = torch.autograd.grad(F.cross_entropy(logits, y), hidden)

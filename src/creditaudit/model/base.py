@@ -1,0 +1,69 @@
+"""What every trainable architecture shares: embed → residual blocks → readout.
+
+    h_0     = embed_input(x)
+    h_{l+1} = h_l + blocks[l](h_l)          blocks[l] is the residual branch f_l alone
+    logits  = readout(h_L)
+
+Methods train a model only through this class (its three parts and their parameters), and the
+protocol measures it only through `stream()`, so a method or a measurement written once works on
+every architecture. A hidden state h_l may be (N, d), a token stream (N, T, d) or a feature map
+(N, C, H, W): per-sample quantities flatten everything after the batch dimension.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .stream import ResidualStream
+
+
+class ResidualModel(nn.Module):
+    """Base class of the architectures: subclasses define `embed_input`, `blocks`, `readout`,
+    `embed_parameters` and `head_parameters`, and set `n_classes` and `stream_shape`."""
+
+    n_classes: int
+    blocks: nn.ModuleList
+    stream_shape: tuple[int, ...]     # per-sample shape of every h_l: (d,), (T, d) or (C, H, W)
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.blocks)
+
+    def embed_input(self, x: torch.Tensor) -> torch.Tensor:
+        """h_0 for a batch of raw inputs."""
+        raise NotImplementedError
+
+    def readout(self, h_last: torch.Tensor) -> torch.Tensor:
+        """h_L ↦ logits (N, C)."""
+        raise NotImplementedError
+
+    def embed_parameters(self) -> list[nn.Parameter]:
+        raise NotImplementedError
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        """The readout's parameters: trained on the true CE gradient by every method."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, return_hidden: bool = False):
+        h = self.embed_input(x)
+        hidden = [h]
+        for block in self.blocks:
+            h = h + block(h)
+            hidden.append(h)
+        logits = self.readout(h)
+        return (logits, hidden) if return_hidden else logits
+
+    def stream(self) -> ResidualStream:
+        """This model seen through the protocol's residual-stream interface."""
+        return ResidualStream(embed=self.embed_input, steps=[_SkipStep(b) for b in self.blocks],
+                              readout=self.readout, branches=list(self.blocks))
+
+
+class _SkipStep:
+    """h_l ↦ h_l + f_l(h_l) for one block (a named class rather than a lambda, for readable reprs)."""
+
+    def __init__(self, block: nn.Module):
+        self.block = block
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.block(h)

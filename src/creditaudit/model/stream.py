@@ -1,0 +1,68 @@
+"""The residual-stream interface: all the audit protocol needs from a model.
+
+Any model that can say how to get h_0 from x, how to go from h_l to h_{l+1}, and how to read logits
+off h_L can be audited (see README, "Auditing your own model").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from ..errors import CreditAuditError
+
+
+@dataclass
+class ResidualStream:
+    """What the audit protocol needs from a model, and nothing more.
+
+    embed:    x ↦ h_0, shape (N, d)
+    steps:    one callable per block, h_l ↦ h_{l+1} (the full block, skip connection included)
+    readout:  h_L ↦ logits (N, C); for a pre-LN model this contains the terminal LayerNorm
+    branches: optional, one callable per block giving the residual branch f_l(h_l) alone; the
+              frozen-init identity check uses it, and falls back to step(h) − h without it.
+
+    Hidden states must be (N, d) per sample; a token model pools or flattens its tokens first.
+    """
+
+    embed: Callable[[torch.Tensor], torch.Tensor]
+    steps: Sequence[Callable[[torch.Tensor], torch.Tensor]]
+    readout: Callable[[torch.Tensor], torch.Tensor]
+    branches: Sequence[Callable[[torch.Tensor], torch.Tensor]] | None = None
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.steps)
+
+    def hidden(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """[h_0, …, h_L] for a batch."""
+        h = self.embed(x)
+        hidden = [h]
+        for step in self.steps:
+            h = step(h)
+            hidden.append(h)
+        return hidden
+
+    def forward_from(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """Logits of the rest of the network when the residual stream at position `layer` is h."""
+        for step in self.steps[layer:]:
+            h = step(h)
+        return self.readout(h)
+
+    def branch(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """f_l(h): the residual branch of block `layer` alone."""
+        if self.branches is not None:
+            return self.branches[layer](h)
+        return self.steps[layer](h) - h
+
+
+def as_stream(model) -> ResidualStream:
+    """Accept a ResidualStream, or any model with a `.stream()` method returning one."""
+    if isinstance(model, ResidualStream):
+        return model
+    if hasattr(model, "stream"):
+        return model.stream()
+    raise CreditAuditError(
+        f"cannot audit a {type(model).__name__}: pass a creditaudit.ResidualStream(embed=..., "
+        "steps=[...], readout=...) built from your model, or give the model a .stream() method")
