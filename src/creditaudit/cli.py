@@ -1,14 +1,30 @@
-"""The command line: `creditaudit train | diagnose | calibrate | audit | ladder | penalty-sweep |
-identity-check | thresholds`. User errors print one line and exit 2, without a traceback."""
+"""The command line. Options and their defaults come from the config dataclasses (config.py) and
+the registries (methods, datasets, architectures), so --help cannot drift from the code. User errors
+print one line and exit 2, without a traceback; `check` exits 0 / 1 / 3 by verdict."""
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
 from . import __version__
 from .errors import CreditAuditError
+
+EXIT_USER_ERROR, EXIT_WALK_BACK, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 2, 1, 3, 130
+
+
+# -- option types -------------------------------------------------------------------------------
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def _option(text: str) -> tuple[str, object]:
@@ -17,184 +33,273 @@ def _option(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
     try:
-        return key, json.loads(value)
+        parsed = json.loads(value)
     except json.JSONDecodeError:
         return key, value
+    if isinstance(parsed, float) and not math.isfinite(parsed):
+        raise argparse.ArgumentTypeError(f"option {key} must be finite, got {value!r}")
+    return key, parsed
 
 
+def _choices(names) -> str:
+    return ", ".join(names)
+
+
+def _default_threads() -> int:
+    """Threads for a single-run command: the cores the machine's load leaves idle (at least 1, at
+    most 4). A small model at the default thread count on a busy machine can run 20× slower than at
+    one thread; at 1–2 threads it never crawls."""
+    cores = os.cpu_count() or 1
+    try:
+        busy = round(os.getloadavg()[0])
+    except OSError:
+        busy = 0
+    return max(1, min(4, cores - busy))
+
+
+def _set_threads(args) -> None:
+    import torch
+    threads = getattr(args, "threads", None) or _default_threads()
+    torch.set_num_threads(threads)
+
+
+# -- train ----------------------------------------------------------------------------------------
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="bp", help="bp, fa, dfa, dfa-penalty, ep, sb, cb (default bp)")
-    p.add_argument("--dataset", default="mnist1d",
-                   help="mnist1d (default), digits, synthetic, cifar10, cifar100, mnist, fashion-mnist")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--epochs", type=int, default=100)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--width", type=int, default=256, help="residual width d (default 256)")
-    p.add_argument("--blocks", type=int, default=4, help="number of residual blocks L (default 4)")
-    p.add_argument("--activation", default="gelu")
-    p.add_argument("--w2-std", type=float, default=0.01, help="init std of each block's W2")
-    p.add_argument("--lam", type=float, default=0.0, help="residual penalty λ (dfa-penalty)")
+    from .config import RunConfig, default, field_help
+    from .data import DATASET_NAMES
+    from .methods import METHODS
+    from .model import ACTIVATIONS, ARCHITECTURES
+    d = lambda name: default(RunConfig, name)
+    h = lambda name, extra="": f"{field_help(RunConfig, name)}{extra} (default: {d(name)})"
+    p.add_argument("--method", default=d("method"), metavar="NAME",
+                   help=h("method", f"; one of {_choices(METHODS)}"))
+    p.add_argument("--dataset", default=d("dataset"), choices=DATASET_NAMES, metavar="NAME",
+                   help=h("dataset", f"; one of {_choices(DATASET_NAMES)}"))
+    p.add_argument("--arch", default=d("arch"), choices=ARCHITECTURES, metavar="NAME",
+                   help=h("arch", f"; one of {_choices(ARCHITECTURES)}"))
+    p.add_argument("--seed", type=int, default=d("seed"), help=h("seed"))
+    p.add_argument("--epochs", type=int, default=d("epochs"), help=h("epochs"))
+    p.add_argument("--batch-size", type=int, default=d("batch_size"), help=h("batch_size"))
+    p.add_argument("--lr", type=_finite_float, default=d("lr"), help=h("lr"))
+    p.add_argument("--weight-decay", type=_finite_float, default=d("weight_decay"), help=h("weight_decay"))
+    p.add_argument("--width", type=int, default=d("width"), help=h("width"))
+    p.add_argument("--blocks", type=int, default=d("blocks"), help=h("blocks"))
+    p.add_argument("--activation", default=d("activation"), choices=list(ACTIVATIONS), metavar="NAME",
+                   help=h("activation", f"; one of {_choices(ACTIVATIONS)}"))
+    p.add_argument("--w2-std", type=_finite_float, default=d("w2_std"), help=h("w2_std"))
+    p.add_argument("--lam", type=_finite_float, default=None,
+                   help="residual penalty λ, for the methods that declare it (default: the method's own)")
     depth = p.add_mutually_exclusive_group()
-    depth.add_argument("--frozen", action="store_true", help="blocks frozen at init (the control)")
-    depth.add_argument("--shallow", action="store_true", help="no blocks at all")
+    depth.add_argument("--frozen", action="store_true", help="blocks frozen at init (the frozen-blocks control)")
+    depth.add_argument("--shallow", action="store_true", help="no blocks at all (the shallow control)")
     depth.add_argument("--trainable-blocks", type=int, metavar="K",
-                       help="only the last K blocks train (K=0 is the frozen control)")
+                       help="only the last K blocks train (K=0 is the frozen control) (default: all)")
     p.add_argument("--stop-when-flagged", type=int, metavar="N",
-                   help="end the run once a monitor flag ((a), (b), (b′)) has held N epochs")
+                   help="end the run once (a) or (b′) has held N epochs (default: train to the end)")
     p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="method option, e.g. --option beta=0.1 (see README, Methods)")
+                   help="method option, e.g. --option beta=10 (README, Methods) (default: none)")
+    p.add_argument("--arch-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="architecture option, e.g. --arch-option heads=4 (default: none)")
 
 
-def _add_where_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", default="data", help="where datasets live (default ./data)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+def _add_where_args(p: argparse.ArgumentParser, threads: bool = True) -> None:
+    p.add_argument("--data-dir", default="data", help="where datasets live (default: data)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    if threads:
+        p.add_argument("--threads", type=int, metavar="N",
+                       help="CPU threads (default: the idle cores, 1 to 4)")
+
+
+def _run_config(args):
+    from .config import PENALTY_OPTION, RunConfig
+    if args.blocks < 1:
+        raise CreditAuditError(f"--blocks must be ≥ 1, got {args.blocks}; for the control without "
+                               "blocks use --shallow")
+    options = dict(args.option)
+    if args.lam is not None:
+        options[PENALTY_OPTION] = args.lam
+    trainable = 0 if args.frozen else args.trainable_blocks
+    return RunConfig(method=args.method, dataset=args.dataset, arch=args.arch, seed=args.seed,
+                     epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                     weight_decay=args.weight_decay, width=args.width,
+                     blocks=0 if args.shallow else args.blocks, activation=args.activation,
+                     w2_std=args.w2_std, trainable_blocks=trainable,
+                     stop_when_flagged=args.stop_when_flagged, options=options,
+                     arch_options=dict(args.arch_option))
 
 
 def _cmd_train(args) -> int:
-    from .config import RunConfig
     from .train import train_run
-    trainable = 0 if args.frozen else args.trainable_blocks
-    config = RunConfig(method=args.method, dataset=args.dataset, seed=args.seed, epochs=args.epochs,
-                       batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-                       width=args.width, blocks=0 if args.shallow else args.blocks,
-                       activation=args.activation, w2_std=args.w2_std, lam=args.lam,
-                       trainable_blocks=trainable, stop_when_flagged=args.stop_when_flagged,
-                       options=dict(args.option))
-    out = Path(args.out or f"runs/{config.method}-{config.dataset}-s{config.seed}-{config.run_key}")
-    run = train_run(config, out, data_dir=args.data_dir, device=args.device, progress=not args.quiet)
+    from .verdict import Thresholds, first_fire_epochs, stop_rule
+    config = _run_config(args)
+    _set_threads(args)
+    out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
+    run = train_run(config, out, data_dir=args.data_dir, device=args.device, progress=not args.quiet,
+                    stop_rule=stop_rule(config.stop_when_flagged, Thresholds()))
     last = run.history[-1]
-    fired = run.status.get("first_fire", {})
-    print(f"{config.label}: {run.status['status']} — {run.status['message']}")
+    fired = first_fire_epochs(run.history, Thresholds())
+    print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
+          f"— {run.status['message']}")
     print(f"  test acc {last['test_acc']:.4f} | median ‖h_L‖ {last['h_norms'][-1]:.3g} | "
           f"‖g_L‖ {last['g_norms'][-1]:.3g} | readout gain {last['gain']:.3g} | "
           f"max block growth {last['max_growth']:.3g} | {run.status['wall_time']:.1f} s")
-    print("  first fired: " + ", ".join(f"({k.replace('_prime', '′')}) "
-                                        f"{'never' if v is None else f'epoch {v}'}"
-                                        for k, v in fired.items()))
+    print("  monitor first fired: " + ", ".join(
+        f"({k.replace('_prime', '′')}) {'never' if v is None else f'epoch {v}'}" for k, v in fired.items()))
     print(f"  run folder: {out}")
     return 0
 
 
+# -- diagnose / calibrate / check -------------------------------------------------------------------
 def _load_for_diagnosis(args):
-    """The run, its eval batches and (optionally) its frozen control's accuracy."""
-    from .experiments import eval_batches
-    from .train import load_run
+    """The run, its eval batches and (optionally) its checked frozen control."""
     from .data import load_dataset
-    from .train import resolve_device
-    if args.eval_batches < 1:
-        raise CreditAuditError(f"--eval-batches must be ≥ 1 (8 or more for stability (c)), got {args.eval_batches}")
+    from .experiments import eval_batches
+    from .runs import check_frozen_control, load_run, resolve_device
     run = load_run(args.run_dir, resolve_device(args.device))
-    frozen_acc = None
-    if args.frozen_control:
+    control = None
+    if getattr(args, "frozen_control", None):
         control = load_run(args.frozen_control, "cpu")
-        if control.config.trainable_blocks != 0:
-            raise CreditAuditError(f"{args.frozen_control} is not a frozen-blocks control "
-                                   "(train one with `creditaudit train ... --frozen`)")
-        frozen_acc = control.test_acc
+        check_frozen_control(run, control)
     data = load_dataset(run.config.dataset, args.data_dir, next(run.model.parameters()).device)
-    return run, eval_batches(data, args.eval_batches), frozen_acc
+    return run, eval_batches(data, args.eval_batches), control
 
 
 def _cmd_diagnose(args) -> int:
-    from .protocol import Thresholds, diagnose
-    run, batches, frozen_acc = _load_for_diagnosis(args)
-    report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
-                      test_acc=run.test_acc, thresholds=Thresholds(), monitor_history=run.history,
-                      rho=args.rho, label=run.config.label,
-                      diverged=run.status.get("message") if run.status.get("status") == "diverged" else None)
+    from .experiments.common import diagnose_run
+    _set_threads(args)
+    run, batches, control = _load_for_diagnosis(args)
+    report = diagnose_run(run, batches, control=control, rho=args.rho)
     print(report.to_json(indent=2) if args.json else report)
     return 0
 
 
 def _cmd_calibrate(args) -> int:
-    from .protocol import Thresholds, diagnose
+    from .experiments.common import diagnose_run
+    from .report.tables import calibration_table
+    _set_threads(args)
     run, batches, _ = _load_for_diagnosis(args)
-    report = diagnose(run.model, batches, method=run.method, test_acc=run.test_acc,
-                      thresholds=Thresholds(), rho=True, null_k=args.null_draws,
-                      label=run.config.label)
-    if args.json:
-        print(report.to_json(indent=2))
-        return 0
-    from .report import calibration_table
-    print(calibration_table(report.to_dict()))
+    report = diagnose_run(run, batches, rho=True, null_k=args.null_draws)
+    print(report.to_json(indent=2) if args.json else calibration_table(report.to_dict()))
     return 0
 
 
+def _cmd_check(args) -> int:
+    from .check import check_path
+    lines, code, payload = check_path(Path(args.path))
+    print(json.dumps(payload, indent=2) if args.json else "\n".join(lines))
+    return code
+
+
+# -- audit and the other experiments --------------------------------------------------------------
 def _audit_raw(args) -> dict:
     """The audit's settings: preset or TOML file, then command-line overrides."""
     from .config import load_audit_toml
     raw = load_audit_toml(args.config) if args.config else {"preset": args.preset or "quick"}
     if args.config and args.preset:
         raw["preset"] = args.preset
-    for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches"):
-        value = getattr(args, key)
+    for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor",
+                "address", "max_retries"):
+        value = getattr(args, key, None)
         if value is not None:
             raw[key] = value
-    if args.methods:
+    if getattr(args, "methods", None):
         raw["methods"] = [m for item in args.methods for m in item.replace(",", " ").split()]
     if args.seeds:
         raw["seeds"] = args.seeds
+    if getattr(args, "arch", None):
+        raw.setdefault("model", {})["arch"] = args.arch
     return raw
 
 
 def _cmd_audit(args) -> int:
     from .config import audit_config_from_dict
     from .experiments import audit
-    from .report import audit_table, write_report
+    from .experiments.lock import audit_lock
+    from .report import compact_table, write_report
     config = audit_config_from_dict(_audit_raw(args), where=args.config or "the audit settings")
-    print(f"creditaudit audit — {config.preset or 'custom'}: {len(config.run_configs())} runs → {config.out}")
-    result = audit(config)
-    files = write_report(result, Path(config.out))
+    n_runs = len(config.run_configs())
+    print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
+          f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
+    with audit_lock(Path(config.out)):
+        result = audit(config, progress=not args.quiet)
+        files = write_report(result, Path(config.out))
     print()
-    print(audit_table(result))
-    print(f"\naudit written to {config.out}/ ({', '.join(sorted(p.name for p in files.values()))}); "
+    print(compact_table(result))
+    failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
+    incomplete = [m["method"] for m in result["methods"] if m["verdict"].startswith("incomplete")]
+    print(f"\nfull table, per-seed values and reasons: {Path(config.out) / 'audit.md'} "
+          f"(also {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}); "
           f"{result['runs_trained_now']} runs trained now, {result['wall_time']:.0f} s")
+    if failed or incomplete:
+        print(f"creditaudit: {len(failed)} run(s) failed, {len(incomplete)} method(s) incomplete "
+              f"({', '.join(incomplete) or '—'}); run the same command again to retry them",
+              file=sys.stderr)
+        return EXIT_INCOMPLETE
     return 0
 
 
-def _experiment_bases(args):
-    """(base RunConfigs over the seeds, thresholds) for ladder / penalty-sweep."""
+def _experiment_config(args, methods: list[str] | None = None):
     from .config import audit_config_from_dict
     raw = _audit_raw(args)
-    raw.setdefault("out", "audits/quick")
-    config = audit_config_from_dict(raw, where=args.config or "the settings")
-    return config, [config.base_config(m, s) for m in config.methods for s in config.seeds]
-
-
-def _run_experiment(args, name: str, run, figure, table, **extra) -> int:
-    """ladder / penalty-sweep: bases from the settings, run, then <out>/<name>.json, .png, table."""
-    from .protocol import Thresholds
-    config, bases = _experiment_bases(args)
-    out = Path(args.out or Path(config.out) / name)
-    result = run(bases, out, data_dir=config.data_dir, device=config.device, jobs=config.jobs,
-                 thresholds=Thresholds(**config.thresholds), **extra)
-    figure(result, out / f"{name}.png")
-    print(table(result))
-    print(f"written: {out / (name + '.json')}, {out / (name + '.png')}")
-    return 0
+    if methods is not None:
+        raw["methods"] = methods
+    return audit_config_from_dict(raw, where=args.config or "the settings")
 
 
 def _cmd_ladder(args) -> int:
     from .experiments import ladder
-    from .report import ladder_figure, ladder_table
-    return _run_experiment(args, "ladder", ladder, ladder_figure, ladder_table)
+    from .experiments.audit import execution_of
+    from .experiments.lock import audit_lock
+    from .report.figures import ladder_figure
+    from .report.tables import ladder_table
+    from .verdict import Thresholds
+    config = _experiment_config(args)
+    out = Path(args.out or "audits/ladder")
+    bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
+    with audit_lock(out):
+        result = ladder(bases, out, execution=execution_of(config),
+                        thresholds=Thresholds(**config.thresholds), progress=not args.quiet)
+        ladder_figure(result, out / "ladder.png")
+    print(ladder_table(result))
+    print(f"written: {out / 'ladder.json'}, {out / 'ladder.png'}")
+    return 0
 
 
 def _cmd_penalty(args) -> int:
     from .experiments import penalty_sweep
-    from .report import penalty_figure, penalty_table
-    args.methods = ["dfa-penalty"]
-    return _run_experiment(args, "penalty_sweep", penalty_sweep, penalty_figure, penalty_table,
-                           lambdas=args.lambdas)
+    from .experiments.audit import execution_of
+    from .experiments.lock import audit_lock
+    from .methods import sweep_defaults
+    from .report.figures import penalty_figure
+    from .report.tables import penalty_table
+    from .verdict import Thresholds
+    sweeps = sweep_defaults()
+    method = args.method or next(iter(sweeps))
+    if method not in sweeps and not args.lambdas:
+        raise CreditAuditError(f"method {method!r} declares no λ sweep; give --lambdas, or choose one "
+                               f"of {_choices(sweeps)}")
+    lambdas = args.lambdas or list(sweeps[method][1])
+    config = _experiment_config(args, [method])
+    out = Path(args.out or "audits/penalty_sweep")
+    bases = [config.base_config(method, s) for s in config.seeds]
+    with audit_lock(out):
+        result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config),
+                               thresholds=Thresholds(**config.thresholds), progress=not args.quiet)
+        penalty_figure(result, out / "penalty_sweep.png")
+    print(penalty_table(result))
+    print(f"written: {out / 'penalty_sweep.json'}, {out / 'penalty_sweep.png'}")
+    return 0
 
 
 def _cmd_identity(args) -> int:
     from .config import RunConfig
     from .experiments import identity_check_experiment
-    from .report import identity_figure, identity_table
-    config = RunConfig(dataset=args.dataset, width=args.width, blocks=args.blocks,
+    from .report.figures import identity_figure
+    from .report.tables import identity_table
+    if args.blocks < 1:
+        raise CreditAuditError(f"--blocks must be ≥ 1, got {args.blocks}")
+    _set_threads(args)
+    config = RunConfig(dataset=args.dataset, arch=args.arch, width=args.width, blocks=args.blocks,
                        activation=args.activation, w2_std=args.w2_std)
     out = Path(args.out)
     result = identity_check_experiment(config, args.seeds, out, data_dir=args.data_dir)
@@ -205,25 +310,32 @@ def _cmd_identity(args) -> int:
 
 
 def _cmd_thresholds(args) -> int:
-    from .protocol import Thresholds, threshold_sensitivity
-    from .report import sensitivity_figure
-    from .store import atomic_write_json, read_json
+    from .experiments import read_audit
+    from .report.figures import sensitivity_figure
+    from .report.tables import sensitivity_table
+    from .store import write_sealed_json
+    from .verdict import Thresholds, threshold_sensitivity
     audit_dir = Path(args.audit_dir)
-    result = read_json(audit_dir / "audit.json", "creditaudit audit folder (with audit.json)")
-    runs = result.get("runs") if isinstance(result, dict) else None
-    reports = [r["report"] for r in runs or [] if isinstance(r, dict) and r.get("report")
-               and r.get("control") == "none"]
+    result = read_audit(audit_dir)
+    reports = [r["report"] for r in result.get("runs") or [] if r.get("report") and r.get("control") == "none"]
     if not reports:
         raise CreditAuditError(f"{audit_dir}/audit.json holds no diagnosed runs; is it an audit folder?")
-    try:
-        thresholds = Thresholds(**result.get("thresholds", {}))
-    except TypeError as err:
-        raise CreditAuditError(f"{audit_dir}/audit.json has unreadable thresholds ({err})") from None
-    sensitivity, table = threshold_sensitivity(reports, thresholds)
-    atomic_write_json(audit_dir / "thresholds.json", sensitivity)
+    sensitivity, _ = threshold_sensitivity(reports, Thresholds(**result.get("thresholds", {})))
+    write_sealed_json(audit_dir / "thresholds.json", sensitivity)
     sensitivity_figure(reports, sensitivity, audit_dir / "thresholds.png")
-    print(table)
+    print(sensitivity_table(sensitivity))
     print(f"written: {audit_dir / 'thresholds.json'}, {audit_dir / 'thresholds.png'}")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from .experiments import read_audit
+    from .report import compact_table, write_report
+    audit_dir = Path(args.audit_dir)
+    result = read_audit(audit_dir)
+    files = write_report(result, audit_dir)
+    print(compact_table(result))
+    print(f"\nwritten from {audit_dir / 'audit.json'}: {', '.join(sorted(p.name for p in files.values()))}")
     return 0
 
 
@@ -232,99 +344,151 @@ def _cmd_lint(args) -> int:
     return run_lint(args.paths, sys.stdout)
 
 
-def _add_audit_args(p: argparse.ArgumentParser, experiment: bool = False) -> None:
-    p.add_argument("--preset", choices=["quick", "paper"],
-                   help="quick (default: MNIST-1D, no download) or paper (CIFAR-10, 100 epochs)")
-    p.add_argument("--config", help="audit TOML file (see examples/quick.toml)")
-    p.add_argument("--dataset")
-    if not experiment:
-        p.add_argument("--methods", nargs="+", help="e.g. --methods bp dfa ep")
-    p.add_argument("--seeds", nargs="+", type=int)
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--out")
-    p.add_argument("--device")
-    p.add_argument("--data-dir", dest="data_dir")
-    p.add_argument("--jobs", type=int, help="worker processes (default: one per CPU core; 1 on CUDA)")
+def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
+    from .config import AuditConfig, EXECUTORS, PRESET_NAMES, default, field_help
+    from .data import DATASET_NAMES
+    from .model import ARCHITECTURES
+    h = lambda name: f"{field_help(AuditConfig, name)} (default: from the preset or config file)"
+    p.add_argument("--preset", choices=PRESET_NAMES,
+                   help="quick: MNIST-1D, no download, 15 epochs; paper: CIFAR-10, 100 epochs "
+                        "(default: quick, unless --config is given)")
+    p.add_argument("--config", metavar="FILE", help="audit TOML file, e.g. examples/quick.toml")
+    p.add_argument("--dataset", choices=DATASET_NAMES, metavar="NAME",
+                   help=f"{h('dataset')}; one of {_choices(DATASET_NAMES)}")
+    p.add_argument("--arch", choices=ARCHITECTURES, metavar="NAME",
+                   help=f"architecture, one of {_choices(ARCHITECTURES)} (default: resmlp)")
+    if methods:
+        p.add_argument("--methods", nargs="+", metavar="NAME",
+                       help="methods to audit, e.g. --methods bp dfa, or PKG.MODULE:CLASS "
+                            "(default: from the preset: all built-in methods)")
+    p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help=h("seeds"))
+    p.add_argument("--epochs", type=int, help=h("epochs"))
+    p.add_argument("--out", metavar="DIR", help="output folder (default: audits/<preset>, or as named below)")
+    p.add_argument("--device", help=f"{field_help(AuditConfig, 'device')} (default: {default(AuditConfig, 'device')})")
+    p.add_argument("--data-dir", dest="data_dir", metavar="DIR",
+                   help=f"{field_help(AuditConfig, 'data_dir')} (default: {default(AuditConfig, 'data_dir')})")
+    p.add_argument("--jobs", type=int, help=f"{field_help(AuditConfig, 'jobs')} (default: 0)")
     p.add_argument("--eval-batches", dest="eval_batches", type=int,
-                   help="eval batches for the diagnostics (default 8)")
+                   help=f"{field_help(AuditConfig, 'eval_batches')} (default: {default(AuditConfig, 'eval_batches')})")
+    p.add_argument("--executor", choices=EXECUTORS,
+                   help=f"{field_help(AuditConfig, 'executor')}: {_choices(EXECUTORS)} (default: local)")
+    p.add_argument("--address", help=f"{field_help(AuditConfig, 'address')} (default: start a local Ray)")
+    p.add_argument("--max-retries", dest="max_retries", type=int,
+                   help=f"{field_help(AuditConfig, 'max_retries')} (default: {default(AuditConfig, 'max_retries')})")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _sub(sub, name: str, helptext: str, examples: str, func) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=helptext, description=helptext,
+                       epilog="examples:\n" + examples, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="creditaudit",
-        description="Train non-backprop credit-assignment methods on a pre-LN residual MLP and audit "
-                    "whether their accuracy and gradient-cosine figures mean anything.")
+        description="Train non-backprop credit-assignment methods and audit whether their accuracy "
+                    "and gradient-cosine figures mean anything (docs/PROTOCOL.md).",
+        epilog="examples:\n  creditaudit audit --preset quick\n  creditaudit check audits/quick",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"creditaudit {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    t = sub.add_parser("train", help="train one run into a run folder (resumes if interrupted)")
+    t = _sub(sub, "train", "train one run into a run folder (resumes if interrupted)",
+             "  creditaudit train --method dfa --dataset mnist1d --epochs 15\n"
+             "  creditaudit train --method dfa --dataset mnist1d --epochs 15 --frozen", _cmd_train)
     _add_run_args(t)
     _add_where_args(t)
-    t.add_argument("--out", help="run folder (default runs/METHOD-DATASET-sSEED-KEY)")
+    t.add_argument("--out", metavar="DIR", help="run folder (default: runs/METHOD-DATASET-sSEED-KEY)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.set_defaults(func=_cmd_train)
 
-    for name, func, helptext in (
-            ("diagnose", _cmd_diagnose, "audit one run: diagnostics (a)–(d), Γ, verdict"),
-            ("calibrate", _cmd_calibrate, "ρ per layer beside its BP/random controls, Γ beside its null")):
-        d = sub.add_parser(name, help=helptext)
+    for name, func, helptext, example in (
+            ("diagnose", _cmd_diagnose, "audit one run: diagnostics (a)–(d), Γ, verdict",
+             "  creditaudit diagnose runs/dfa-RUN --frozen-control runs/dfa-FROZEN\n"
+             "  creditaudit diagnose runs/dfa-RUN --rho --json"),
+            ("calibrate", _cmd_calibrate, "ρ per layer beside its BP/random controls, Γ beside its null",
+             "  creditaudit calibrate runs/dfa-RUN")):
+        d = _sub(sub, name, helptext, example, func)
         d.add_argument("run_dir", help="a run folder written by `creditaudit train`")
         d.add_argument("--json", action="store_true", help="print the report as JSON")
-        d.add_argument("--eval-batches", type=int, default=8, help="disjoint test batches (default 8)")
+        d.add_argument("--eval-batches", type=int, default=8,
+                       help="disjoint test batches; ≥ 8 for stability (c) (default: 8)")
         _add_where_args(d)
         if name == "diagnose":
             d.add_argument("--frozen-control", metavar="RUN_DIR",
-                           help="the frozen-blocks control run of the same method and seed, for (d)")
+                           help="the frozen-blocks control of the same method, seed and settings, "
+                                "for (d) (default: none, so the verdict is at best incomplete)")
             d.add_argument("--rho", action="store_true", help="also measure ρ at layers 1…L")
         else:
-            d.add_argument("--null-draws", type=int, default=20, help="fresh feedback draws (default 20)")
-        d.set_defaults(func=func, frozen_control=None)
+            d.add_argument("--null-draws", type=int, default=20, help="fresh feedback draws (default: 20)")
 
-    a = sub.add_parser("audit", help="train + diagnose methods × seeds with controls; write the report")
+    c = _sub(sub, "check", "verdict gate for CI: exit 0 trustworthy, 1 walk back, 3 incomplete, 2 error",
+             "  creditaudit check audits/quick\n  creditaudit check runs/dfa-RUN --json", _cmd_check)
+    c.add_argument("path", help="an audit folder (with audit.json) or a diagnosed run folder")
+    c.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+
+    a = _sub(sub, "audit", "train + diagnose methods × seeds with controls; write the report",
+             "  creditaudit audit --preset quick\n"
+             "  creditaudit audit --config examples/quick.toml --methods bp dfa --seeds 42", _cmd_audit)
     _add_audit_args(a)
-    a.set_defaults(func=_cmd_audit)
 
-    lad = sub.add_parser("ladder", help="accuracy vs number of trainable blocks k = 0…L")
+    lad = _sub(sub, "ladder", "accuracy vs number of trainable blocks k = 0…L (default out: audits/ladder)",
+               "  creditaudit ladder --methods bp dfa --seeds 42 --epochs 15", _cmd_ladder)
     _add_audit_args(lad)
-    lad.set_defaults(func=_cmd_ladder)
 
-    pen = sub.add_parser("penalty-sweep", help="dfa-penalty over λ with Γ, its null and ρ")
-    _add_audit_args(pen, experiment=True)
-    pen.add_argument("--lambdas", nargs="+", type=float, default=[0.0, 1e-4, 1e-3, 1e-2, 1e-1])
-    pen.set_defaults(func=_cmd_penalty)
+    pen = _sub(sub, "penalty-sweep",
+               "a penalised method over λ, with frozen controls, Γ, its null and ρ "
+               "(default out: audits/penalty_sweep)",
+               "  creditaudit penalty-sweep --seeds 42 --epochs 15\n"
+               "  creditaudit penalty-sweep --lambdas 0 0.01 --seeds 42 123", _cmd_penalty)
+    _add_audit_args(pen, methods=False)
+    pen.add_argument("--method", help="the method to sweep (default: the first that declares a sweep)")
+    pen.add_argument("--lambdas", nargs="+", type=_finite_float, metavar="λ",
+                     help="λ values (default: the method's own sweep, 0 1e-4 1e-3 1e-2 1e-1)")
 
-    ident = sub.add_parser("identity-check", help="how close a fresh stack is to the identity")
-    ident.add_argument("--dataset", default="mnist1d")
-    ident.add_argument("--seeds", nargs="+", type=int, default=[42, 123, 456])
-    ident.add_argument("--width", type=int, default=256)
-    ident.add_argument("--blocks", type=int, default=4)
-    ident.add_argument("--activation", default="gelu")
-    ident.add_argument("--w2-std", type=float, default=0.01)
-    ident.add_argument("--out", default="audits/identity_check")
-    ident.add_argument("--data-dir", default="data")
-    ident.set_defaults(func=_cmd_identity)
+    from .config import RunConfig, default
+    from .data import DATASET_NAMES
+    from .model import ARCHITECTURES
+    ident = _sub(sub, "identity-check", "how close a fresh residual stack is to the identity, over seeds",
+                 "  creditaudit identity-check --dataset mnist1d --seeds 42 123 456", _cmd_identity)
+    ident.add_argument("--dataset", default="mnist1d", choices=DATASET_NAMES, metavar="NAME",
+                       help=f"inputs to measure on; one of {_choices(DATASET_NAMES)} (default: mnist1d)")
+    ident.add_argument("--arch", default=default(RunConfig, "arch"), choices=ARCHITECTURES, metavar="NAME",
+                       help=f"one of {_choices(ARCHITECTURES)} (default: resmlp)")
+    ident.add_argument("--seeds", nargs="+", type=int, default=[42, 123, 456], help="(default: 42 123 456)")
+    ident.add_argument("--width", type=int, default=default(RunConfig, "width"), help="(default: 256)")
+    ident.add_argument("--blocks", type=int, default=default(RunConfig, "blocks"), help="(default: 4)")
+    ident.add_argument("--activation", default=default(RunConfig, "activation"), help="(default: gelu)")
+    ident.add_argument("--w2-std", type=_finite_float, default=default(RunConfig, "w2_std"), help="(default: 0.01)")
+    ident.add_argument("--out", default="audits/identity_check", help="(default: audits/identity_check)")
+    _add_where_args(ident)
 
-    th = sub.add_parser("thresholds", help="threshold sensitivity over an audit's runs")
+    th = _sub(sub, "thresholds", "threshold sensitivity over an audit's runs",
+              "  creditaudit thresholds audits/quick", _cmd_thresholds)
     th.add_argument("audit_dir", help="an audit folder (with audit.json)")
-    th.set_defaults(func=_cmd_thresholds)
 
-    lint = sub.add_parser("lint", help="check your own training/eval code for the protocol's pitfalls")
+    rep = _sub(sub, "report", "rewrite audit.md, report.html and the PNGs from audit.json alone",
+               "  creditaudit report audits/quick", _cmd_report)
+    rep.add_argument("audit_dir", help="an audit folder (with audit.json)")
+
+    lint = _sub(sub, "lint", "check your own training/eval code for the protocol's pitfalls (never runs it)",
+                "  creditaudit lint train.py eval/", _cmd_lint)
     lint.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders to check")
-    lint.set_defaults(func=_cmd_lint)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except CreditAuditError as err:
         print(f"creditaudit: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("creditaudit: interrupted; finished epochs are saved — run the same command again to "
+        print("creditaudit: interrupted; finished work is saved — run the same command again to "
               "resume", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,81 +1,104 @@
-"""The resolved configuration of one training run (SPEC §4 defaults).
+"""Every knob of a run and of an audit, with its one default (docs/PROTOCOL.md §4 for the paper's).
 
-A `RunConfig` says everything that determines a run's result; it is saved as config.json in the
-run folder and its hash (`run_key`) identifies the run, so an audit can reuse finished runs.
-Where the run happens (device, data folder, output folder) is not part of it.
+A `RunConfig` says everything that determines a run's result; it is saved in the run folder and
+its hash (`run_key`) identifies the run, so an audit can reuse finished runs. Where the run happens
+(device, data folder, output folder) is not part of it. An `AuditConfig` is methods × seeds (with
+their controls) on one dataset and model. The command line builds its options from these
+dataclasses (`field_help`), and TOML files are validated against them, so a default lives here
+and nowhere else. Method knobs (EP's β, the penalty λ, …) belong to the methods
+(`Method.option_defaults`); this module only routes them.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import CreditAuditError
 
+INT64_MAX = 2 ** 63 - 1
+PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training] lam goes to every
+                                # method that declares this option
 
-LAMBDA_METHODS = ("dfa-penalty", "sb", "cb")  # the methods whose local loss has a λ‖f‖² term
+
+def _help(text: str, **meta) -> dict:
+    return {"help": text, **meta}
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One run: method × dataset × model × seed × schedule, plus the depth control.
+    """One run: method × dataset × architecture × seed × schedule, plus the depth control.
 
     trainable_blocks: None = every block trains; k = only the last k blocks train (the depth
     ladder); 0 = the frozen-blocks control. `blocks = 0` is the shallow control.
-    stop_when_flagged: end the run once a monitor flag ((a), (b) or (b′)) has held this many
+    stop_when_flagged: end the run once a monitor flag ((a) or (b′)) has held this many
     consecutive epochs (None = train to the end).
     """
 
-    method: str = "bp"
-    dataset: str = "mnist1d"
-    seed: int = 42
-    epochs: int = 100
-    batch_size: int = 128
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    width: int = 256
-    blocks: int = 4
-    activation: str = "gelu"
-    w2_std: float = 0.01
-    lam: float = 0.0
+    method: str = field(default="bp", metadata=_help("credit-assignment method, or PKG.MODULE:CLASS"))
+    dataset: str = field(default="mnist1d", metadata=_help("dataset"))
+    arch: str = field(default="resmlp", metadata=_help("architecture"))
+    seed: int = field(default=42, metadata=_help("seed (weights, data order, feedback matrices)"))
+    epochs: int = field(default=100, metadata=_help("training epochs"))
+    batch_size: int = field(default=128, metadata=_help("training batch size"))
+    lr: float = field(default=1e-3, metadata=_help("AdamW learning rate (cosine-annealed to 0)"))
+    weight_decay: float = field(default=0.01, metadata=_help("AdamW weight decay"))
+    width: int = field(default=256, metadata=_help("residual width d (channels for resnet-small)"))
+    blocks: int = field(default=4, metadata=_help("number of residual blocks L (≥ 1; --shallow for none)"))
+    activation: str = field(default="gelu", metadata=_help("block activation (resmlp)"))
+    w2_std: float = field(default=0.01, metadata=_help("init std of each block's last layer"))
     trainable_blocks: int | None = None
     stop_when_flagged: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    arch_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         from .data import DATASET_NAMES
-        from .methods import METHODS
-        from .model import ACTIVATIONS
-        if self.method not in METHODS:
-            raise CreditAuditError(f"unknown method {self.method!r}; choose one of: {', '.join(METHODS)}")
+        from .methods import method_class
+        from .model import ACTIVATIONS, ARCH_OPTIONS, ARCHITECTURES
+        cls = method_class(self.method)
         if self.dataset not in DATASET_NAMES:
             raise CreditAuditError(
                 f"unknown dataset {self.dataset!r}; choose one of: {', '.join(DATASET_NAMES)}")
+        if self.arch not in ARCHITECTURES:
+            raise CreditAuditError(
+                f"unknown architecture {self.arch!r}; choose one of: {', '.join(ARCHITECTURES)}")
         if self.activation not in ACTIVATIONS:
             raise CreditAuditError(
                 f"unknown activation {self.activation!r}; choose one of: {', '.join(ACTIVATIONS)}")
+        for name in ("seed", "epochs", "batch_size", "width", "blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise CreditAuditError(f"{name} must be an integer, got {value!r}")
         for name in ("epochs", "batch_size", "width"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+            if getattr(self, name) < 1:
                 raise CreditAuditError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not isinstance(self.blocks, int) or self.blocks < 0:
+        if not 0 <= self.seed <= INT64_MAX:
+            raise CreditAuditError(f"seed must lie in 0 … 2^63−1, got {self.seed}")
+        if self.blocks < 0:
             raise CreditAuditError(f"blocks must be an integer ≥ 0, got {self.blocks!r}")
         k = self.trainable_blocks
-        if k is not None and (not isinstance(k, int) or not 0 <= k <= self.blocks):
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= self.blocks):
             raise CreditAuditError(
                 f"trainable_blocks must be an integer in 0..{self.blocks} (the number of blocks), got {k!r}")
         if k == self.blocks:  # "all blocks train" has one spelling, so equal runs share one key
             object.__setattr__(self, "trainable_blocks", None)
-        for name in ("lr", "weight_decay", "lam", "w2_std"):
+        for name in ("lr", "weight_decay", "w2_std"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise CreditAuditError(f"{name} must be a number ≥ 0, got {value!r}")
-        METHODS[self.method].resolve_options(self.options)
-        if self.lam and self.method not in LAMBDA_METHODS:
-            raise CreditAuditError(f"lam (the residual penalty λ) applies to {', '.join(LAMBDA_METHODS)}, "
-                                   f"not to {self.method!r}; drop it or choose dfa-penalty")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise CreditAuditError(f"{name} must be a finite number ≥ 0, got {value!r}")
+        if not isinstance(self.options, dict):
+            raise CreditAuditError(f"options must be a table of method options, got {self.options!r}")
+        cls.resolve_options(self.options)
+        unknown = sorted(set(self.arch_options) - set(ARCH_OPTIONS[self.arch]))
+        if unknown:
+            raise CreditAuditError(f"architecture {self.arch!r} has no option(s) {', '.join(unknown)}; "
+                                   f"its options: {', '.join(ARCH_OPTIONS[self.arch]) or 'none'}")
         swf = self.stop_when_flagged
         if swf is not None and (not isinstance(swf, int) or isinstance(swf, bool) or swf < 1):
             raise CreditAuditError(
@@ -97,6 +120,13 @@ class RunConfig:
         if self.trainable_blocks is not None and self.trainable_blocks < self.blocks:
             return f"ladder-{self.trainable_blocks}"
         return "none"
+
+    @property
+    def lam(self) -> float:
+        """The residual penalty λ this run trains with (0 for methods without one)."""
+        from .methods import method_class
+        cls = method_class(self.method)
+        return float(cls.option(self.options, PENALTY_OPTION)) if PENALTY_OPTION in cls.option_defaults else 0.0
 
     @property
     def label(self) -> str:
@@ -128,44 +158,41 @@ class RunConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-# -- audits -----------------------------------------------------------------------------------
-AUDIT_SECTIONS: dict[str, tuple[str, ...]] = {
-    "": ("preset", "dataset", "data_dir", "methods", "seeds", "epochs", "out", "device", "jobs",
-         "controls", "eval_batches"),
-    "model": ("width", "blocks", "activation", "w2_std"),
-    "training": ("batch_size", "lr", "weight_decay", "lam", "stop_when_flagged"),
-    "thresholds": ("growth", "floor", "gain", "drift", "depth_margin"),
-    "options": (),  # [options.METHOD] tables: free-form method options, checked by each method
-}
-CONTROLS = ("frozen", "shallow")
+def default(cls, name: str) -> Any:
+    """The default of dataclass field `name` (for the command line's --help)."""
+    f = cls.__dataclass_fields__[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # MNIST-1D needs no download; epochs chosen so 7 methods × 3 seeds × (run + 2 controls) fit
-    # in about ten minutes on a 2-core CPU.
-    "quick": {"dataset": "mnist1d", "methods": ["bp", "fa", "dfa", "dfa-penalty", "ep", "sb", "cb"],
-              "seeds": [42, 123, 456], "epochs": 15, "out": "audits/quick",
-              "training": {"lam": 1e-2}},
-    # The paper's protocol (SPEC §4): CIFAR-10, 100 epochs, from --data-dir.
-    "paper": {"dataset": "cifar10", "methods": ["bp", "fa", "dfa", "dfa-penalty", "ep", "sb", "cb"],
-              "seeds": [42, 123, 456], "epochs": 100, "out": "audits/paper",
-              "training": {"lam": 1e-2}},
-}
+
+def field_help(cls, name: str) -> str:
+    return cls.__dataclass_fields__[name].metadata.get("help", "")
+
+
+# -- audits -----------------------------------------------------------------------------------
+MODEL_KEYS = ("arch", "width", "blocks", "activation", "w2_std")
+TRAINING_KEYS = ("batch_size", "lr", "weight_decay", PENALTY_OPTION, "stop_when_flagged")
+THRESHOLD_KEYS = ("growth", "init_growth", "stack_growth", "floor", "gain", "drift", "depth_margin")
+CONTROLS = ("frozen", "shallow")
+EXECUTORS = ("local", "ray")
 
 
 @dataclass(frozen=True)
 class AuditConfig:
     """An audit: methods × seeds (each with its frozen and shallow controls) on one dataset/model."""
 
-    dataset: str = "mnist1d"
-    methods: tuple[str, ...] = ("bp",)
-    seeds: tuple[int, ...] = (42,)
-    epochs: int = 20
-    out: str = "audits/quick"
-    data_dir: str = "data"
-    device: str = "auto"
-    jobs: int = 0
+    dataset: str = field(default="mnist1d", metadata=_help("dataset"))
+    methods: tuple[str, ...] = field(default=("bp",), metadata=_help("methods to audit"))
+    seeds: tuple[int, ...] = field(default=(42, 123, 456), metadata=_help("seeds"))
+    epochs: int = field(default=100, metadata=_help("training epochs per run"))
+    out: str = field(default="audits/audit", metadata=_help("audit folder"))
+    data_dir: str = field(default="data", metadata=_help("where datasets live"))
+    device: str = field(default="auto", metadata=_help("cpu, cuda, cuda:N or auto"))
+    jobs: int = field(default=0, metadata=_help("parallel runs (0 = one per CPU core; 1 on CUDA)"))
     controls: tuple[str, ...] = CONTROLS
-    eval_batches: int = 8
+    eval_batches: int = field(default=8, metadata=_help("disjoint eval batches for the diagnostics (≥ 8 for (c))"))
+    executor: str = field(default="local", metadata=_help("where runs execute"))
+    address: str | None = field(default=None, metadata=_help("Ray cluster address (auto or HOST:PORT)"))
+    max_retries: int = field(default=3, metadata=_help("Ray: retries of a run whose worker died"))
     model: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -186,11 +213,37 @@ class AuditConfig:
         return runs
 
     def base_config(self, method: str, seed: int) -> RunConfig:
+        """The main run of `method` at `seed`: the audit's λ goes to every method that declares it,
+        and [options.METHOD] may override it per method."""
+        from .methods import method_class
         training = dict(self.training)
-        lam = training.pop("lam", 0.0) if method == "dfa-penalty" else 0.0
-        training.pop("lam", None)
+        lam = training.pop(PENALTY_OPTION, None)
+        options = dict(self.options.get(method, {}))
+        if lam is not None and PENALTY_OPTION in method_class(method).option_defaults:
+            options.setdefault(PENALTY_OPTION, lam)
+        model = dict(self.model)
+        arch_options = model.pop("options", {})
         return RunConfig(method=method, dataset=self.dataset, seed=seed, epochs=self.epochs,
-                         lam=lam, options=dict(self.options.get(method, {})), **self.model, **training)
+                         options=options, arch_options=dict(arch_options), **model, **training)
+
+
+def presets() -> dict[str, dict[str, Any]]:
+    """The shipped audits (also as examples/quick.toml and examples/paper.toml)."""
+    from .methods import METHODS
+    every = list(METHODS)
+    return {
+        # MNIST-1D needs no download; 15 epochs rather than the paper's 100 keep the whole audit small.
+        "quick": {"dataset": "mnist1d", "methods": every, "seeds": [42, 123, 456], "epochs": 15,
+                  "out": "audits/quick", "training": {PENALTY_OPTION: 1e-2}},
+        # The paper's protocol: CIFAR-10, 100 epochs, from --data-dir.
+        "paper": {"dataset": "cifar10", "methods": every, "seeds": [42, 123, 456], "epochs": 100,
+                  "out": "audits/paper", "training": {PENALTY_OPTION: 1e-2}},
+    }
+
+
+PRESET_NAMES = ("quick", "paper")
+TOP_KEYS = ("preset", "dataset", "data_dir", "methods", "seeds", "epochs", "out", "device", "jobs",
+            "controls", "eval_batches", "executor", "address", "max_retries")
 
 
 def _check_keys(table: dict, allowed: tuple[str, ...], where: str) -> None:
@@ -208,58 +261,82 @@ def _merge(base: dict, override: dict) -> dict:
     return merged
 
 
+def _int(raw: dict, key: str, where: str, low: int, what: str) -> int:
+    value = raw.get(key, default(AuditConfig, key))
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise CreditAuditError(f"{key} in {where} must be {what}, got {value!r}")
+    return value
+
+
 def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config") -> AuditConfig:
     """Validate a (TOML-shaped) dict into an AuditConfig; every problem names the key and the fix."""
-    from .methods import METHODS
+    from .methods import resolve_method_name
     preset = raw.get("preset")
     if preset is not None:
-        if preset not in PRESETS:
-            raise CreditAuditError(f"unknown preset {preset!r} in {where}; choose one of: {', '.join(PRESETS)}")
-        raw = _merge(PRESETS[preset], raw)
-    _check_keys(raw, AUDIT_SECTIONS[""] + ("model", "training", "thresholds", "options"), where)
-    for section in ("model", "training", "thresholds", "options"):
+        if preset not in PRESET_NAMES:
+            raise CreditAuditError(f"unknown preset {preset!r} in {where}; choose one of: {', '.join(PRESET_NAMES)}")
+        raw = _merge(presets()[preset], raw)
+    _check_keys(raw, TOP_KEYS + ("model", "training", "thresholds", "options"), where)
+    for section, keys in (("model", MODEL_KEYS + ("options",)), ("training", TRAINING_KEYS),
+                          ("thresholds", THRESHOLD_KEYS), ("options", None)):
         table = raw.get(section, {})
         if not isinstance(table, dict):
             raise CreditAuditError(f"[{section}] in {where} must be a table, got {table!r}")
-        if section != "options":
-            _check_keys(table, AUDIT_SECTIONS[section], f"[{section}] of {where}")
+        if keys is not None:
+            _check_keys(table, keys, f"[{section}] of {where}")
+    methods = raw.get("methods", list(default(AuditConfig, "methods")))
+    if not isinstance(methods, list) or not methods or not all(isinstance(m, str) for m in methods):
+        raise CreditAuditError(f"methods in {where} must be a non-empty list of method names, "
+                               f"e.g. methods = [\"bp\"]; got {methods!r}")
+    methods = [resolve_method_name(m) for m in methods]
+    dupes = sorted({m for m in methods if methods.count(m) > 1})
+    if dupes:
+        raise CreditAuditError(f"methods in {where} lists {', '.join(dupes)} more than once; list each once")
     for method in raw.get("options", {}):
-        if method not in METHODS:
-            raise CreditAuditError(f"[options.{method}] in {where}: unknown method; choose one of: "
-                                   f"{', '.join(METHODS)}")
-    methods = raw.get("methods", ["bp"])
-    if isinstance(methods, str):
-        methods = [m for m in methods.replace(",", " ").split() if m]
-    if not isinstance(methods, list) or not methods:
-        raise CreditAuditError(f"methods in {where} must be a non-empty list, got {methods!r}")
-    for m in methods:
-        if m not in METHODS:
-            raise CreditAuditError(f"unknown method {m!r} in methods of {where}; choose from: {', '.join(METHODS)}")
-    seeds = raw.get("seeds", [42])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise CreditAuditError(f"seeds in {where} must be a non-empty list of integers, got {seeds!r}")
+        if not isinstance(raw["options"][method], dict):
+            raise CreditAuditError(f"[options.{method}] in {where} must be a table of that method's options")
+        resolve_method_name(method)
+    options = {resolve_method_name(k): dict(v) for k, v in raw.get("options", {}).items()}
+    seeds = raw.get("seeds", list(default(AuditConfig, "seeds")))
+    if not isinstance(seeds, list) or not seeds or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= INT64_MAX for s in seeds):
+        raise CreditAuditError(f"seeds in {where} must be a non-empty list of integers in 0 … 2^63−1, "
+                               f"got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise CreditAuditError(f"seeds in {where} lists a seed more than once; list each once")
     controls = raw.get("controls", list(CONTROLS))
     if not isinstance(controls, list) or any(c not in CONTROLS for c in controls):
         raise CreditAuditError(f"controls in {where} must be a list drawn from {list(CONTROLS)}, got {controls!r}")
     thresholds = raw.get("thresholds", {})
     for key, value in thresholds.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise CreditAuditError(f"threshold {key} in {where} must be a number ≥ 0, got {value!r}")
-    for key in ("epochs", "eval_batches"):
-        value = raw.get(key, 1)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise CreditAuditError(f"{key} in {where} must be a positive integer, got {value!r}")
-    jobs = raw.get("jobs", 0)
-    if not isinstance(jobs, int) or jobs < 0:
-        raise CreditAuditError(f"jobs in {where} must be an integer ≥ 0 (0 = automatic), got {jobs!r}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+                or value < 0:
+            raise CreditAuditError(f"threshold {key} in {where} must be a finite number ≥ 0, got {value!r}")
+    model = dict(raw.get("model", {}))
+    if "blocks" in model and (not isinstance(model["blocks"], int) or model["blocks"] < 1):
+        raise CreditAuditError(f"blocks in [model] of {where} must be ≥ 1 (the shallow control, no "
+                               f"blocks, is trained by the audit itself), got {model['blocks']!r}")
+    executor = raw.get("executor", default(AuditConfig, "executor"))
+    if executor not in EXECUTORS:
+        raise CreditAuditError(f"executor in {where} must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    address = raw.get("address")
+    if address is not None and not isinstance(address, str):
+        raise CreditAuditError(f"address in {where} must be a string (auto or HOST:PORT), got {address!r}")
+    for key in ("dataset", "out", "data_dir", "device"):
+        if key in raw and not isinstance(raw[key], str):
+            raise CreditAuditError(f"{key} in {where} must be a string, got {raw[key]!r}")
     config = AuditConfig(
-        dataset=raw.get("dataset", "mnist1d"), methods=tuple(dict.fromkeys(methods)),
-        seeds=tuple(dict.fromkeys(seeds)), epochs=raw.get("epochs", 20),
-        out=str(raw.get("out", "audits/quick")), data_dir=str(raw.get("data_dir", "data")),
-        device=str(raw.get("device", "auto")), jobs=jobs, controls=tuple(controls),
-        eval_batches=raw.get("eval_batches", 8), model=dict(raw.get("model", {})),
-        training=dict(raw.get("training", {})), thresholds=dict(thresholds),
-        options={k: dict(v) for k, v in raw.get("options", {}).items()}, preset=preset)
+        dataset=raw.get("dataset", default(AuditConfig, "dataset")), methods=tuple(methods),
+        seeds=tuple(seeds), epochs=_int(raw, "epochs", where, 1, "a positive integer"),
+        out=str(raw.get("out", default(AuditConfig, "out"))),
+        data_dir=str(raw.get("data_dir", default(AuditConfig, "data_dir"))),
+        device=str(raw.get("device", default(AuditConfig, "device"))),
+        jobs=_int(raw, "jobs", where, 0, "an integer ≥ 0 (0 = automatic)"), controls=tuple(controls),
+        eval_batches=_int(raw, "eval_batches", where, 1, "a positive integer"),
+        executor=executor, address=address,
+        max_retries=_int(raw, "max_retries", where, 0, "an integer ≥ 0"),
+        model=model, training=dict(raw.get("training", {})), thresholds=dict(thresholds),
+        options=options, preset=preset)
     config.run_configs()  # every run validated now: nothing trains on a bad config
     return config
 
@@ -276,5 +353,7 @@ def load_audit_toml(path: str | Path) -> dict[str, Any]:
             return tomllib.load(f)
     except FileNotFoundError:
         raise CreditAuditError(f"config file {path} not found") from None
+    except IsADirectoryError:
+        raise CreditAuditError(f"config file {path} is a folder; give a .toml file") from None
     except tomllib.TOMLDecodeError as err:
         raise CreditAuditError(f"{path} is not valid TOML: {err}") from None

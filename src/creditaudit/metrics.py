@@ -548,24 +548,19 @@ def identity_check(model_factory, seeds: Sequence[int], x: torch.Tensor) -> Iden
 
 @dataclass
 class DepthUtility:
-    """(d): does the trained network clear its frozen-blocks control by `margin`?"""
+    """(d)'s measurement: accuracy against the frozen-blocks control. Whether the gap is enough is
+    the verdict's call (`verdict.fires_d`); `margin` and `undercut` record that call."""
 
     acc: float
     frozen_acc: float
     margin: float
     gap: float                        # acc − frozen_acc
-    undercut: bool                    # True unless gap ≥ margin
+    undercut: bool | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
 
 def depth_utility(acc: float, frozen_acc: float, margin: float = 0.02) -> DepthUtility:
-    """UNDERCUT unless acc ≥ frozen_acc + margin (accuracies as fractions: 0.02 = 2 points).
-
-    A gap within 1e-9 of the margin counts as clearing it, so that 0.37 vs 0.35 is not lost to
-    float rounding. A non-finite accuracy counts as undercut.
-    """
-    gap = float(acc) - float(frozen_acc)
-    undercut = not (math.isfinite(gap) and gap >= margin - 1e-9)
-    return DepthUtility(float(acc), float(frozen_acc), margin, gap, undercut)
+    """acc − frozen_acc (accuracies as fractions: 0.02 = 2 points); `undercut` is left to the verdict."""
+    return DepthUtility(float(acc), float(frozen_acc), margin, float(acc) - float(frozen_acc))

@@ -28,88 +28,11 @@ import torch
 
 from . import metrics as M
 from .model import as_stream
-from .store import json_number as _num, json_safe
 from .seeding import derived_generator
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Flag thresholds (SPEC §6). Accuracies are fractions: depth_margin 0.02 = 2 points."""
-
-    growth: float = 50.0
-    floor: float = 1e-7
-    gain: float = 1e-2
-    drift: float = 0.30
-    depth_margin: float = 0.02
-
-
-FLAG_NAMES = {"a": "(a) EXPLODED", "b": "(b) AT FLOOR", "b_prime": "(b′) ATTENUATED",
-              "c": "(c) DRIFT", "d": "(d) UNDERCUT"}
-PROJECT_FLAGS = ("a", "b_prime", "d")
-PAPER_FLAGS = ("a", "b", "d")
-
-
-# ---------------------------------------------------------------------------------------------
-# JSON helpers
-# ---------------------------------------------------------------------------------------------
-
-def _fmt(value: float | None, spec: str = ".3g") -> str:
-    """format(value, spec); None → "—" and NaN → "nan", both padded to the spec's width."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        width = "".join(c for c in spec.split(".")[0] if c.isdigit())
-        return format("—" if value is None else "nan", f">{width}" if width else "")
-    return format(value, spec)
-
-
-# ---------------------------------------------------------------------------------------------
-# The flags, from the statistics (shared by diagnose, the monitor history and the sensitivity table)
-# ---------------------------------------------------------------------------------------------
-
-# The fires_* functions accept floats or their JSON-safe forms (None = NaN, "inf"), so they work
-# on an in-memory monitor history and on one read back from metrics JSON alike.
-
-def fires_a(max_growth: float | str | None, t: Thresholds) -> bool:
-    """(a) fires above the threshold, and for a non-finite statistic (non-finite stream)."""
-    max_growth = _num(max_growth)
-    return not math.isfinite(max_growth) or max_growth > t.growth
-
-
-def fires_b(g_last: float | str | None, t: Thresholds) -> bool:
-    """(b) fires below the floor, and for a NaN/inf reference gradient."""
-    g_last = _num(g_last)
-    return not math.isfinite(g_last) or g_last < t.floor
-
-
-def fires_b_prime(gain: float | str | None, t: Thresholds) -> bool:
-    """(b′) fires below the gain threshold, and for a NaN/inf gain."""
-    gain = _num(gain)
-    return not math.isfinite(gain) or gain < t.gain
-
-
-def fires_c(stability_mid: float | str | None, t: Thresholds) -> bool | None:
-    """(c) fires above the drift threshold; None when s could not be measured."""
-    stability_mid = _num(stability_mid)
-    return None if math.isnan(stability_mid) else stability_mid > t.drift
-
-
-def first_fire_epochs(history: Sequence[dict], thresholds: Thresholds = Thresholds()
-                      ) -> dict[str, int | None]:
-    """The first epoch at which (a), (b) and (b′) fired in a training-time monitor history.
-
-    history: one dict per epoch with keys epoch, h_norms, g_norms, max_growth, gain (test_acc is
-    ignored here). Values may be JSON-safe (None / "inf"). max_growth is recomputed from h_norms
-    when absent. Returns {"a": epoch | None, "b": …, "b_prime": …}; None = never fired.
-    """
-    first: dict[str, int | None] = {"a": None, "b": None, "b_prime": None}
-    for row in history:
-        growth = (row["max_growth"] if "max_growth" in row
-                  else M.max_block_growth([_num(v) for v in row["h_norms"]]))
-        fired = {"a": fires_a(growth, thresholds), "b": fires_b(row["g_norms"][-1], thresholds),
-                 "b_prime": fires_b_prime(row["gain"], thresholds)}
-        for key, on in fired.items():
-            if on and first[key] is None:
-                first[key] = int(row["epoch"])
-    return first
+from .store import json_safe
+from .verdict import (FLAG_NAMES, PAPER_FLAGS, PROJECT_FLAGS, Thresholds, _fmt, disagreement,
+                      fires_a, fires_b, fires_b_prime, fires_c, fires_d, first_fire_epochs, reasons,
+                      verdict_string)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,70 +194,6 @@ def _pooled_bp(bps: list[M.BPGradients]) -> M.BPGradients:
                          cat([b.logit_grad for b in bps]), cat([b.logits for b in bps]), loss)
 
 
-def _verdict(flags: dict[str, bool | None], keys: Sequence[str], nonfinite: bool) -> str:
-    fired = []
-    for k in keys:
-        if flags.get(k):
-            name = FLAG_NAMES[k]
-            fired.append(f"{name} (non-finite residual stream)" if nonfinite and k == "a" else name)
-    return "walk back: " + ", ".join(fired) if fired else "trustworthy"
-
-
-def _reasons(r: Report) -> list[str]:
-    t, f, out = r.thresholds, r.flags, []
-    if f["a"]:
-        if r.diverged:
-            out.append(f"(a) EXPLODED: training diverged ({r.diverged}); the figures here come "
-                       "from its last finite checkpoint, and no number of this run can be "
-                       "reported as the method's result.")
-        elif r.nonfinite:
-            out.append("(a) EXPLODED: the residual stream (or its readout) is non-finite (inf/NaN) "
-                       "on the eval batches, so every number measured on it — accuracy, Γ, ρ — "
-                       "is invalid.")
-        else:
-            out.append(f"(a) EXPLODED: one block multiplies ‖h‖ by {r.max_growth:.3g} "
-                       f"(> {t.growth:g}; ‖h_L‖ = {r.residual_norms[-1]:.3g}), so the headline "
-                       "accuracy is read through a terminal LayerNorm hiding an unstable stream "
-                       "and does not show that the blocks learned a usable representation.")
-    if r.nonfinite:
-        out += [f"{FLAG_NAMES[k]}: the BP reference gradient is non-finite, so Γ has no reference "
-                "to be compared with." for k in ("b", "b_prime") if f[k]]
-    elif f["b"]:
-        out.append(f"(b) AT FLOOR: ‖g_L‖ = {r.bp_grad_norms[-1]:.3g} < {t.floor:g}, so the "
-                   "reported Γ is a cosine against a floor-level reference and means nothing.")
-    if f["b_prime"] and not r.nonfinite:
-        out.append(f"(b′) ATTENUATED: the readout passes only {r.readout_gain:.3g} of the output "
-                   f"error back into the residual stream (< {t.gain:g}), so the reported Γ is a "
-                   "cosine against a reference that no longer carries the loss's signal.")
-    if f["c"]:
-        out.append(f"(c) DRIFT: s at layer {r.mid_layer} is {r.stability_mid:.3f} (> {t.drift:g}): "
-                   "one sample-invariant direction dominates the true gradient, so a high Γ there "
-                   "can come from matching that drift rather than per-sample credit "
-                   "(descriptive; it does not change the verdict).")
-    if f["d"] and r.depth is not None:
-        out.append(f"(d) UNDERCUT: accuracy {r.depth.acc:.4f} does not clear the frozen-blocks "
-                   f"control {r.depth.frozen_acc:.4f} by {100 * t.depth_margin:g} points, so the "
-                   "headline accuracy does not show that the trained blocks add anything.")
-    return out
-
-
-def _disagreement(r: Report) -> list[str]:
-    """The sentence SPEC §6 asks for when (b) and (b′) disagree."""
-    if r.nonfinite or r.flags["b"] == r.flags["b_prime"]:
-        return []
-    t = r.thresholds
-    if r.flags["b"]:
-        return [f"(b) fired but the readout gain is healthy ({r.readout_gain:.3g} ≥ {t.gain:g}): "
-                f"‖g_L‖ = {r.bp_grad_norms[-1]:.3g} is small because the error at the logits is "
-                f"small (median ‖∂CE/∂logits‖ = {r.logit_grad_norm:.3g}, eval loss "
-                f"{r.eval_loss:.3g}: the model fits its eval batches), not because the readout "
-                "attenuates it. The project verdict follows (b′)."]
-    return [f"(b′) fired but (b) did not: ‖g_L‖ = {r.bp_grad_norms[-1]:.3g} stays above "
-            f"{t.floor:g} only because the error at the logits is large (eval loss "
-            f"{r.eval_loss:.3g}), while the readout attenuates it to {r.readout_gain:.3g} of its "
-            "size — the absolute floor confounds the two. The project verdict follows (b′)."]
-
-
 def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
              method=None, frozen_acc: float | None = None, test_acc: float | None = None,
              thresholds: Thresholds = Thresholds(), monitor_history: Sequence[dict] | None = None,
@@ -394,16 +253,20 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     if frozen_acc is not None:
         depth = M.depth_utility(eval_acc if test_acc is None else test_acc, frozen_acc,
                                 t.depth_margin)
+    if depth is not None:
+        depth.undercut = fires_d(depth.gap, t)
+        if depth.undercut is None:      # a non-finite accuracy: the network certainly does not clear it
+            depth.undercut = True
     flags = {"a": bool(diverged) or fires_a(growth, t), "b": fires_b(g_norms[-1], t),
              "b_prime": fires_b_prime(gain, t), "c": fires_c(stability[mid], t),
              "d": None if depth is None else depth.undercut}
 
     report = Report(label, len(batches), len(pooled.logits), t, h_norms, g_norms, gain, growth,
                     pooled.loss, eval_acc, M.median(M.per_sample_norm(pooled.logit_grad)),
-                    nonfinite, stability, mid, flags, _verdict(flags, PROJECT_FLAGS, nonfinite),
-                    _verdict(flags, PAPER_FLAGS, nonfinite), [], depth=depth, diverged=diverged)
-    report.reasons = _reasons(report)
-    report.notes = _disagreement(report)
+                    nonfinite, stability, mid, flags, verdict_string(flags, PROJECT_FLAGS, nonfinite),
+                    verdict_string(flags, PAPER_FLAGS, nonfinite), [], depth=depth, diverged=diverged)
+    report.reasons = reasons(report)
+    report.notes = disagreement(report)
     if depth is None:
         report.notes.append("(d) not evaluated: no frozen-blocks control accuracy was given "
                             "(creditaudit diagnose --frozen-control RUN_DIR), so the verdict does "
@@ -437,63 +300,3 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     return report
 
 
-# ---------------------------------------------------------------------------------------------
-# Threshold sensitivity
-# ---------------------------------------------------------------------------------------------
-
-# threshold name → (statistic read from a report dict, direction in which the flag fires)
-_SENSITIVITY = {
-    "growth": (lambda d: d["max_growth"], ">"),
-    "floor": (lambda d: d["bp_grad_norms"][-1], "<"),
-    "gain": (lambda d: d["readout_gain"], "<"),
-    "drift": (lambda d: d["stability_mid"], ">"),
-    "depth_margin": (lambda d: (d.get("depth") or {}).get("gap"), "<"),
-}
-
-
-def threshold_sensitivity(reports: Sequence[Report | dict], thresholds: Thresholds | None = None
-                          ) -> tuple[dict, str]:
-    """For each threshold, the interval over which every run's flag stays as it is now.
-
-    A flag that fires when stat > T (growth, drift) keeps every run's verdict for any T' in
-    [max stat of the runs it spares, min stat of the runs it fires on); one that fires when
-    stat < T (floor, gain, depth_margin on acc − frozen) for any T' in (max fired, min spared].
-    An open end is ±inf ("inf"/"-inf" in JSON). Runs whose statistic is NaN (non-finite stream,
-    or nothing measured) fire or stay unmeasured whatever the threshold; they are counted apart
-    and do not narrow the interval. `thresholds` defaults to those stored in the first report.
-    Returns (JSON-ready dict, fixed-width table).
-    """
-    dicts = [r.to_dict() if isinstance(r, Report) else r for r in reports]
-    if thresholds is None:
-        thresholds = Thresholds(**dicts[0]["thresholds"]) if dicts else Thresholds()
-    out: dict[str, dict] = {}
-    for name, (stat_of, direction) in _SENSITIVITY.items():
-        current = getattr(thresholds, name)
-        stats = [_num(stat_of(d)) for d in dicts]
-        labels = [d.get("label", "") or f"run {i}" for i, d in enumerate(dicts)]
-        measured = [(s, lab) for s, lab in zip(stats, labels) if not math.isnan(s)]
-        if direction == ">":
-            fired = [s for s, _ in measured if s > current]
-            spared = [s for s, _ in measured if s <= current]
-            lo, hi = max(spared, default=-math.inf), min(fired, default=math.inf)
-            shape = "[lo, hi)"
-        else:
-            fired = [s for s, _ in measured if s < current]
-            spared = [s for s, _ in measured if s >= current]
-            lo, hi = max(fired, default=-math.inf), min(spared, default=math.inf)
-            shape = "(lo, hi]"
-        out[name] = {"current": current, "fires_when": f"stat {direction} threshold",
-                     "interval": [lo, hi], "interval_shape": shape,
-                     "n_fired": len(fired), "n_spared": len(spared),
-                     "n_unmeasured": len(stats) - len(measured),
-                     "per_run": {lab: s for s, lab in zip(stats, labels)}}
-    result = json_safe(out)
-    head = f"{'threshold':<13} {'current':>9}  {'fires if':>8}  {'same verdicts for':<28} fired/spared/n.m."
-    lines = [head, "-" * len(head)]
-    for name, row in out.items():
-        lo, hi = row["interval"]
-        left, right = row["interval_shape"][0], row["interval_shape"][-1]
-        interval = f"{left}{_fmt(lo, '.3g')}, {_fmt(hi, '.3g')}{right}"
-        lines.append(f"{name:<13} {row['current']:>9.3g}  {row['fires_when'].split()[1] + ' T':>8}"
-                     f"  {interval:<28} {row['n_fired']}/{row['n_spared']}/{row['n_unmeasured']}")
-    return result, "\n".join(lines)

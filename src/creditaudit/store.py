@@ -9,6 +9,15 @@
 A checkpoint is written tensors first, then the JSON that names them (with their sha256), so a
 kill at any moment leaves the previous complete checkpoint readable. Loading reads JSON and
 safetensors only: nothing is ever unpickled.
+
+Integrity: every record a verdict depends on is sealed with a sha256 over its canonical JSON —
+checkpoint.json (the run's config, history, method state skeleton, RNG states, and the sha256 of
+its tensors file, so feedback matrices and weights are covered too), status.json (which also names
+the checkpoint's seal), diagnosis.json and audit.json. Loading recomputes each seal and refuses a
+record that does not match, naming the file. This catches accidents and casual edits (a changed
+accuracy, epoch or status, a truncated file, a config.json that no longer matches its checkpoint).
+It is not a signature: someone who edits a record and recomputes its sha256 on purpose is not
+stopped — sign the audit folder (e.g. with gpg) where that matters.
 """
 from __future__ import annotations
 
@@ -27,7 +36,8 @@ from safetensors.torch import load_file, save_file
 from .errors import CreditAuditError
 
 FORMAT = "creditaudit-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SEAL = "sha256"
 
 
 # -- atomic files -----------------------------------------------------------------------------
@@ -63,6 +73,39 @@ def read_json(path: Path, what: str) -> Any:
         raise CreditAuditError(f"{path} not found: is this a {what}?") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CreditAuditError(f"{path} is not valid JSON ({err}); the {what} is corrupt") from None
+
+
+# -- sealed records -----------------------------------------------------------------------------
+def digest(obj: Any) -> str:
+    """sha256 of the canonical JSON of `obj` (sorted keys, no whitespace, strict JSON)."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def seal(obj: dict) -> dict:
+    """`obj` plus its seal (a sha256 over everything else in it)."""
+    body = {k: v for k, v in obj.items() if k != SEAL}
+    return {**body, SEAL: digest(body)}
+
+
+def unseal(obj: Any, path: Path, what: str) -> dict:
+    """`obj` without its seal, after checking it; any mismatch is refused with one clear line."""
+    if not isinstance(obj, dict) or SEAL not in obj:
+        raise CreditAuditError(f"{path} carries no integrity seal; it was not written by this "
+                               f"creditaudit or was edited by hand — re-create the {what}")
+    body = {k: v for k, v in obj.items() if k != SEAL}
+    if digest(body) != obj[SEAL]:
+        raise CreditAuditError(f"{path} was modified after it was written (integrity check failed); "
+                               f"the {what} cannot be trusted — restore it or re-create it")
+    return body
+
+
+def write_sealed_json(path: Path, obj: dict) -> None:
+    atomic_write_json(path, seal(obj))
+
+
+def read_sealed_json(path: Path, what: str) -> dict:
+    return unseal(read_json(path, what), Path(path), what)
 
 
 # -- nested state <-> (tensors, JSON skeleton) --------------------------------------------------
@@ -112,8 +155,10 @@ def _sha256(path: Path) -> str:
 
 
 # -- checkpoints ------------------------------------------------------------------------------
-def save_checkpoint(run_dir: Path, epoch: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
-    """Save nested `state` (tensors + plain values) for `epoch`; `meta` is extra JSON (status…)."""
+def save_checkpoint(run_dir: Path, epoch: int, state: dict[str, Any], meta: dict[str, Any],
+                    config: dict[str, Any]) -> None:
+    """Save nested `state` (tensors + plain values) for `epoch`; `meta` is extra JSON (data shape,
+    label); `config` is the run's config, sealed into the checkpoint with everything else."""
     run_dir = Path(run_dir)
     tensors: dict[str, torch.Tensor] = {}
     skeleton = flatten_state(state, tensors)
@@ -131,9 +176,10 @@ def save_checkpoint(run_dir: Path, epoch: int, state: dict[str, Any], meta: dict
         raise
     _fsync_dir(run_dir)
     previous = _checkpoint_meta(run_dir)
-    atomic_write_json(run_dir / "checkpoint.json", {
+    write_sealed_json(run_dir / "checkpoint.json", {
         "format": FORMAT, "version": FORMAT_VERSION, "epoch": epoch, "tensors": name,
-        "sha256": _sha256(run_dir / name), **meta, "skeleton": skeleton})
+        "tensors_sha256": _sha256(run_dir / name), **meta, "config": config,
+        "skeleton": json_safe(skeleton)})
     _fsync_dir(run_dir)  # the new JSON is on disk before the tensors it replaces go
     if previous and previous.get("tensors") not in (None, name):
         (run_dir / previous["tensors"]).unlink(missing_ok=True)
@@ -161,6 +207,12 @@ def _checkpoint_meta(run_dir: Path) -> dict | None:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
+
+
+def checkpoint_digest(run_dir: Path) -> str | None:
+    """The seal of the run's current checkpoint.json (binds status.json to that checkpoint)."""
+    meta = _checkpoint_meta(run_dir)
+    return None if meta is None else meta.get(SEAL)
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -191,10 +243,15 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Any], Any]:
         raise CreditAuditError(
             f"{path} has checkpoint format version {meta.get('version')}, this creditaudit reads "
             f"version {FORMAT_VERSION}; re-train the run with this version")
+    meta = unseal(meta, path, "run's checkpoint")
+    config_path = path.parent / "config.json"
+    if config_path.exists() and read_json(config_path, "creditaudit run folder") != meta.get("config"):
+        raise CreditAuditError(f"{config_path} does not match the config sealed in its checkpoint "
+                               "(it was edited); restore it or re-train the run")
     tensors_path = path.parent / str(meta.get("tensors"))
     if not tensors_path.exists():
         raise CreditAuditError(f"checkpoint tensors {tensors_path} are missing; re-train the run")
-    if _sha256(tensors_path) != meta.get("sha256"):
+    if _sha256(tensors_path) != meta.get("tensors_sha256"):
         raise CreditAuditError(
             f"checkpoint tensors {tensors_path} are truncated or corrupt (sha256 mismatch); "
             "delete the run folder and train it again")

@@ -2,6 +2,7 @@
 in `_BUILT_IN` below; every list of methods elsewhere (presets, --help, validation) comes from here."""
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from ..errors import CreditAuditError
@@ -19,9 +20,36 @@ REFERENCE_METHOD = BP.name        # the method every other is compared with (Γ 
 
 
 def method_class(name: str) -> type[Method]:
-    if name not in METHODS:
-        raise CreditAuditError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)}")
-    return METHODS[name]
+    """The class of a built-in method, or of a user's method given as PKG.MODULE:CLASS (imported
+    from the user's own package, which must be importable, e.g. on PYTHONPATH)."""
+    if name in METHODS:
+        return METHODS[name]
+    if isinstance(name, str) and ":" in name:
+        return _user_method(name)
+    raise CreditAuditError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)}, "
+                           "or give your own as PKG.MODULE:CLASS")
+
+
+def resolve_method_name(name: str) -> str:
+    """`name` checked: a built-in name, or PKG.MODULE:CLASS naming a Method subclass."""
+    method_class(name)
+    return name
+
+
+def _user_method(spec: str) -> type[Method]:
+    module_name, _, class_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 — any import failure of user code is the user's to fix
+        raise CreditAuditError(f"cannot import {module_name!r} for method {spec!r} "
+                               f"({type(err).__name__}: {err}); put its package on PYTHONPATH") from None
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise CreditAuditError(f"{spec!r} is not a creditaudit Method subclass; subclass "
+                               "creditaudit.methods.Method (docs/ADD_A_METHOD.md)")
+    if not cls.name:
+        raise CreditAuditError(f"{spec!r}: set a class attribute name = \"...\" on the method")
+    return cls
 
 
 def methods_with_option(option: str) -> list[str]:
@@ -35,4 +63,5 @@ def sweep_defaults() -> dict[str, tuple[str, tuple[Any, ...]]]:
 
 
 __all__ = ["METHODS", "REFERENCE_METHOD", "LocalMethod", "Method", "MethodSettings", "method_class",
-           "methods_with_option", "output_error", "rms_normalise", "sweep_defaults"]
+           "methods_with_option", "output_error", "resolve_method_name", "rms_normalise",
+           "sweep_defaults"]

@@ -148,8 +148,9 @@ class Method(ABC):
         raise NotImplementedError(f"{self.name} has no random feedback to redraw")
 
     def end_epoch(self) -> None:
-        for sched in self.schedulers:
-            sched.step()
+        for opt, sched in zip(self.optimizers, self.schedulers):
+            if opt.state:       # an optimizer that never stepped (e.g. an aux net with nothing to fit)
+                sched.step()    # keeps its schedule where it is, instead of warning each epoch
 
     def epoch_log(self) -> dict[str, float]:
         """Method-specific numbers for this epoch's line of the metrics log (e.g. EP's relaxation

@@ -1,0 +1,45 @@
+"""`creditaudit check`: the verdicts of an audit or a run as an exit code, for a paper's CI.
+
+    0  every method trustworthy        1  some method walks back
+    3  none walks back, some incomplete (a flag not evaluated, a run unfinished, no control)
+    2  a user error (the CLI's)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import store
+from .errors import CreditAuditError
+
+TRUSTWORTHY, WALK_BACK, INCOMPLETE = 0, 1, 3
+
+
+def exit_code(verdicts: list[str]) -> int:
+    if any(v.startswith("walk back") for v in verdicts):
+        return WALK_BACK
+    if not verdicts or any(not v.startswith("trustworthy") for v in verdicts):
+        return INCOMPLETE
+    return TRUSTWORTHY
+
+
+def check_path(path: Path) -> tuple[list[str], int, dict]:
+    """(one line per method or run, exit code, JSON payload) for an audit folder or a run folder."""
+    path = Path(path)
+    if (path / "audit.json").exists():
+        audit = store.read_sealed_json(path / "audit.json", "creditaudit audit (audit.json)")
+        rows = [(str(m["method"]) + (f" (λ={m['lam']:g})" if m.get("lam") else ""), m["verdict"])
+                for m in audit.get("methods") or []]
+    elif (path / "diagnosis.json").exists():
+        report = store.read_sealed_json(path / "diagnosis.json", "run's diagnosis")
+        rows = [(str(report.get("label") or path.name), report["verdict"])]
+    elif (path / "config.json").exists():
+        raise CreditAuditError(f"{path} has no diagnosis yet; run `creditaudit diagnose {path} "
+                               "--frozen-control CONTROL_DIR --json`, or audit it")
+    else:
+        raise CreditAuditError(f"{path} is neither an audit folder (audit.json) nor a run folder; "
+                               "point at the folder `creditaudit audit --out` wrote")
+    code = exit_code([v for _, v in rows])
+    width = max(len(name) for name, _ in rows) if rows else 0
+    lines = [f"{name:<{width}}  {verdict}" for name, verdict in rows]
+    return lines, code, {"path": str(path), "exit_code": code,
+                         "verdicts": [{"name": n, "verdict": v} for n, v in rows]}

@@ -1,0 +1,151 @@
+"""The audit: every method × seed with its frozen and shallow controls → one diagnosed table,
+written to <out>/audit.json (the report is drawn from that file alone)."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+from .. import __version__, store
+from ..config import AuditConfig, RunConfig
+from ..store import json_number as _num
+from ..verdict import SeedEvidence, Thresholds, method_verdict, threshold_sensitivity
+from .common import Execution, Outcome, deep_mean, mean_std, median_of, run_all
+
+STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
+
+
+def execution_of(config: AuditConfig) -> Execution:
+    return Execution(data_dir=config.data_dir, device=config.device, jobs=config.jobs,
+                     executor=config.executor, address=config.address, max_retries=config.max_retries)
+
+
+def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thresholds) -> dict:
+    """Seed-aggregated row of the audit table for one method (its main runs and controls)."""
+    mine = [o for o in outcomes if o.config.method == method]
+    main = [o for o in mine if o.config.control == "none"]
+    frozen = [o for o in mine if o.config.control == "frozen"]
+    shallow = [o for o in mine if o.config.control == "shallow"]
+    diagnosed = [o for o in main if o.report]
+    frozen_by_seed = {o.config.seed: o.test_acc for o in frozen if o.test_acc is not None}
+    evidence = [SeedEvidence(o.config.label, o.status, o.report, o.test_acc,
+                             frozen_by_seed.get(o.config.seed)) for o in main]
+    judged = method_verdict(evidence, thresholds)
+    paired = [o for o in main if o.test_acc is not None and o.config.seed in frozen_by_seed]
+    acc, acc_sd = mean_std([o.test_acc for o in main if o.test_acc is not None])
+    facc, facc_sd = mean_std([frozen_by_seed[o.config.seed] for o in paired] or list(frozen_by_seed.values()))
+    sacc, sacc_sd = mean_std([o.test_acc for o in shallow if o.test_acc is not None])
+    rep = lambda key: [_num(o.report[key]) for o in diagnosed]
+    gammas = [o.report["gamma"] for o in diagnosed if o.report.get("gamma")]
+    nulls = [o.report["null"] for o in diagnosed if o.report.get("null")]
+    rhos = [o.report["rho"] for o in diagnosed if o.report.get("rho")]
+    deep_rho = lambda key: mean_std([statistics.fmean(_num(r[key]) for r in rs) for rs in rhos
+                                     if all(r.get(key) is not None for r in rs)])
+    failed = [o for o in main if o.status not in ("finished", "diverged", "stopped") or not o.report]
+    mean_gamma = mean_std([statistics.fmean(_num(g) for g in gs) for gs in gammas
+                           if all(g is not None for g in gs)])[0]
+    first_fire = {k: [(o.report.get("first_fire") or {}).get(k) for o in diagnosed]
+                  for k in ("a", "b", "b_prime")}
+    return {
+        "method": method, "lam": main[0].config.lam if main else 0.0,
+        "n_seeds": len(main), "n_diagnosed": len(diagnosed),
+        "statuses": {o.config.seed: o.status for o in main},
+        "failed": [{"label": o.config.label, "status": o.status, "message": o.message} for o in failed],
+        "acc": acc, "acc_std": acc_sd, "frozen_acc": facc, "frozen_acc_std": facc_sd,
+        "shallow_acc": sacc, "shallow_acc_std": sacc_sd, "depth_gap": judged["depth_gap"],
+        "n_paired_with_frozen": judged["n_paired_with_frozen"],
+        "h_L": median_of([_num(o.report["residual_norms"][-1]) for o in diagnosed]),
+        "g_L": median_of([_num(o.report["bp_grad_norms"][-1]) for o in diagnosed]),
+        "gain": median_of(rep("readout_gain")), "max_growth": median_of(rep("max_growth")),
+        "stability_mid": mean_std(rep("stability_mid"))[0],
+        "gamma_layers": [mean_std([_num(g[l]) for g in gammas])[0] for l in range(len(gammas[0]))] if gammas else None,
+        "gamma_deep": mean_std([deep_mean(g) for g in gammas])[0],
+        "gamma_mean_all": mean_gamma,
+        "gamma_interpretable": all(o.report.get("gamma_interpretable") for o in diagnosed) if gammas else None,
+        "null_deep_mean": mean_std([deep_mean(n["mean"]) for n in nulls])[0],
+        "null_deep_std": mean_std([deep_mean(n["std"]) for n in nulls])[0],
+        "null_layers": ([mean_std([_num(n["mean"][l]) for n in nulls])[0] for l in range(len(nulls[0]["mean"]))],
+                        [mean_std([_num(n["std"][l]) for n in nulls])[0] for l in range(len(nulls[0]["std"]))])
+        if nulls else None,
+        "rho_deep": deep_rho("method")[0], "rho_deep_std": deep_rho("method")[1],
+        "rho_bp": deep_rho("bp")[0], "rho_random": deep_rho("random")[0],
+        "rho_layers": {key: [mean_std([_num(rs[i][key]) for rs in rhos])[0] for i in range(len(rhos[0]))]
+                       for key in ("method", "bp", "random")} if rhos else None,
+        "first_fire": first_fire,
+        "flag_counts": judged["flag_counts"], "flags": judged["flags"],
+        "verdict": judged["verdict"], "paper_verdict": judged["paper_verdict"],
+        "reasons": judged["reasons"],
+    }
+
+
+def reporting_strategies(row: dict) -> dict[str, str]:
+    """What each reporting strategy concludes for one method (docs/PROTOCOL.md, reference figures).
+
+    accuracy only:  the reported accuracy stands — nothing is checked against it.
+    accuracy + Γ:   the usual reading: accept when the credit's Γ, averaged over the residual
+                    positions, is positive (it "aligns with backprop"); walk back otherwise.
+    full protocol:  the project verdict.
+    """
+    g = row.get("gamma_mean_all")
+    if row["verdict"].startswith("incomplete"):
+        return {s: "n/a (incomplete)" for s in STRATEGIES}
+    return {"accuracy only": "accept",
+            "accuracy + Γ": "n/a (no credit)" if g is None else ("accept" if g > 0 else "walk back"),
+            "full protocol": "accept" if row["verdict"] == "trustworthy" else "walk back"}
+
+
+def frozen_control_of(config: RunConfig) -> RunConfig | None:
+    """The frozen-blocks control of the same method and seed (None for a control itself)."""
+    if config.control != "none" or config.blocks == 0:
+        return None
+    return config.replace(trainable_blocks=0)
+
+
+def audit(config: AuditConfig, progress: bool = True) -> dict:
+    """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back."""
+    out = Path(config.out)
+    thresholds = Thresholds(**config.thresholds)
+    runs = config.run_configs()
+    t0 = time.perf_counter()
+    outcomes = run_all(runs, out, execution=execution_of(config), thresholds=thresholds,
+                       n_eval=config.eval_batches, frozen_of=frozen_control_of, progress=progress)
+    rows = [summarize_method(m, outcomes, thresholds) for m in config.methods]
+    for row in rows:
+        row["strategies"] = reporting_strategies(row)
+    reports = [o.report for o in outcomes if o.report and o.config.control == "none"]
+    sensitivity = threshold_sensitivity(reports, thresholds)[0] if reports else None
+    result = {
+        "creditaudit_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "header": header(config, runs[0]),
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
+        "thresholds": asdict(thresholds),
+        "wall_time": time.perf_counter() - t0,
+        "runs_trained_now": sum(o.trained for o in outcomes),
+        "strategies": list(STRATEGIES),
+        "methods": rows,
+        "strategy_totals": {s: sum(r["strategies"][s] == "walk back" for r in rows) for s in STRATEGIES},
+        "sensitivity": sensitivity,
+        "runs": [o.to_dict() for o in outcomes],
+    }
+    store.write_sealed_json(out / "audit.json", store.json_safe(result))
+    return read_audit(out)
+
+
+def read_audit(out: Path) -> dict:
+    """audit.json of an audit folder, integrity-checked."""
+    path = Path(out) / "audit.json"
+    if Path(out).is_file():
+        path = Path(out)
+    return store.read_sealed_json(path, "creditaudit audit (audit.json)")
+
+
+def header(config: AuditConfig, base: RunConfig) -> str:
+    """One line saying what was audited; names the preset only when one was used."""
+    preset = f"preset {config.preset}: " if config.preset else ""
+    seeds = ", ".join(map(str, config.seeds))
+    return (f"{preset}{config.dataset}, {base.arch} d={base.width} L={base.blocks}, "
+            f"{config.epochs} epochs; seed{'s' if len(config.seeds) > 1 else ''} {seeds}; "
+            f"controls: {', '.join(config.controls) or 'none'}; {config.eval_batches} eval batches")

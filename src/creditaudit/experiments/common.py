@@ -1,0 +1,272 @@
+"""What every experiment shares: eval batches, one run trained or diagnosed in a worker, and
+`run_all` (train every config through an executor, reusing finished runs, then diagnose them).
+
+Runs are keyed by their resolved config (RunConfig.run_key) and live in `<out>/runs/`, so a second
+call reuses finished runs and resumes interrupted ones. A run that raises is recorded as failed
+(traceback in its folder) and the rest go on.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import store
+from ..config import RunConfig
+from ..data import ArrayDataset, load_dataset
+from ..errors import CreditAuditError
+from ..protocol import diagnose
+from ..runner import make_executor
+from ..runs import DONE, Run, load_run, read_status, resolve_device, run_dir_for
+from ..store import json_number as _num
+from ..train import train_run
+from ..verdict import Thresholds, stop_rule
+
+
+def eval_batches(data: ArrayDataset, k: int, size: int = 128) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """K disjoint, fixed test batches for the diagnostics.
+
+    Batches hold 128 samples when the test set has K × 128; a smaller test set (MNIST-1D has 1000)
+    is split into K equal batches of ⌊n_test / K⌋ instead, so that the K ≥ 8 batches of the
+    stability measure stay disjoint.
+    """
+    check_eval_batches(len(data.y_test), k)
+    size = min(size, len(data.y_test) // k)
+    return [data.eval_batch(i, size) for i in range(k)]
+
+
+def check_eval_batches(n_test: int, k: int) -> None:
+    if k < 1 or n_test // k < 1:
+        raise CreditAuditError(f"the test set ({n_test} samples) is too small for {k} eval batches; "
+                               f"use --eval-batches {max(1, min(8, n_test))} or fewer")
+
+
+# -- one run, in a worker ---------------------------------------------------------------------
+_DATA_CACHE: dict[tuple, ArrayDataset] = {}
+
+
+def dataset(name: str, data_dir: str, device: str) -> ArrayDataset:
+    key = (name, str(data_dir), str(device))
+    if key not in _DATA_CACHE:
+        _DATA_CACHE[key] = load_dataset(name, data_dir, device)
+    return _DATA_CACHE[key]
+
+
+@dataclass
+class Job:
+    """What a worker needs: the run, where it lives, and how to judge the monitor."""
+
+    config: dict
+    run_dir: str
+    data_dir: str
+    device: str
+    threads: int
+    thresholds: dict = field(default_factory=dict)
+
+
+def train_job(job: Job) -> dict[str, Any]:
+    """Train (or reuse) one run; never raises — a failure comes back as a record."""
+    torch.set_num_threads(job.threads)
+    config = RunConfig.from_dict(job.config)
+    run_dir = Path(job.run_dir)
+    t0 = time.perf_counter()
+    try:
+        was_done = read_status(run_dir).get("status") in DONE
+        data = dataset(config.dataset, job.data_dir, job.device)
+        run = train_run(config, run_dir, data=data, device=job.device, progress=False,
+                        stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**job.thresholds)))
+        (run_dir / "error.txt").unlink(missing_ok=True)
+        return {"status": run.status["status"], "message": run.status["message"],
+                "trained": not was_done, "seconds": time.perf_counter() - t0}
+    except Exception as err:  # noqa: BLE001 — one failed run must not stop the others
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            store.atomic_write_text(run_dir / "error.txt", traceback.format_exc())
+            where = f" (traceback in {run_dir / 'error.txt'})"
+        except OSError:
+            where = ""
+        message = str(err) if isinstance(err, CreditAuditError) else f"{type(err).__name__}: {err}"
+        return {"status": "failed", "message": message + where, "trained": True,
+                "seconds": time.perf_counter() - t0}
+
+
+@dataclass
+class DiagnoseJob(Job):
+    frozen_acc: float | None = None
+    n_eval: int = 8
+    rho: bool = True
+
+
+def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
+    """Diagnose one trained run from its checkpoint; the report dict is also saved beside it."""
+    torch.set_num_threads(job.threads)
+    try:
+        run = load_run(job.run_dir, job.device)
+        data = dataset(run.config.dataset, job.data_dir, job.device)
+        report = diagnose_run(run, eval_batches(data, job.n_eval), frozen_acc=job.frozen_acc,
+                              thresholds=Thresholds(**job.thresholds), rho=job.rho).to_dict()
+        store.write_sealed_json(Path(job.run_dir) / "diagnosis.json", report)
+        return report
+    except Exception as err:  # noqa: BLE001
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
+def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: float | None = None,
+                 thresholds: Thresholds = Thresholds(), rho: bool = False, null_k: int = 20):
+    """`protocol.diagnose` of a run read from its folder: its method, history and status, and the
+    accuracy of its frozen control (`control`, already checked to match; or `frozen_acc`)."""
+    if control is not None:
+        frozen_acc = control.test_acc if control.finished else None
+    diverged = run.status.get("message") if run.status.get("status") == "diverged" else None
+    return diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
+                    test_acc=run.test_acc, thresholds=thresholds, monitor_history=run.history,
+                    rho=rho, null_k=null_k, label=run.config.label, diverged=diverged)
+
+
+def default_workers(device: torch.device, n_jobs: int) -> int:
+    """CPU: one single-threaded worker per core (small nets scale better across runs than
+    within one); CUDA: one process owns the GPU."""
+    if device.type == "cuda":
+        return 1
+    return max(1, min(os.cpu_count() or 1, n_jobs))
+
+
+# -- running a set of runs --------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """One run of an experiment: its config, where it lives, how training ended, its diagnosis."""
+
+    config: RunConfig
+    run_dir: Path
+    status: str
+    message: str
+    trained: bool
+    test_acc: float | None = None
+    history: list[dict] = field(default_factory=list)
+    report: dict | None = None
+    epochs_planned: int = 0
+
+    @property
+    def epochs_completed(self) -> int:
+        return int(self.history[-1]["epoch"]) if self.history else 0
+
+    def to_dict(self) -> dict:
+        return {"label": self.config.label, "key": self.config.run_key, "method": self.config.method,
+                "seed": self.config.seed, "control": self.config.control, "lam": self.config.lam,
+                "trainable_blocks": self.config.trainable_blocks, "status": self.status,
+                "message": self.message, "trained_now": self.trained, "test_acc": self.test_acc,
+                "epochs_completed": self.epochs_completed, "epochs_planned": self.config.epochs,
+                "run_dir": str(self.run_dir), "config": self.config.to_dict(),
+                "monitor": [{k: r.get(k) for k in ("epoch", "test_acc", "train_loss", "h_norms",
+                                                    "g_norms", "max_growth", "gain")}
+                            for r in self.history],
+                "report": self.report}
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where and how runs execute (from the audit settings)."""
+
+    data_dir: str = "data"
+    device: str = "auto"
+    jobs: int = 0
+    executor: str = "local"
+    address: str | None = None
+    max_retries: int = 3
+
+
+def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = Execution(),
+            thresholds: Thresholds = Thresholds(), n_eval: int = 8, rho: bool = True,
+            frozen_of: Callable[[RunConfig], RunConfig | None] | None = None,
+            progress: bool = True) -> list[Outcome]:
+    """Train every config (reusing finished runs), then diagnose each run that ended.
+
+    frozen_of(config) names the frozen control whose accuracy (d) compares against; a control
+    itself is diagnosed without ρ (it only needs to exist as the yardstick).
+    """
+    dev = resolve_device(execution.device)
+    workers = execution.jobs or default_workers(dev, len(configs))
+    threads = 1 if workers > 1 else max(1, torch.get_num_threads())
+    data = dataset(configs[0].dataset, execution.data_dir, "cpu")  # fail fast before any worker starts
+    check_eval_batches(len(data.y_test), n_eval)
+    executor = make_executor(execution.executor, workers=workers, address=execution.address,
+                             max_retries=execution.max_retries,
+                             gpus_per_job=1.0 if dev.type == "cuda" else 0.0)
+    dirs = [run_dir_for(root, c) for c in configs]
+    train_jobs = [Job(c.to_dict(), str(d), execution.data_dir, str(dev), threads, asdict(thresholds))
+                  for c, d in zip(configs, dirs)]
+    bar = tqdm(total=len(configs), desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
+
+    def said(i: int, res: dict) -> None:
+        bar.update(1)
+        bar.set_postfix_str(f"{configs[i].label} {res['status']}")
+        if res["status"] not in DONE:
+            bar.write(f"  {configs[i].label}: {res['status']} — {res['message']}")
+
+    try:
+        trained = executor.map(train_job, train_jobs, said)
+    finally:
+        bar.close()
+    outcomes = []
+    for c, d, res in zip(configs, dirs, trained):
+        o = Outcome(c, d, res["status"], res["message"], bool(res.get("trained")))
+        if o.status in DONE:
+            o.history = store.load_checkpoint(d)[1]["history"]
+            o.test_acc = o.history[-1]["test_acc"]
+        outcomes.append(o)
+
+    by_key = {o.config.run_key: o for o in outcomes}
+    diag_jobs, diag_index = [], []
+    for i, o in enumerate(outcomes):
+        if o.status not in DONE:
+            continue
+        frozen = frozen_of(o.config) if frozen_of else None
+        control = by_key.get(frozen.run_key) if frozen else None
+        frozen_acc = control.test_acc if control is not None and control.status == "finished" else None
+        diag_jobs.append(DiagnoseJob(o.config.to_dict(), str(o.run_dir), execution.data_dir, str(dev),
+                                     threads, asdict(thresholds), frozen_acc, n_eval,
+                                     rho and o.config.control == "none"))
+        diag_index.append(i)
+    bar = tqdm(total=len(diag_jobs), desc="diagnoses", unit="run", disable=not progress,
+               dynamic_ncols=True)
+    try:
+        reports = executor.map(diagnose_job, diag_jobs, lambda i, r: bar.update(1))
+    finally:
+        bar.close()
+    for i, rep in zip(diag_index, reports):
+        if "error" in rep:
+            outcomes[i].message += f"; diagnosis failed: {rep['error']}"
+        else:
+            outcomes[i].report = rep
+    return outcomes
+
+
+# -- small statistics over seeds ----------------------------------------------------------------
+def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """Mean and population std of the finite values; std None for a single value (no spread)."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.pstdev(vals) if len(vals) > 1 else None)
+
+
+def median_of(values: Sequence[float]) -> float | None:
+    """Median of the measured values (NaN = not measured); None when there are none."""
+    vals = [v for v in values if not math.isnan(v)]
+    return statistics.median(vals) if vals else None
+
+
+def deep_mean(values: Sequence[Any] | None) -> float | None:
+    """Mean over the deep residual positions l = 1 … L (every block output)."""
+    if not values or len(values) < 2:
+        return None
+    vals = [_num(v) for v in values[1:]]
+    return None if any(math.isnan(v) for v in vals) else statistics.fmean(vals)

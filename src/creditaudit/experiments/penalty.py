@@ -1,0 +1,39 @@
+"""The penalty sweep: a method with a residual penalty over its λ values (λ = 0 is the method
+without it), each with its frozen-blocks control: accuracy, ‖h_L‖, ‖g_L‖, readout gain, deep Γ
+with its fresh-feedback null, deep ρ, verdict. Writes <out>/penalty_sweep.json."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from .. import __version__, store
+from ..config import PENALTY_OPTION, RunConfig
+from ..verdict import Thresholds
+from .audit import frozen_control_of, summarize_method
+from .common import Execution, run_all
+
+
+def penalty_sweep(base: Sequence[RunConfig], out: Path, *, lambdas: Sequence[float],
+                  execution: Execution = Execution(), thresholds: Thresholds = Thresholds(),
+                  progress: bool = True) -> dict:
+    """`base`: one config per seed of the swept method (its schedule, model and other options)."""
+    mains = [c.replace(options={**c.options, PENALTY_OPTION: float(lam)}) for c in base for lam in lambdas]
+    configs = []
+    for c in mains:
+        configs.append(c)
+        frozen = frozen_control_of(c)
+        if frozen is not None and frozen not in configs:
+            configs.append(frozen)
+    outcomes = run_all(configs, out, execution=execution, thresholds=thresholds, rho=True,
+                       frozen_of=frozen_control_of, progress=progress)
+    rows = []
+    for lam in lambdas:
+        at = [o for o in outcomes if o.config.lam == float(lam)]
+        row = summarize_method(base[0].method, at, thresholds)
+        row["lam"] = float(lam)
+        rows.append(row)
+    result = {"experiment": "penalty-sweep", "creditaudit_version": __version__,
+              "lambdas": list(lambdas), "base": [c.to_dict() for c in base], "rows": rows,
+              "runs": [o.to_dict() for o in outcomes]}
+    store.write_sealed_json(Path(out) / "penalty_sweep.json", store.json_safe(result))
+    return store.read_sealed_json(Path(out) / "penalty_sweep.json", "penalty-sweep result")

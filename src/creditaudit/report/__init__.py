@@ -1,0 +1,43 @@
+"""The report: a pure view of audit.json (and of the other experiments' JSON). Nothing here
+measures or judges; every number, sentence and curve is read from the result dict, so
+`creditaudit report AUDIT_DIR` rebuilds audit.md, report.html and the PNGs from audit.json alone.
+
+    tables.py    Markdown tables, the compact terminal table, the other experiments' tables
+    figures.py   the PNGs
+    html.py      report.html
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import store
+from .figures import FIGURES, FIGURE_MAKERS, _png
+from .html import report_html
+from .tables import audit_table, compact_table
+
+# -- everything -------------------------------------------------------------------------------
+def write_report(audit: dict, out_dir: Path) -> dict[str, Path]:
+    """Write audit.md, report.html and the figures into out_dir (each file atomically).
+
+    Returns {file name: path}. `audit` is audit.json's content (as `experiments.read_audit` gives it).
+    """
+    out_dir = Path(out_dir)
+    audit = store.json_safe(audit)  # one form to read: NaN → None, inf → "inf", int keys → str
+    pngs = {}
+    for name, make in FIGURE_MAKERS.items():
+        pngs[name] = _png(make(audit))
+    paths: dict[str, Path] = {}
+    for name, data in pngs.items():
+        paths[name] = out_dir / name
+        store.atomic_write_bytes(paths[name], data)
+    figures = "\n".join(f"![{name}]({name})\n\n*{FIGURES[name]}*\n" for name in pngs)
+    paths["audit.md"] = out_dir / "audit.md"
+    store.atomic_write_text(paths["audit.md"], audit_table(audit) + "\n## Figures\n\n" + figures)
+    paths["report.html"] = out_dir / "report.html"
+    store.atomic_write_text(paths["report.html"], report_html(audit, pngs))
+    return paths
+
+
+
+
+__all__ = ["FIGURES", "audit_table", "compact_table", "report_html", "write_report"]

@@ -1,0 +1,338 @@
+"""The figures, drawn from result JSON with matplotlib's object API (no pyplot state)."""
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from matplotlib.figure import Figure
+
+from .. import store
+from .format import _f, _g, _method_name, _plottable, _signed
+
+FIGURES = {
+    "norms.png": "Per-layer median ‖h_l‖ and BP gradient ‖g_l‖ of the main runs (mean over seeds), "
+                 "log scale; the dashed line is the (b) floor.",
+    "monitor.png": "Training-time monitor, one thin line per seed: max per-block growth (a), ‖g_L‖ (b), "
+                   "readout gain (b′) and test accuracy; dashed lines are the thresholds, filled "
+                   "markers the epoch at which a flag first fired.",
+    "gamma.png": "Γ_l (mean over seeds) per residual position; shaded: the random-feedback null, "
+                 "mean ± 2 std. Dashed: uninterpretable, (b) or (b′) fired.",
+    "rho.png": "Perturbation correlation ρ_l per method (mean over seeds) beside its controls: "
+               "a = BP gradient (≈ 1) and a = random vector (≈ 0).",
+}
+_DPI = 110
+
+def _colors(audit: dict) -> dict[str, str]:
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+               "#7f7f7f", "#bcbd22", "#17becf"]
+    names = [str(r.get("method")) for r in audit.get("methods") or []]
+    names += sorted({str(r.get("method")) for r in audit.get("runs") or []} - set(names))
+    return {m: palette[i % len(palette)] for i, m in enumerate(names)}
+
+
+def _main_runs(audit: dict) -> dict[str, list[dict]]:
+    """Main (control == "none") runs per method, in run order."""
+    out: dict[str, list[dict]] = {}
+    for run in audit.get("runs") or []:
+        if run.get("control", "none") == "none":
+            out.setdefault(str(run.get("method")), []).append(run)
+    return out
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _no_data(ax, what: str) -> None:
+    ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _mean_curve(curves: Sequence[Sequence[Any]], log: bool) -> list[float]:
+    """Elementwise mean over seeds of per-layer curves, skipping missing/non-plottable values."""
+    n = max((len(c) for c in curves), default=0)
+    out = []
+    for i in range(n):
+        vals = [_plottable(c[i], log) for c in curves if i < len(c)]
+        vals = [v for v in vals if not math.isnan(v)]
+        out.append(sum(vals) / len(vals) if vals else math.nan)
+    return out
+
+
+def _has_values(values: Sequence[float]) -> bool:
+    return any(not math.isnan(v) for v in values)
+
+
+class _Thresholds:
+    """The thresholds recorded in a result dict, as attributes (t.growth, t.floor, …)."""
+
+    def __init__(self, recorded: dict | None):
+        for key, value in (recorded or {}).items():
+            setattr(self, key, _f(value))
+
+
+def _thresholds(audit: dict) -> _Thresholds:
+    return _Thresholds(audit.get("thresholds"))
+
+
+def norms_figure(audit: dict) -> Figure:
+    """Per-layer median ‖h_l‖ and ‖g_l‖ per method (mean over the seeds' diagnoses), log y."""
+    fig = Figure(figsize=(11, 4.2))
+    ax_h, ax_g = fig.subplots(1, 2)
+    colors, drawn = _colors(audit), False
+    for method, runs in _main_runs(audit).items():
+        reports = [r["report"] for r in runs if r.get("report")]
+        for ax, key in ((ax_h, "residual_norms"), (ax_g, "bp_grad_norms")):
+            curve = _mean_curve([rep.get(key) or [] for rep in reports], log=True)
+            if _has_values(curve):
+                ax.plot(range(len(curve)), curve, "o-", color=colors[method], label=method, lw=2)
+                drawn = True
+    floor = _thresholds(audit).floor
+    ax_g.axhline(floor, color="0.3", ls="--", lw=1.2, label=f"(b) floor {floor:g}")
+    for ax, title in ((ax_h, "residual stream ‖$h_l$‖"), (ax_g, "BP gradient ‖$g_l$‖ = ‖∂CE/∂$h_l$‖")):
+        ax.set_yscale("log")
+        ax.set_xlabel("residual position l")
+        ax.set_ylabel("median per-sample L2 norm")
+        ax.set_title(title)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    if drawn:
+        ax_h.legend(fontsize=9)
+    ax_g.legend(fontsize=9)
+    if not drawn:
+        ax_h.text(0.5, 0.5, "no diagnosed run", ha="center", va="center", transform=ax_h.transAxes)
+    fig.tight_layout()
+    return fig
+
+
+def monitor_figure(audit: dict) -> Figure:
+    """The training-time monitor of every main run: one color per method, one thin line per seed,
+    a filled marker at the epoch where (a), (b) or (b′) first fired."""
+    t = _thresholds(audit)
+    fig = Figure(figsize=(11, 7.5))
+    axes = fig.subplots(2, 2).ravel()
+    panels = [  # (value of a monitor row, log?, threshold line, flag whose first fire is marked, title)
+        (lambda r: r.get("max_growth"), True, (t.growth, f"(a) growth {t.growth:g}"), "a",
+         "max per-block growth ‖$h_{l+1}$‖/‖$h_l$‖"),
+        (lambda r: (r.get("g_norms") or [None])[-1], True, (t.floor, f"(b) floor {t.floor:g}"), "b",
+         "‖$g_L$‖ (BP gradient at the last position)"),
+        (lambda r: r.get("gain"), True, (t.gain, f"(b′) gain {t.gain:g}"), "b_prime", "readout gain ‖$g_L$‖/‖∂CE/∂logits‖"),
+        (lambda r: None if _f(r.get("test_acc")) is None else 100 * _f(r.get("test_acc")), False,
+         None, None, "test accuracy (%)"),
+    ]
+    colors, seen = _colors(audit), set()
+    for method, runs in _main_runs(audit).items():
+        for run in runs:
+            history = [r for r in run.get("monitor") or [] if isinstance(r, dict)]
+            if not history:
+                continue
+            first = (run.get("report") or {}).get("first_fire")
+            first = first if isinstance(first, dict) else {}
+            epochs = [_plottable(r.get("epoch")) for r in history]
+            for ax, (value, log, _, flag, _) in zip(axes, panels):
+                ys = [_plottable(value(r), log) for r in history]
+                if not _has_values(ys):
+                    continue
+                label = method if ax is axes[3] and method not in seen else None
+                if label:
+                    seen.add(method)
+                ax.plot(epochs, ys, "-", color=colors[method], lw=1.1, alpha=0.85, label=label)
+                epoch = first.get(flag) if flag else None
+                if epoch is not None and epoch in epochs:
+                    y = ys[epochs.index(epoch)]
+                    if not math.isnan(y):
+                        ax.plot([epoch], [y], "o", ms=8, color=colors[method], mec="black", mew=1)
+    for ax, (_, log, line, _, title) in zip(axes, panels):
+        if line is not None:
+            ax.axhline(line[0], color="0.3", ls="--", lw=1.2, label=line[1])
+            ax.legend(fontsize=8, loc="best")
+        if log:
+            ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        ax.grid(True, alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    if seen:
+        axes[3].legend(fontsize=9, title="method (● = first fire)", title_fontsize=8)
+    else:
+        axes[3].text(0.5, 0.5, "no monitor history", ha="center", va="center",
+                     transform=axes[3].transAxes)
+    fig.tight_layout()
+    return fig
+
+
+def gamma_figure(audit: dict) -> Figure:
+    """Γ_l per method with its null band (mean ± 2 std) where the method has one."""
+    fig = Figure(figsize=(8, 4.6))
+    ax = fig.subplots()
+    colors, drawn = _colors(audit), False
+    for row in audit.get("methods") or []:
+        gamma = [_plottable(v) for v in row.get("gamma_layers") or []]
+        if not _has_values(gamma):
+            continue
+        color = colors.get(str(row.get("method")), "k")
+        null = row.get("null_layers")
+        if isinstance(null, (list, tuple)) and len(null) == 2 and null[0] and null[1]:
+            mean = [_plottable(v) for v in null[0]]
+            std = [_plottable(v) for v in null[1]]
+            ax.fill_between(range(len(mean)), [m - 2 * s for m, s in zip(mean, std)],
+                            [m + 2 * s for m, s in zip(mean, std)], color=color, alpha=0.18,
+                            lw=0, label=f"{_method_name(row)} null ± 2 std")
+        bad = row.get("gamma_interpretable") is False
+        ax.plot(range(len(gamma)), gamma, "o--" if bad else "o-", color=color, lw=2,
+                label=_method_name(row) + (" (uninterpretable)" if bad else ""))
+        drawn = True
+    ax.axhline(0, color="0.5", lw=0.8)
+    if drawn:
+        ax.set_xlabel("residual position l")
+        ax.set_ylabel(r"$\Gamma_l$ = mean cos($a_l$, $g_l$)")
+        ax.set_title(r"Gradient cosine $\Gamma_l$ and its random-feedback null")
+        ax.grid(True, alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=9)
+    else:
+        _no_data(ax, "no method has Γ")
+    fig.tight_layout()
+    return fig
+
+
+def rho_figure(audit: dict) -> Figure:
+    """ρ_l per method, one panel each, as grouped bars beside the BP and random-vector controls."""
+    rows = [r for r in audit.get("methods") or []
+            if isinstance(r.get("rho_layers"), dict)
+            and _has_values([_plottable(v) for vs in r["rho_layers"].values() for v in vs or []])]
+    fig = Figure(figsize=(max(5.0, 3.6 * len(rows)), 4.2))
+    if not rows:
+        _no_data(fig.subplots(), "no method has ρ")
+        return fig
+    axes = fig.subplots(1, len(rows), sharey=True, squeeze=False)[0]
+    colors = _colors(audit)
+    series = (("method", None, "method"), ("bp", "0.35", "a = BP gradient"),
+              ("random", "0.75", "a = random vector"))
+    for ax, row in zip(axes, rows):
+        layers = row["rho_layers"]
+        n = max(len(v or []) for v in layers.values())
+        for j, (key, color, label) in enumerate(series):
+            ys = [_plottable(v) for v in (layers.get(key) or [])] + [math.nan] * n
+            xs = [l + 1 + (j - 1) * 0.27 for l in range(n)]
+            ax.bar(xs, [0 if math.isnan(y) else y for y in ys[:n]], width=0.27,
+                   color=color or colors.get(str(row.get("method")), "k"), edgecolor="black", lw=0.5,
+                   label=_method_name(row) if key == "method" else label)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(range(1, n + 1))
+        ax.set_xlabel("residual position l")
+        ax.set_title(f"{_method_name(row)}: deep ρ {_signed(row.get('rho_deep'))}")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8, loc="center right")
+    axes[0].set_ylabel(r"$\rho_l$ (Pearson, predicted vs true ΔCE)")
+    fig.tight_layout()
+    return fig
+
+
+FIGURE_MAKERS: dict[str, Callable[[dict], Figure]] = {
+    "norms.png": norms_figure, "monitor.png": monitor_figure,
+    "gamma.png": gamma_figure, "rho.png": rho_figure,
+}
+
+
+
+
+def _save_png(fig: Figure, path: Path) -> Path:
+    store.atomic_write_bytes(Path(path), _png(fig))
+    return Path(path)
+
+
+def ladder_figure(result: dict, path: Path) -> Path:
+    result = store.json_safe(result)
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    for method in dict.fromkeys(r["method"] for r in result["rows"]):
+        rows = [r for r in result["rows"] if r["method"] == method]
+        ks = [r["k"] for r in rows]
+        acc = [100 * _plottable(r["acc"]) for r in rows]
+        sd = [100 * (_f(r["acc_std"]) or 0.0) for r in rows]
+        ax.errorbar(ks, acc, yerr=sd, marker="o", capsize=3, label=method)
+    ax.set_xlabel("trainable blocks k (0 = frozen control, L = full run)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Depth ladder")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return _save_png(fig, path)
+
+
+def penalty_figure(result: dict, path: Path) -> Path:
+    result = store.json_safe(result)
+    rows = result["rows"]
+    x = list(range(len(rows)))
+    labels = [f"{_f(r['lam']):g}" for r in rows]
+    fig = Figure(figsize=(11, 3.6))
+    axes = fig.subplots(1, 3)
+    axes[0].plot(x, [100 * _plottable(r["acc"]) for r in rows], marker="o")
+    axes[0].set_ylabel("test accuracy (%)")
+    axes[1].plot(x, [_plottable(r["h_L"], log=True) for r in rows], marker="o", label="‖h_L‖")
+    axes[1].plot(x, [_plottable(r["g_L"], log=True) for r in rows], marker="s", label="‖g_L‖")
+    axes[1].set_yscale("log")
+    axes[1].legend()
+    axes[2].plot(x, [_plottable(r["gamma_deep"]) for r in rows], marker="o", label="deep Γ")
+    mean = [_plottable(r.get("null_deep_mean")) for r in rows]
+    std = [_plottable(r.get("null_deep_std")) for r in rows]
+    axes[2].fill_between(x, [m - 2 * s for m, s in zip(mean, std)], [m + 2 * s for m, s in zip(mean, std)],
+                         alpha=0.25, label="null ± 2σ")
+    axes[2].plot(x, [_plottable(r["rho_deep"]) for r in rows], marker="^", label="deep ρ")
+    axes[2].axhline(0, color="0.5", lw=0.8)
+    axes[2].legend()
+    for ax in axes:
+        ax.set_xticks(x, labels)
+        ax.set_xlabel("λ")
+        ax.grid(alpha=0.3)
+    fig.suptitle("dfa-penalty sweep")
+    return _save_png(fig, path)
+
+
+def identity_figure(result: dict, path: Path) -> Path:
+    result = store.json_safe(result)
+    fig = Figure(figsize=(5, 3.5))
+    ax = fig.add_subplot()
+    means = [_plottable(v) for v in result["block_ratio_mean"]]
+    stds = [_f(v) or 0.0 for v in result["block_ratio_std"]]
+    ax.bar(range(len(means)), means, yerr=stds, capsize=3)
+    ax.set_xlabel("block l")
+    ax.set_ylabel("median ‖f_l(h_l)‖ / ‖h_l‖ at init")
+    ax.set_title(f"stack: ‖h_L−h_0‖/‖h_0‖ = {_g(result['stack_change_mean'])}, "
+                 f"cos = {_g(result['stack_cos_mean'])}", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    return _save_png(fig, path)
+
+
+def sensitivity_figure(reports: Sequence[dict], sensitivity: dict, path: Path) -> Path:
+    """Each run's statistic for (a), (b), (b′) on a log axis, with the threshold and the interval
+    over which every verdict stays the same shaded."""
+    reports = store.json_safe(list(reports))
+    sensitivity = store.json_safe(sensitivity)
+    stats = (("growth", "max block growth (a)", lambda r: r["max_growth"]),
+             ("floor", "‖g_L‖ (b)", lambda r: r["bp_grad_norms"][-1]),
+             ("gain", "readout gain (b′)", lambda r: r["readout_gain"]))
+    fig = Figure(figsize=(12, 3.6))
+    for ax, (name, title, stat) in zip(fig.subplots(1, 3), stats):
+        values = [_plottable(stat(r), log=True) for r in reports]
+        labels = [r.get("label", "") for r in reports]
+        ax.scatter(values, range(len(values)), s=14)
+        ax.set_yticks(range(len(values)), labels, fontsize=6)
+        ax.set_xscale("log")
+        entry = sensitivity.get(name, {})
+        lo, hi = (entry.get("interval") or [None, None])
+        lo, hi = _f(lo), _f(hi)
+        if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi) and lo > 0:
+            ax.axvspan(lo, hi, alpha=0.2, color="tab:green", label="same verdicts")
+        if _f(entry.get("current")):
+            ax.axvline(_f(entry["current"]), color="tab:red", ls="--", label="threshold")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+    return _save_png(fig, path)
+
+

@@ -1,0 +1,124 @@
+"""report.html: one self-contained page (inline CSS, figures as data URIs) from the audit JSON."""
+from __future__ import annotations
+
+import base64
+import html
+from typing import Sequence
+
+from .figures import FIGURES
+from .format import _method_name
+from .tables import (AUDIT_COLUMNS, _audit_cells, _legend, _meta, _notes, _sensitivity_cells,
+                     _strategy_cells, _unfinished)
+
+_CSS = """
+body { font-family: -apple-system, "Segoe UI", "DejaVu Sans", Helvetica, Arial, sans-serif;
+       margin: 20px 24px; color: #222; font-size: 14px; line-height: 1.45; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 28px;
+     border-bottom: 1px solid #ccc; padding-bottom: 3px; } h3 { font-size: 15px; margin: 14px 0 4px; }
+.header { font-size: 15px; } .meta { color: #666; font-size: 12px; }
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
+th, td { border: 1px solid #bbb; padding: 4px 6px; text-align: right; white-space: nowrap;
+         font-variant-numeric: tabular-nums; }
+th { background: #eef1f5; text-align: center; white-space: normal; }
+td:first-child, th:first-child { text-align: left; font-weight: 600; }
+td.ok { background: #d7f0d9; color: #125c1b; text-align: left; }
+td.bad { background: #f8d4d4; color: #8a1010; text-align: left; }
+td.wrap { white-space: normal; min-width: 125px; }
+td.left { text-align: left; }
+table.audit { font-size: 12px; }
+tr.total td { font-weight: 600; background: #f6f6f6; }
+ul.legend { color: #555; font-size: 12px; padding-left: 18px; }
+ul.failed li { color: #8a1010; }
+figure { margin: 18px 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
+figcaption { color: #555; font-size: 12px; max-width: 1000px; }
+"""
+
+
+def _cell_class(text: str) -> str:
+    if text.startswith(("trustworthy", "accept")):
+        return "ok"
+    if text.startswith("walk back"):
+        return "bad"
+    return ""
+
+
+def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]], total_last: bool = False,
+                wrap: Sequence[int] = (), breaks: dict[int, tuple[str, str]] | None = None,
+                left: Sequence[int] = (), css_class: str = "") -> str:
+    """An HTML table of escaped cells; `wrap` columns may wrap, and `breaks` {column: (separator,
+    its replacement with a <br>)} splits wide cells over lines."""
+    breaks = breaks or {}
+    out = [f'<table class="{css_class}">' if css_class else "<table>", "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    for i, row in enumerate(rows):
+        cls = ' class="total"' if total_last and i == len(rows) - 1 else ""
+        cells = []
+        for j, cell in enumerate(row):
+            klass = " ".join(c for c in (_cell_class(cell), "wrap" if j in wrap else "",
+                                         "left" if j in left else "") if c)
+            cells.append(f'<td class="{klass}">' if klass else "<td>")
+            text = html.escape(cell)
+            if j in breaks:
+                text = text.replace(*breaks[j])
+            cells[-1] += text + "</td>"
+        out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
+    return "\n".join(out + ["</table>"])
+
+
+def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
+    """One self-contained HTML page: inline CSS, the tables, the reasons, the figures as data URIs."""
+    e = html.escape
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             '<meta name="viewport" content="width=device-width, initial-scale=1">',
+             "<title>creditaudit report</title>", f"<style>{_CSS}</style></head><body>",
+             "<h1>Credit-assignment audit</h1>",
+             f'<p class="header">{e(str(audit.get("header") or ""))}</p>']
+    if _meta(audit):
+        parts.append(f'<p class="meta">{e(_meta(audit))}</p>')
+    cells = _audit_cells(audit)
+    verdict_cols = (AUDIT_COLUMNS.index("verdict"), AUDIT_COLUMNS.index("paper verdict"))
+    first_fire = (AUDIT_COLUMNS.index("first fire (per seed)"),)
+    breaks = {first_fire[0]: ("; ", "<br>"),
+              AUDIT_COLUMNS.index("Γ null (z)"): (" (", "<br>("),
+              AUDIT_COLUMNS.index("ρ BP / rand"): (" / ", " /<br>")}
+    table = _html_table(AUDIT_COLUMNS, cells, wrap=verdict_cols, breaks=breaks, left=first_fire,
+                        css_class="audit")
+    parts += ["<h2>Audit</h2>", f'<div class="scroll">{table}</div>' if cells else "<p>(no methods)</p>",
+              '<ul class="legend">' + "".join(f"<li>{e(line)}</li>" for line in _legend(audit)) + "</ul>"]
+    unfinished = _unfinished(audit)
+    if unfinished:
+        parts += ["<h3>Runs that did not finish normally</h3>", '<ul class="failed">']
+        parts += [f"<li><b>{e(label)}</b> ({e(status)}): {e(message)}</li>"
+                  for label, status, message in unfinished]
+        parts.append("</ul>")
+    head, rows = _strategy_cells(audit)
+    parts += ["<h2>Reporting strategies</h2>",
+              "<p>What each way of reporting concludes about a method: accuracy only accepts every "
+              "result; accuracy + Γ accepts when the mean Γ is positive; the full protocol is the "
+              "project verdict.</p>", _html_table(head, rows, total_last=True)]
+    parts.append("<h2>Reasons</h2>")
+    notes = _notes(audit)
+    for row in audit.get("methods") or []:
+        verdict = str(row.get("verdict") or "—")
+        color = {"ok": "#125c1b", "bad": "#8a1010"}.get(_cell_class(verdict), "#222")
+        parts.append(f'<h3>{e(_method_name(row))} — <span style="color:{color}">{e(verdict)}</span></h3>')
+        items = [e(r) for r in row.get("reasons") or []] or ["no flag fired."]
+        items += [f"<i>note</i>: {e(n)}" for n in notes.get(str(row.get("method")), [])]
+        parts.append("<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>")
+    head, rows = _sensitivity_cells(audit)
+    parts.append("<h2>Threshold sensitivity</h2>")
+    if rows:
+        parts += ["<p>For each threshold, the interval over which every run's flag — and so every "
+                  "verdict — stays as it is now.</p>", _html_table(head, rows)]
+    else:
+        parts.append("<p>(not available: no run was diagnosed)</p>")
+    parts.append("<h2>Figures</h2>")
+    for name, data in pngs.items():
+        uri = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+        caption = FIGURES.get(name, name)
+        parts.append(f'<figure><img src="{uri}" alt="{e(name)}: {e(caption)}">'
+                     f"<figcaption><b>{e(name)}</b> — {e(caption)}</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+

@@ -1,0 +1,264 @@
+"""The tables: the audit (Markdown and a compact terminal view), the reporting strategies, the
+reasons, threshold sensitivity, and one table per other experiment — all read from result JSON."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Sequence
+
+from .. import store
+from .format import (_f, _first_fire, _g, _gamma_cells, _markdown, _method_name, _pct, _sci,
+                     _signed)
+
+AUDIT_COLUMNS = ("method", "test acc %", "frozen %", "shallow %", "‖h_L‖", "‖g_L‖", "gain",
+                 "max growth", "s(L/2)", "deep Γ", "Γ null (z)", "deep ρ", "ρ BP / rand",
+                 "first fire (per seed)", "verdict", "paper verdict")
+
+
+def _audit_cells(audit: dict) -> list[list[str]]:
+    rows = []
+    for row in audit.get("methods") or []:
+        gamma, null = _gamma_cells(row)
+        rho = _signed(row.get("rho_deep"))
+        if rho != "—" and _f(row.get("rho_deep_std")) is not None:
+            rho += f" ± {_f(row['rho_deep_std']):.3f}"
+        controls = ("—" if _f(row.get("rho_bp")) is None and _f(row.get("rho_random")) is None
+                    else f"{_signed(row.get('rho_bp'))} / {_signed(row.get('rho_random'))}")
+        rows.append([_method_name(row), _pct(row.get("acc"), row.get("acc_std")),
+                     _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
+                     _pct(row.get("shallow_acc"), row.get("shallow_acc_std")),
+                     _sci(row.get("h_L")), _sci(row.get("g_L")), _sci(row.get("gain")),
+                     _g(row.get("max_growth")), _signed(row.get("stability_mid")), gamma, null,
+                     rho, controls, _first_fire(row.get("first_fire")),
+                     str(row.get("verdict") or "—"), str(row.get("paper_verdict") or "—")])
+    return rows
+
+
+def _strategy_cells(audit: dict) -> tuple[list[str], list[list[str]]]:
+    methods = audit.get("methods") or []
+    strategies = list(audit.get("strategies") or audit.get("strategy_totals") or [])
+    rows = [[_method_name(r)] + [str((r.get("strategies") or {}).get(s) or "—") for s in strategies]
+            for r in methods]
+    totals = audit.get("strategy_totals") or {}
+    n = len(methods)
+    rows.append(["walks back"] + [("—" if totals.get(s) is None else f"{totals[s]} of {n}")
+                                  for s in strategies])
+    return ["method", *strategies], rows
+
+
+def _interval(entry: dict) -> str:
+    interval = list(entry.get("interval") or [])
+    lo, hi = (interval + [None, None])[:2]
+    shape = entry.get("interval_shape") or "[lo, hi]"
+    return f"{shape[0]}{_g(lo)}, {_g(hi)}{shape[-1]}"
+
+
+def _sensitivity_cells(audit: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["threshold", "current", "fires when", "all verdicts stay the same for",
+            "fired", "spared", "unmeasured"]
+    rows = []
+    for name, entry in (audit.get("sensitivity") or {}).items():
+        if not isinstance(entry, dict):
+            continue
+        rows.append([name, _g(entry.get("current")),
+                     str(entry.get("fires_when") or "—").replace("threshold", "T"),
+                     _interval(entry), *(str(entry.get(k, "—")) for k in ("n_fired", "n_spared",
+                                                                           "n_unmeasured"))])
+    return head, rows
+
+
+def _unfinished(audit: dict) -> list[tuple[str, str, str]]:
+    """(label, status, message) of every run that did not finish normally or failed diagnosis."""
+    out = []
+    runs = audit.get("runs")
+    if runs is None:  # an audit dict without its runs: fall back to the rows' own lists
+        for row in audit.get("methods") or []:
+            out += [(str(f.get("label")), str(f.get("status")), str(f.get("message") or ""))
+                    for f in row.get("failed") or []]
+        return out
+    for run in runs:
+        message = str(run.get("message") or "")
+        if run.get("status") != "finished" or "diagnosis failed" in message:
+            out.append((str(run.get("label")), str(run.get("status")), message))
+    return out
+
+
+def _notes(audit: dict) -> dict[str, list[str]]:
+    """The (b)/(b′) disagreement notes of the main runs, per method, prefixed by the run."""
+    out: dict[str, list[str]] = {}
+    for run in audit.get("runs") or []:
+        report = run.get("report") or {}
+        if run.get("control") == "none" and report.get("notes"):
+            out.setdefault(str(run.get("method")), []).extend(
+                f"{run.get('label')}: {n}" for n in report["notes"])
+    return out
+
+
+def _legend(audit: dict) -> list[str]:
+    t = audit.get("thresholds") or {}
+    th = lambda k, default: _g(t.get(k, default))
+    return [
+        "test acc / frozen / shallow: final test accuracy (%), mean ± std over seeds, of the method, "
+        "its frozen-blocks control and its shallow control; (d) UNDERCUT fires unless the method "
+        f"clears the frozen control by {100 * (0.02 if _f(t.get('depth_margin')) is None else _f(t.get('depth_margin'))):g} points.",
+        "‖h_L‖, ‖g_L‖: median over samples of the per-sample L2 norm of the last residual position and "
+        f"of the BP gradient there (median over seeds); (b) AT FLOOR fires when ‖g_L‖ < {th('floor', 1e-7)}.",
+        f"gain: readout gain ‖g_L‖/‖∂CE/∂logits‖, (b′) ATTENUATED below {th('gain', 1e-2)}; "
+        f"max growth: max_l ‖h_(l+1)‖/‖h_l‖, (a) EXPLODED above {th('growth', 50)}; "
+        f"s(L/2): cross-batch stability, (c) DRIFT above {th('drift', 0.3)} (descriptive).",
+        "deep Γ, deep ρ: mean over residual positions l = 1 … L, then over seeds (ρ: ± std over seeds); "
+        "Γ null: the same Γ under fresh random feedback draws (mean ± std), z = (Γ − null)/std; "
+        "* = Γ uninterpretable because (b) or (b′) fired. ρ BP / rand: the controls a = BP gradient "
+        "and a = random vector.",
+        "first fire: the epoch at which the training-time monitor first saw (a), (b), (b′), one entry "
+        "per seed (— = never). verdict: the project's ((a), (b′), (d)); paper verdict: ((a), (b), (d)).",
+    ]
+
+
+
+def _meta(audit: dict) -> str:
+    bits = []
+    if audit.get("creditaudit_version"):
+        bits.append(f"creditaudit {audit['creditaudit_version']}")
+    if audit.get("created"):
+        bits.append(f"created {audit['created']}")
+    wall = _f(audit.get("wall_time"))
+    if wall is not None:
+        bits.append(f"wall time {wall:.0f} s ({audit.get('runs_trained_now', '?')} runs trained now)")
+    return "; ".join(bits)
+
+
+def audit_table(audit: dict) -> str:
+    """The audit as Markdown: the header, the main table (one row per method), runs that did not
+    finish, the reporting-strategy comparison, each verdict's reasons and the threshold-sensitivity
+    table. Padded to fixed width, so it is also what the command line prints."""
+    out = ["# Credit-assignment audit", "", str(audit.get("header") or "")]
+    if _meta(audit):
+        out += ["", _meta(audit)]
+    cells = _audit_cells(audit)
+    out += ["", "## Audit", "", _markdown(AUDIT_COLUMNS, cells) if cells else "(no methods)", ""]
+    out += [f"- {line}" for line in _legend(audit)]
+    unfinished = _unfinished(audit)
+    if unfinished:
+        out += ["", "Runs that did not finish normally:", ""]
+        out += [f"- {label} ({status}): {message}" for label, status, message in unfinished]
+    head, rows = _strategy_cells(audit)
+    out += ["", "## Reporting strategies", "",
+            "What each way of reporting concludes about a method: accuracy only accepts every result; "
+            "accuracy + Γ accepts when the mean Γ is positive; the full protocol is the project verdict.",
+            "", _markdown(head, rows)]
+    out += ["", "## Reasons", ""]
+    notes = _notes(audit)
+    for row in audit.get("methods") or []:
+        out.append(f"- **{_method_name(row)}** — {row.get('verdict') or '—'}")
+        reasons = list(row.get("reasons") or [])
+        out += [f"  - {r}" for r in reasons] or ["  - no flag fired."]
+        out += [f"  - note: {n}" for n in notes.get(str(row.get("method")), [])]
+    head, rows = _sensitivity_cells(audit)
+    out += ["", "## Threshold sensitivity", ""]
+    if rows:
+        out += ["For each threshold, the interval over which every run's flag — and so every "
+                "verdict — stays as it is now.", "", _markdown(head, rows)]
+    else:
+        out.append("(not available: no run was diagnosed)")
+    return "\n".join(out) + "\n"
+
+
+
+
+def calibration_table(report: dict) -> str:
+    """`creditaudit calibrate`: per layer ‖g_l‖, Γ_l beside its null (z), ρ_l beside its controls."""
+    report = store.json_safe(report)
+    null = report.get("null") or {}
+    rho = {r["layer"]: r for r in report.get("rho") or []}
+    nudge = {n["layer"]: n for n in report.get("nudge") or []}
+    gamma = report.get("gamma") or [None] * len(report["bp_grad_norms"])
+    z = report.get("gamma_z") or [None] * len(gamma)
+    rows = []
+    for l, g in enumerate(report["bp_grad_norms"]):
+        r = rho.get(l, {})
+        nm = (null.get("mean") or [None] * len(gamma))[l]
+        ns = (null.get("std") or [None] * len(gamma))[l]
+        rows.append([str(l), _sci(g), _signed(gamma[l]) + ("" if report.get("gamma_interpretable") else "*"),
+                     "—" if nm is None else f"{_signed(nm)} ± {_g(ns)}", _g(z[l]),
+                     _signed(r.get("method")), _signed(r.get("bp")), _signed(r.get("random")),
+                     _signed(nudge.get(l, {}).get("relative"))])
+    head = ["layer", "‖g_l‖", "Γ_l", "null μ ± σ", "z", "ρ method", "ρ BP (≈1)", "ρ random (≈0)",
+            "nudge ΔCE vs BP"]
+    lines = [f"calibration — {report.get('label', '')}: verdict {report['verdict']}", "",
+             _markdown(head, rows)]
+    if not report.get("gamma_interpretable"):
+        lines.append("\n* Γ uninterpretable: (b) or (b′) fired, the BP reference is at the floor or attenuated.")
+    if not null:
+        lines.append("\n(no null: this method has no random feedback to redraw)")
+    lines.append("\nnudge: ΔCE after h_l ← h_l − 0.01·â_l (â rescaled per sample to ‖g_l‖), "
+                 "relative to the same nudge along the BP gradient (1 = as good as BP).")
+    return "\n".join(lines)
+
+
+def ladder_table(result: dict) -> str:
+    """`creditaudit ladder`: accuracy per method and number of trainable blocks k."""
+    result = store.json_safe(result)
+    rows = [[r["method"], str(r["k"]), _pct(r["acc"], r["acc_std"]), _sci(r.get("h_L")),
+             ", ".join(sorted(set(r["statuses"])))] for r in result["rows"]]
+    return _markdown(["method", "k trainable", "test acc %", "‖h_L‖", "status"], rows)
+
+
+def penalty_table(result: dict) -> str:
+    """`creditaudit penalty-sweep`: per λ accuracy, norms, gain, deep Γ vs null, deep ρ, verdict."""
+    result = store.json_safe(result)
+    rows = []
+    for r in result["rows"]:
+        gamma, null = _gamma_cells(r)
+        rows.append([f"{_f(r['lam']):g}", _pct(r["acc"], r["acc_std"]), _pct(r["frozen_acc"]),
+                     _sci(r["h_L"]), _sci(r["g_L"]), _sci(r["gain"]), gamma, null,
+                     _signed(r["rho_deep"]), r["verdict"]])
+    return _markdown(["λ", "test acc %", "frozen %", "‖h_L‖", "‖g_L‖", "gain", "deep Γ", "Γ null (z)",
+                      "deep ρ", "verdict"], rows)
+
+
+def identity_table(result: dict) -> str:
+    """`creditaudit identity-check`: per block ‖f_l‖/‖h_l‖ and the whole stack, mean ± std over seeds."""
+    result = store.json_safe(result)
+    rows = [[f"block {l}", f"{_g(m)} ± {_g(s)}"]
+            for l, (m, s) in enumerate(zip(result["block_ratio_mean"], result["block_ratio_std"]))]
+    rows.append(["‖h_L − h_0‖/‖h_0‖", f"{_g(result['stack_change_mean'])} ± {_g(result['stack_change_std'])}"])
+    rows.append(["cos(h_L, h_0)", f"{_g(result['stack_cos_mean'])} ± {_g(result['stack_cos_std'])}"])
+    return (f"frozen-init identity check — seeds {', '.join(map(str, result['seeds']))}, "
+            f"{result['n_samples']} samples (medians over samples, mean ± std over seeds)\n\n"
+            + _markdown(["quantity", "value"], rows))
+
+
+
+def _short_verdict(verdict: str) -> str:
+    """"walk back: (a) EXPLODED, (b′) ATTENUATED" → "walk back: (a), (b′)" for the narrow table."""
+    return re.sub(r"(\([a-d]′?\)) [A-Z]+", r"\1", verdict)
+
+
+def compact_table(audit: dict, width: int = 120) -> str:
+    """The audit for a terminal: one line per method, at most `width` columns; the full table,
+    the reasons and the per-seed values are in audit.md."""
+    head = ["method", "acc %", "frozen %", "‖h_L‖", "gain", "growth", "deep Γ", "verdict"]
+    rows = []
+    for row in audit.get("methods") or []:
+        gamma, _ = _gamma_cells(row)
+        rows.append([_method_name(row), _pct(row.get("acc"), row.get("acc_std")),
+                     _pct(row.get("frozen_acc"), row.get("frozen_acc_std")), _sci(row.get("h_L")),
+                     _sci(row.get("gain")), _g(row.get("max_growth")), gamma,
+                     _short_verdict(str(row.get("verdict") or "—"))])
+    if not rows:
+        return "(no methods)"
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
+    room = width - sum(widths[:-1]) - 2 * (len(head) - 1)
+    widths[-1] = max(10, min(widths[-1], room))
+    fit = lambda text, w: text if len(text) <= w else text[:w - 1] + "…"
+    line = lambda cells: "  ".join(fit(str(c), w).ljust(w) for c, w in zip(cells, widths)).rstrip()
+    return "\n".join([line(head), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+
+
+def sensitivity_table(sensitivity: dict) -> str:
+    """`creditaudit thresholds`: per threshold, the interval over which every run's flag stays."""
+    head, rows = _sensitivity_cells({"sensitivity": sensitivity})
+    return (_markdown(head, rows) + "\n\nfired / spared: runs whose flag fires / does not fire at the "
+            "current threshold; unmeasured: runs without that statistic (a non-finite stream, or no "
+            "frozen control for depth_margin), which no threshold changes.")

@@ -1,0 +1,34 @@
+"""How runs are executed: an executor maps a job function over jobs and reports each result as it
+arrives. `local` (the default) is a pool of spawned worker processes on this machine; `ray` runs
+each job as a Ray task, on this machine or a cluster (runner/ray.py, the `creditaudit[ray]` extra).
+
+A job function never raises: it returns a record (a failed run is data). An executor only adds
+what a worker's death means: the record {"status": "failed", "message": "worker died: …"}.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, Sequence
+
+from ..errors import CreditAuditError
+
+
+class Executor(Protocol):
+    def map(self, fn: Callable[[Any], dict], jobs: Sequence[Any],
+            on_done: Callable[[int, dict], None]) -> list[dict]:
+        """Results of fn over jobs, in job order; on_done(i, result) as each finishes."""
+
+
+def make_executor(name: str = "local", *, workers: int = 1, address: str | None = None,
+                  max_retries: int = 3, gpus_per_job: float = 0.0) -> Executor:
+    if name == "local":
+        from .local import LocalExecutor
+        return LocalExecutor(workers)
+    if name == "ray":
+        from .ray import RayExecutor
+        return RayExecutor(address=address, max_retries=max_retries, gpus_per_job=gpus_per_job)
+    raise CreditAuditError(f"unknown executor {name!r}; choose local or ray")
+
+
+def worker_died(err: BaseException) -> dict:
+    message = f"worker died: {err!r}"
+    return {"status": "failed", "message": message, "error": message, "trained": True}

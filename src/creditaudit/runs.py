@@ -1,0 +1,155 @@
+"""Run folders: the one place that builds a run's model and method and reads a run folder back.
+
+    RUN/config.json        the resolved RunConfig
+    RUN/checkpoint.json    + checkpoint-eNNNN.safetensors: the last completed epoch (store.py)
+    RUN/metrics.jsonl      one line per completed epoch (epoch 0 = at initialisation)
+    RUN/status.json        how training ended: finished / stopped / diverged, epochs completed
+    RUN/error.txt          the traceback of a run that raised
+    RUN/diagnosis.json     the audit's diagnosis of the run
+
+Nothing here trains or judges; `train.py` writes runs, the experiments read them through `load_run`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import store
+from .config import RunConfig
+from .data import ArrayDataset
+from .errors import CreditAuditError
+from .methods import Method, MethodSettings, method_class
+from .model import ResidualModel, build_model as build_architecture
+from .seeding import seed_everything
+
+DONE = ("finished", "diverged", "stopped")   # statuses of a run that will not train further
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """'auto' → cuda when available, else cpu; anything else must be usable here."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise CreditAuditError(f"unknown device {device!r}; use cpu, cuda, cuda:N or auto") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise CreditAuditError(f"device {device!r} asked for, but this machine has no CUDA GPU; "
+                               "use --device cpu (or auto)")
+    return dev
+
+
+def build_model(config: RunConfig, input_shape: tuple[int, ...], n_classes: int) -> ResidualModel:
+    """The run's model, initialised from the run's seed."""
+    seed_everything(config.seed)
+    return build_architecture(config.arch, tuple(input_shape), n_classes, width=config.width,
+                              blocks=config.blocks, activation=config.activation,
+                              w2_std=config.w2_std, options=dict(config.arch_options))
+
+
+def build_method(config: RunConfig, model: ResidualModel) -> Method:
+    settings = MethodSettings(epochs=config.epochs, seed=config.seed, lr=config.lr,
+                              weight_decay=config.weight_decay,
+                              trainable_blocks=config.trainable_block_ids,
+                              options=dict(config.options))
+    return method_class(config.method)(model, settings)
+
+
+def run_dir_for(root: Path, config: RunConfig) -> Path:
+    """<root>/runs/<method>[-lamλ]-<control>-s<seed>-<key>: readable, and unique per config."""
+    lam = f"-lam{config.lam:g}" if config.lam else ""
+    method = config.method.replace(":", "_").replace("/", "_")
+    return Path(root) / "runs" / f"{method}{lam}-{config.control}-s{config.seed}-{config.run_key}"
+
+
+@dataclass
+class Run:
+    """A run folder's content, rebuilt: config, model and method at the last checkpoint, history."""
+
+    config: RunConfig
+    run_dir: Path
+    model: ResidualModel
+    method: Method
+    history: list[dict] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)    # the checkpoint's remaining state (RNGs)
+
+    @property
+    def test_acc(self) -> float | None:
+        return self.history[-1]["test_acc"] if self.history else None
+
+    @property
+    def epochs_completed(self) -> int:
+        return int(self.history[-1]["epoch"]) if self.history else 0
+
+    @property
+    def finished(self) -> bool:
+        return self.status.get("status") == "finished"
+
+
+def read_config(run_dir: Path) -> RunConfig:
+    raw = store.read_json(Path(run_dir) / "config.json", "creditaudit run folder")
+    if not isinstance(raw, dict):
+        raise CreditAuditError(f"{run_dir}/config.json is not a run config; the run folder is corrupt")
+    return RunConfig.from_dict(raw)
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    """How the run ended ({} while it is still training), integrity-checked against its checkpoint."""
+    path = Path(run_dir) / "status.json"
+    if not path.exists():
+        return {}
+    status = store.read_sealed_json(path, "run's status")
+    if status.get("checkpoint") != store.checkpoint_digest(run_dir):
+        raise CreditAuditError(f"{path} belongs to another checkpoint than {Path(run_dir) / 'checkpoint.json'} "
+                               "(one of them was replaced); re-train the run")
+    return status
+
+
+def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> Run:
+    """Rebuild a run from its folder (config.json + checkpoint) without unpickling anything."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CreditAuditError(f"run folder {run_dir} does not exist")
+    config = read_config(run_dir)
+    meta, state = store.load_checkpoint(run_dir)
+    model = build_model(config, tuple(meta["input_shape"]), meta["n_classes"])
+    try:
+        model.load_state_dict(state.pop("model"))
+    except (RuntimeError, KeyError) as err:
+        raise CreditAuditError(f"checkpoint in {run_dir} does not fit its config.json ({err})") from None
+    model.to(resolve_device(device))
+    method = build_method(config, model)
+    try:
+        method.load_state_dict(state.pop("method"))
+    except (KeyError, ValueError, RuntimeError, TypeError) as err:
+        raise CreditAuditError(f"the method state in {run_dir} does not fit a {config.method!r} run "
+                               f"({type(err).__name__}: {err}); the checkpoint is corrupt or foreign") from None
+    history = state.pop("history")
+    return Run(config, run_dir, model, method, history, read_status(run_dir), state)
+
+
+def data_shape(data: ArrayDataset) -> dict[str, Any]:
+    """What a checkpoint records about its data so the model can be rebuilt without it."""
+    return {"input_shape": list(data.input_shape), "n_classes": data.n_classes}
+
+
+# the settings a frozen-blocks control must share with the run it controls for
+CONTROL_FIELDS = ("method", "dataset", "arch", "seed", "epochs", "batch_size", "lr", "weight_decay",
+                  "width", "blocks", "activation", "w2_std", "options", "arch_options")
+
+
+def check_frozen_control(run: Run, control: Run) -> None:
+    """Refuse a `--frozen-control` that is not the frozen control of `run`, naming the field."""
+    if control.config.trainable_blocks != 0 or control.config.blocks == 0:
+        raise CreditAuditError(f"{control.run_dir} is not a frozen-blocks control (it is "
+                               f"{control.config.control!r}); train one with `creditaudit train ... --frozen`")
+    for name in CONTROL_FIELDS:
+        mine, theirs = getattr(run.config, name), getattr(control.config, name)
+        if mine != theirs:
+            raise CreditAuditError(f"the frozen control {control.run_dir} does not match the run: "
+                                   f"{name} is {theirs!r} there but {mine!r} here; train the control "
+                                   "with the run's settings plus --frozen")
