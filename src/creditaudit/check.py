@@ -22,6 +22,13 @@ def exit_code(verdicts: list[str]) -> int:
     return TRUSTWORTHY
 
 
+def check_report(report: dict) -> tuple[list[str], int, dict]:
+    """(one line, exit code, payload) for one fresh diagnosis (e.g. of a user's model)."""
+    name, verdict = str(report.get("label") or "model"), report["verdict"]
+    code = exit_code([verdict])
+    return [f"{name}  {verdict}"], code, {"exit_code": code, "verdicts": [{"name": name, "verdict": verdict}]}
+
+
 def check_path(path: Path) -> tuple[list[str], int, dict]:
     """(one line per method or run, exit code, JSON payload) for an audit folder or a run folder."""
     path = Path(path)

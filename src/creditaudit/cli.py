@@ -161,14 +161,45 @@ def _load_for_diagnosis(args):
         control = load_run(args.frozen_control, "cpu")
         check_frozen_control(run, control)
     data = load_dataset(run.config.dataset, args.data_dir, next(run.model.parameters()).device)
-    return run, eval_batches(data, args.eval_batches), control
+    return run, eval_batches(data, args.eval_batches), control, data
+
+
+def _diagnose_user_model(args):
+    """`--model PKG.MODULE:FACTORY --weights FILE`: a model trained elsewhere (usermodel.py)."""
+    from .data import load_dataset
+    from .experiments import eval_batches
+    from .protocol import diagnose
+    from .runs import resolve_device
+    from .usermodel import user_model_evidence
+    if not args.weights or not args.dataset:
+        raise CreditAuditError("--model needs --weights FILE.safetensors and --dataset NAME")
+    if args.run_dir:
+        raise CreditAuditError("give either a run folder or --model/--weights, not both")
+    device = resolve_device(args.device)
+    data = load_dataset(args.dataset, args.data_dir, device)
+    batches = eval_batches(data, args.eval_batches)
+    ev = user_model_evidence(args.model, args.weights, data, batches, frozen=args.frozen_control,
+                             init=args.init_weights, device=device)
+    report = diagnose(ev["model"], batches, frozen_acc=ev["frozen_acc"], test_acc=ev["test_acc"],
+                      monitor_history=ev["history"], rho=getattr(args, "rho", False),
+                      label=f"{args.model} ({Path(args.weights).name})")
+    report.first_fire = None          # two snapshots (init, now) are no training-time monitor
+    return report
+
+
+def _diagnosis(args):
+    from .experiments.common import diagnose_run
+    _set_threads(args)
+    if args.model:
+        return _diagnose_user_model(args)
+    if not args.run_dir:
+        raise CreditAuditError("give a run folder, or --model PKG.MODULE:FACTORY --weights FILE --dataset NAME")
+    run, batches, control, data = _load_for_diagnosis(args)
+    return diagnose_run(run, batches, control=control, rho=getattr(args, "rho", False), run_data=data)
 
 
 def _cmd_diagnose(args) -> int:
-    from .experiments.common import diagnose_run
-    _set_threads(args)
-    run, batches, control = _load_for_diagnosis(args)
-    report = diagnose_run(run, batches, control=control, rho=args.rho)
+    report = _diagnosis(args)
     print(report.to_json(indent=2) if args.json else report)
     return 0
 
@@ -177,15 +208,20 @@ def _cmd_calibrate(args) -> int:
     from .experiments.common import diagnose_run
     from .report.tables import calibration_table
     _set_threads(args)
-    run, batches, _ = _load_for_diagnosis(args)
-    report = diagnose_run(run, batches, rho=True, null_k=args.null_draws)
+    run, batches, _, data = _load_for_diagnosis(args)
+    report = diagnose_run(run, batches, rho=True, null_k=args.null_draws, run_data=data)
     print(report.to_json(indent=2) if args.json else calibration_table(report.to_dict()))
     return 0
 
 
 def _cmd_check(args) -> int:
-    from .check import check_path
-    lines, code, payload = check_path(Path(args.path))
+    from .check import check_path, check_report
+    if args.model:
+        lines, code, payload = check_report(_diagnosis(args).to_dict())
+    elif args.path:
+        lines, code, payload = check_path(Path(args.path))
+    else:
+        raise CreditAuditError("give an audit or run folder, or --model PKG.MODULE:FACTORY --weights FILE")
     print(json.dumps(payload, indent=2) if args.json else "\n".join(lines))
     return code
 
@@ -344,6 +380,18 @@ def _cmd_lint(args) -> int:
     return run_lint(args.paths, sys.stdout)
 
 
+def _add_user_model_args(p: argparse.ArgumentParser) -> None:
+    from .data import DATASET_NAMES
+    p.add_argument("--model", metavar="PKG.MODULE:FACTORY",
+                   help="audit your own model: FACTORY() returns an nn.Module exposing its residual "
+                        "stream (docs/ADD_A_METHOD.md) (default: none)")
+    p.add_argument("--weights", metavar="FILE", help="with --model: its trained weights (.safetensors)")
+    p.add_argument("--init-weights", metavar="FILE",
+                   help="with --model: its weights at initialisation, for (a′) (default: none)")
+    p.add_argument("--dataset", choices=DATASET_NAMES, metavar="NAME",
+                   help=f"with --model: the data to measure on; one of {_choices(DATASET_NAMES)}")
+
+
 def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     from .config import AuditConfig, EXECUTORS, PRESET_NAMES, default, field_help
     from .data import DATASET_NAMES
@@ -406,27 +454,38 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, helptext, example in (
             ("diagnose", _cmd_diagnose, "audit one run: diagnostics (a)–(d), Γ, verdict",
              "  creditaudit diagnose runs/dfa-RUN --frozen-control runs/dfa-FROZEN\n"
-             "  creditaudit diagnose runs/dfa-RUN --rho --json"),
+             "  creditaudit diagnose --model mypkg.nets:make --weights trained.safetensors "
+             "--dataset cifar10 --frozen-control frozen.safetensors"),
             ("calibrate", _cmd_calibrate, "ρ per layer beside its BP/random controls, Γ beside its null",
              "  creditaudit calibrate runs/dfa-RUN")):
         d = _sub(sub, name, helptext, example, func)
-        d.add_argument("run_dir", help="a run folder written by `creditaudit train`")
+        d.add_argument("run_dir", nargs="?", help="a run folder written by `creditaudit train`")
+        if name == "diagnose":
+            _add_user_model_args(d)
         d.add_argument("--json", action="store_true", help="print the report as JSON")
         d.add_argument("--eval-batches", type=int, default=8,
                        help="disjoint test batches; ≥ 8 for stability (c) (default: 8)")
         _add_where_args(d)
         if name == "diagnose":
-            d.add_argument("--frozen-control", metavar="RUN_DIR",
-                           help="the frozen-blocks control of the same method, seed and settings, "
-                                "for (d) (default: none, so the verdict is at best incomplete)")
+            d.add_argument("--frozen-control", metavar="RUN_DIR|FILE",
+                           help="the frozen-blocks control of the same method, seed and settings "
+                                "(a run folder; with --model, its .safetensors weights), for (d) "
+                                "(default: none, so the verdict is at best incomplete)")
             d.add_argument("--rho", action="store_true", help="also measure ρ at layers 1…L")
         else:
             d.add_argument("--null-draws", type=int, default=20, help="fresh feedback draws (default: 20)")
 
     c = _sub(sub, "check", "verdict gate for CI: exit 0 trustworthy, 1 walk back, 3 incomplete, 2 error",
-             "  creditaudit check audits/quick\n  creditaudit check runs/dfa-RUN --json", _cmd_check)
-    c.add_argument("path", help="an audit folder (with audit.json) or a diagnosed run folder")
+             "  creditaudit check audits/quick\n"
+             "  creditaudit check --model mypkg.nets:make --weights trained.safetensors --dataset digits "
+             "--frozen-control frozen.safetensors", _cmd_check)
+    c.add_argument("path", nargs="?", help="an audit folder (with audit.json) or a diagnosed run folder")
     c.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    _add_user_model_args(c)
+    c.add_argument("--frozen-control", metavar="FILE", help="with --model: the frozen control's weights")
+    c.add_argument("--eval-batches", type=int, default=8, help="with --model: eval batches (default: 8)")
+    _add_where_args(c)
+    c.set_defaults(run_dir=None)
 
     a = _sub(sub, "audit", "train + diagnose methods × seeds with controls; write the report",
              "  creditaudit audit --preset quick\n"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CreditAuditError
+from .methods import REFERENCE_METHOD
 
 INT64_MAX = 2 ** 63 - 1
 PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training] lam goes to every
@@ -39,7 +40,7 @@ class RunConfig:
     consecutive epochs (None = train to the end).
     """
 
-    method: str = field(default="bp", metadata=_help("credit-assignment method, or PKG.MODULE:CLASS"))
+    method: str = field(default=REFERENCE_METHOD, metadata=_help("credit-assignment method, or PKG.MODULE:CLASS"))
     dataset: str = field(default="mnist1d", metadata=_help("dataset"))
     arch: str = field(default="resmlp", metadata=_help("architecture"))
     seed: int = field(default=42, metadata=_help("seed (weights, data order, feedback matrices)"))
@@ -181,7 +182,7 @@ class AuditConfig:
     """An audit: methods × seeds (each with its frozen and shallow controls) on one dataset/model."""
 
     dataset: str = field(default="mnist1d", metadata=_help("dataset"))
-    methods: tuple[str, ...] = field(default=("bp",), metadata=_help("methods to audit"))
+    methods: tuple[str, ...] = field(default=(REFERENCE_METHOD,), metadata=_help("methods to audit"))
     seeds: tuple[int, ...] = field(default=(42, 123, 456), metadata=_help("seeds"))
     epochs: int = field(default=100, metadata=_help("training epochs per run"))
     out: str = field(default="audits/audit", metadata=_help("audit folder"))

@@ -1,7 +1,7 @@
-"""Measurements of SPEC §6 as pure functions of (model, batch[, credit]).
+"""Measurements of docs/PROTOCOL.md as pure functions of (model, batch[, credit]).
 
 Every function takes a `ResidualStream` (or a model with `.stream()`, such as ResidualMLP) and
-returns plain numbers or small dataclasses. Conventions, from SPEC §6:
+returns plain numbers or small dataclasses. Conventions, from docs/PROTOCOL.md:
   * norms are per-sample L2 along the feature dimension, `t.norm(dim=-1)`, reported as the median
     over samples;
   * g_l = ∂CE/∂h_l with CE mean-reduced over the eval batch (the floor threshold assumes it);
@@ -132,7 +132,7 @@ def readout_gain(model, x: torch.Tensor, y: torch.Tensor) -> float:
 
 @dataclass
 class MonitorSnapshot:
-    """The cheap per-epoch diagnostics on one fixed eval batch (SPEC §6, training-time monitor)."""
+    """The cheap per-epoch diagnostics on one fixed eval batch (docs/PROTOCOL.md-time monitor)."""
 
     h_norms: list[float]
     g_norms: list[float]
@@ -279,7 +279,7 @@ def cross_batch_stability_from(grads_per_batch: list[list[torch.Tensor]],
 def cross_batch_stability(model, batches, layers: Sequence[int] | None = None) -> list[float]:
     """(c) s_l for l in `layers` (default 0 … L) over K disjoint eval batches [(x, y), …].
 
-    SPEC §6 asks for K ≥ 8. Each batch's g is ∂CE/∂h of that batch's mean-reduced CE (the 1/N
+    docs/PROTOCOL.md asks for K ≥ 8. Each batch's g is ∂CE/∂h of that batch's mean-reduced CE (the 1/N
     does not matter: only directions enter). ≈ 0 for sample-specific credit, ≈ 1 when one
     sample-invariant direction dominates.
     """
@@ -320,7 +320,7 @@ def _credit_fn_with_gen(method_or_fn):
 
 def null_calibration(method_or_fn, model, x, y=None, k: int = 20, seed: int = 0
                      ) -> NullCalibration:
-    """Γ_l recomputed with K fresh feedback draws (SPEC §6, null calibration of Γ).
+    """Γ_l recomputed with K fresh feedback draws (docs/PROTOCOL.mdΓ).
 
     `method_or_fn` is a Method (its `fresh_feedback_credit(x, y, gen)` is called) or any callable
     with that signature. Draw k uses `derived_generator(seed, f"null:{k}")`, so the null is
@@ -352,7 +352,7 @@ def pool_samples(per_batch: list[list[torch.Tensor]]) -> list[torch.Tensor]:
 
 @dataclass
 class PerturbationCorrelation:
-    """ρ_l of one credit signal, with the two controls of SPEC §6 on the same directions v."""
+    """ρ_l of one credit signal, with the two controls of docs/PROTOCOL.md on the same directions v."""
 
     layer: int
     method: float | None              # None when no credit was given (controls only)
@@ -361,6 +361,7 @@ class PerturbationCorrelation:
     m: int
     eps: float
     dtype: str
+    bp_model_precision: float | None = None   # the BP control in the model's own dtype (fp32)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -387,8 +388,9 @@ class _Perturbation:
     is ~1e-7 — float32 ΔL would be mostly noise for a trained model.
     """
 
-    def __init__(self, model, x, y, layer: int, m: int, eps: float, gen: torch.Generator):
-        self.stream, xin = _exact_stream(model, x)
+    def __init__(self, model, x, y, layer: int, m: int, eps: float, gen: torch.Generator,
+                 exact: bool = True):
+        self.stream, xin = _exact_stream(model, x) if exact else (as_stream(model), x)
         with torch.no_grad():
             h = self.stream.hidden(xin)[layer].detach()
         if h.dtype == torch.float16:
@@ -427,7 +429,7 @@ def perturbation_correlation(model, x: torch.Tensor, y: torch.Tensor, layer: int
         v_mi ~ N(0, I), ‖v_mi‖ = 1;   ΔL_mi = ℓ_i(h_l + ε v_mi) − ℓ_i(h_l);   pred_mi = ε⟨a_l,i, v_mi⟩
         ρ_l = Pearson(pred, ΔL) over the M × N pairs  (0 if either std < 1e-12)
 
-    `credit` is a_l (N, d) or the list [a_0 … a_L]. ΔL is the forward difference of SPEC §6, in
+    `credit` is a_l (N, d) or the list [a_0 … a_L]. ΔL is the forward difference of docs/PROTOCOL.md
     float64 when the model can be cast (an nn.Module with .stream()). Scale-free in a: the 1/N
     of a mean-reduced gradient does not matter. Non-finite states give NaN.
     """
@@ -442,11 +444,19 @@ def perturbation_with_controls(model, x: torch.Tensor, y: torch.Tensor, layer: i
     a = BP gradient (expected ≈ 1; paper 0.9965) and a = N(0, I) random vector (≈ 0; paper 0.0056).
     """
     gen = gen if gen is not None else derived_generator(0, "rho")
+    start = gen.get_state()
     pert = _Perturbation(model, x, y, layer, m, eps, gen)
     method = None if credit is None else pert.rho(_layer_credit(credit, layer))
     random_a = torch.randn(pert.h.shape, generator=gen, dtype=torch.float64).to(pert.h.device)
-    return PerturbationCorrelation(layer, method, pert.rho(pert.bp_gradient()), pert.rho(random_a),
-                                   m, eps, str(pert.h.dtype).replace("torch.", ""))
+    result = PerturbationCorrelation(layer, method, pert.rho(pert.bp_gradient()), pert.rho(random_a),
+                                     m, eps, str(pert.h.dtype).replace("torch.", ""))
+    # The same directions, with ΔL and g computed in the model's own precision: is the reference
+    # numerically meaningful as the model itself computes it (a floor-level g in fp32)?
+    same = torch.Generator().manual_seed(0)
+    same.set_state(start)
+    own = _Perturbation(model, x, y, layer, m, eps, same, exact=False)
+    result.bp_model_precision = own.rho(own.bp_gradient())
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,7 +527,7 @@ class IdentityCheck:
 
 
 def identity_check(model_factory, seeds: Sequence[int], x: torch.Tensor) -> IdentityCheck:
-    """Build a fresh model per seed and measure how far its blocks move the stream (SPEC §6).
+    """Build a fresh model per seed and measure how far its blocks move the stream (docs/PROTOCOL.md).
 
     `model_factory(seed)` returns a model or ResidualStream; it runs under `torch.manual_seed(seed)`
     inside a forked RNG, so the caller's global random state is left as it was. Std is ddof = 0.

@@ -1,4 +1,4 @@
-"""The audit protocol of SPEC §6: diagnostics → flags → verdict, for one trained model.
+"""The audit protocol of docs/PROTOCOL.md: diagnostics → flags → verdict, for one trained model.
 
     (a)  EXPLODED    max_l ‖h_{l+1}‖/‖h_l‖ > 50                 scale stability
     (b)  AT FLOOR    ‖g_L‖ < 1e-7                                reference validity (paper)
@@ -30,8 +30,10 @@ from . import metrics as M
 from .model import as_stream
 from .seeding import derived_generator
 from .store import json_safe
+from .store import json_number as _num
 from .verdict import (FLAG_NAMES, PAPER_FLAGS, PROJECT_FLAGS, Thresholds, _fmt, disagreement,
-                      fires_a, fires_b, fires_b_prime, fires_c, fires_d, first_fire_epochs, reasons,
+                      fires_a, fires_a_prime, fires_b, fires_b_prime, fires_c, fires_d,
+                      first_fire_epochs, growth_since_init, reasons, stack_growth, training_gaps,
                       verdict_string)
 
 
@@ -71,7 +73,17 @@ class Report:
     depth: M.DepthUtility | None = None
     first_fire: dict[str, int | None] | None = None
     diverged: str | None = None               # training ended non-finite: the run's own message
+    init_growth: float = float("nan")        # (a′) max_l ‖h_l‖/‖h_l at init‖ (monitor batch); NaN: no init
+    stack_growth: float = float("nan")       # (a′) ‖h_L‖/‖h_0‖ (medians over the eval batches)
+    not_evaluated: dict[str, str] = field(default_factory=dict)   # flag → why it could not be
+    training: dict | None = None              # status, epochs_completed, epochs_planned
     nudge: list[M.NudgeResult] | None = None  # nudging test at the ρ layers (needs a method)
+
+    @property
+    def rho_bp_model_precision(self) -> float | None:
+        """ρ of the BP gradient in the model's own precision, mean over the measured layers."""
+        vals = [r.bp_model_precision for r in self.rho or [] if r.bp_model_precision is not None]
+        return sum(vals) / len(vals) if vals else None
 
     @property
     def stability_mid(self) -> float:
@@ -98,7 +110,10 @@ class Report:
             "rho": None if self.rho is None else [r.to_dict() for r in self.rho],
             "depth": None if self.depth is None else self.depth.to_dict(),
             "first_fire": self.first_fire, "diverged": self.diverged,
+            "init_growth": self.init_growth, "stack_growth": self.stack_growth,
+            "not_evaluated": self.not_evaluated, "training": self.training,
             "nudge": None if self.nudge is None else [n.to_dict() for n in self.nudge],
+            "rho_bp_model_precision": self.rho_bp_model_precision,
             "thresholds": asdict(self.thresholds),
         }
         return json_safe(d)
@@ -121,7 +136,7 @@ class Report:
         if self.null is not None:
             head += f"  {'null μ±σ':>15}  {'z':>7}"
         if self.rho:
-            head += f"  {'ρ method':>8}  {'ρ bp':>7}  {'ρ rand':>7}"
+            head += f"  {'ρ method':>8}  {'ρ bp':>7}  {'ρ bp32':>7}  {'ρ rand':>7}"
         lines += [head, "-" * len(head)]
         for l, (hn, gn) in enumerate(zip(self.residual_norms, self.bp_grad_norms)):
             row = f"{l:>5}  {_fmt(hn, '10.3e')}  {_fmt(gn, '10.3e')}  {_fmt(self.stability[l], '+7.3f')}"
@@ -135,6 +150,7 @@ class Report:
                 r = rho_by_layer.get(l)
                 row += (f"  {_fmt(r.method, '+8.3f') if r and r.method is not None else '':>8}"
                         f"  {_fmt(r.bp, '+7.3f') if r else '':>7}"
+                        f"  {_fmt(r.bp_model_precision, '+7.3f') if r else '':>7}"
                         f"  {_fmt(r.random, '+7.3f') if r else '':>7}")
             lines.append(row)
         if self.gamma is not None and not self.gamma_interpretable:
@@ -142,6 +158,10 @@ class Report:
         lines += ["", f"{'diagnostic':<17} {'value':>11}  {'threshold':>10}  flag",
                   f"{'(a) max growth':<17} {_fmt(self.max_growth, '11.4g')}  "
                   f"{'> ' + format(t.growth, 'g'):>10}  {self._flag('a')}",
+                  f"{'(a′) since init':<17} {_fmt(self.init_growth, '11.4g')}  "
+                  f"{'> ' + format(t.init_growth, 'g'):>10}  {self._flag('a_prime')}",
+                  f"{'(a′) ‖h_L‖/‖h_0‖':<17} {_fmt(self.stack_growth, '11.4g')}  "
+                  f"{'> ' + format(t.stack_growth, 'g'):>10}",
                   f"{'(b) ‖g_L‖':<17} {_fmt(self.bp_grad_norms[-1], '11.3e')}  "
                   f"{'< ' + format(t.floor, 'g'):>10}  {self._flag('b')}",
                   f"{'(b′) readout gain':<17} {_fmt(self.readout_gain, '11.3e')}  "
@@ -154,7 +174,11 @@ class Report:
                          f"{'< ' + format(t.depth_margin, 'g'):>10}  {self._flag('d')}"
                          f"   (acc {self.depth.acc:.4f} vs frozen {self.depth.frozen_acc:.4f})")
         else:
-            lines.append(f"{'(d) acc − frozen':<17} {'—':>11}  {'':>10}  not measured (no frozen control)")
+            lines.append(f"{'(d) acc − frozen':<17} {'—':>11}  {'':>10}  not evaluated (no frozen control)")
+        if self.training:
+            tr = self.training
+            lines.append(f"training: {tr.get('status')}, {tr.get('epochs_completed')}/"
+                         f"{tr.get('epochs_planned')} epochs")
         if self.first_fire is not None:
             ff = ", ".join(f"{FLAG_NAMES[k].split()[0]} epoch {v}" if v is not None
                            else f"{FLAG_NAMES[k].split()[0]} never" for k, v in self.first_fire.items())
@@ -166,7 +190,7 @@ class Report:
 
     def _flag(self, key: str) -> str:
         on = self.flags.get(key)
-        return "n/a" if on is None else (FLAG_NAMES[key].split(" ", 1)[1] if on else "ok")
+        return "not evaluated" if on is None else (FLAG_NAMES[key].split(" ", 1)[1] if on else "ok")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,10 +223,11 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
              thresholds: Thresholds = Thresholds(), monitor_history: Sequence[dict] | None = None,
              null: bool | None = None, null_k: int = 20, null_seed: int = 0,
              rho: bool | Sequence[int] = False, rho_m: int = 32, rho_eps: float = 1e-3,
-             rho_seed: int = 0, label: str = "", diverged: str | None = None) -> Report:
-    """Run the SPEC §6 protocol on `model` (a ResidualStream or a model with `.stream()`).
+             rho_seed: int = 0, label: str = "", diverged: str | None = None,
+             training: dict | None = None) -> Report:
+    """Run the docs/PROTOCOL.md protocol on `model` (a ResidualStream or a model with `.stream()`).
 
-    eval_batches:    list of (x, y); SPEC: K ≥ 8 disjoint batches of 128 (s_l needs K ≥ 2).
+    eval_batches:    list of (x, y); protocol: K ≥ 8 disjoint batches of 128 (s_l needs K ≥ 2).
     method:          a Method, or a callable (x, y) -> [a_0 … a_L]; gives Γ (and the null).
     frozen_acc:      accuracy of the frozen-blocks control; without it (d) is None (not measured).
     test_acc:        the headline accuracy for (d); defaults to the accuracy on the eval batches.
@@ -216,6 +241,9 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
                      forward of M·N states per layer).
     diverged:        the trainer's message when the run ended non-finite; (a) then fires
                      whatever the last finite checkpoint looks like.
+    training:        {"status", "epochs_completed", "epochs_planned"} of the run; a run that did
+                     not finish makes the verdict at best "incomplete" (None: a model trained
+                     elsewhere, taken as final).
     Never raises on a non-finite model: the report says so instead.
     """
     if not eval_batches:
@@ -227,14 +255,14 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
     try:
         return _diagnose(model, list(eval_batches), method, frozen_acc, test_acc, thresholds,
                          monitor_history, null, null_k, null_seed, rho, rho_m, rho_eps, rho_seed,
-                         label, diverged)
+                         label, diverged, training)
     finally:
         if module is not None:
             module.train(was_training)
 
 
 def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, null_k, null_seed,
-              rho, rho_m, rho_eps, rho_seed, label, diverged) -> Report:
+              rho, rho_m, rho_eps, rho_seed, label, diverged, training) -> Report:
     stream = as_stream(model)
     bps = [M.bp_gradients(stream, x, y) for x, y in batches]
     pooled = _pooled_bp(bps)
@@ -257,22 +285,39 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
         depth.undercut = fires_d(depth.gap, t)
         if depth.undercut is None:      # a non-finite accuracy: the network certainly does not clear it
             depth.undercut = True
-    flags = {"a": bool(diverged) or fires_a(growth, t), "b": fires_b(g_norms[-1], t),
-             "b_prime": fires_b_prime(gain, t), "c": fires_c(stability[mid], t),
-             "d": None if depth is None else depth.undercut}
+    monitor_now = [_num(v) for v in history[-1]["h_norms"]] if history else None
+    monitor_init = ([_num(v) for v in history[0]["h_norms"]]
+                    if history and int(history[0]["epoch"]) == 0 else None)
+    init_growth = growth_since_init(monitor_now, monitor_init) if monitor_now else float("nan")
+    stack = stack_growth(h_norms) if not nonfinite else float("nan")
+    flags = {"a": bool(diverged) or fires_a(growth, t),
+             "a_prime": True if (diverged or nonfinite) else fires_a_prime(init_growth, stack, t),
+             "b": fires_b(g_norms[-1], t), "b_prime": fires_b_prime(gain, t),
+             "c": fires_c(stability[mid], t), "d": None if depth is None else depth.undercut}
+    if training and training.get("status") == "stopped" and history:
+        # --stop-when-flagged ended the run: the monitor's flags that held are evidence too
+        last = history[-1]
+        flags["a"] = flags["a"] or fires_a(last["max_growth"], t)
+        flags["b_prime"] = flags["b_prime"] or fires_b_prime(last["gain"], t)
+        flags["a_prime"] = flags["a_prime"] or bool(fires_a_prime(init_growth, stack_growth(monitor_now), t))
+    not_evaluated = {}
+    if flags["a_prime"] is None:
+        not_evaluated["a_prime"] = ("no initialisation was recorded for this model, so only the "
+                                    f"whole-stack ratio ‖h_L‖/‖h_0‖ = {stack:.3g} could be measured")
+    if flags["d"] is None:
+        not_evaluated["d"] = ("no accuracy of a matching, finished frozen-blocks control was given "
+                              "(creditaudit diagnose --frozen-control RUN_DIR)")
+    missing = training_gaps(training)
 
     report = Report(label, len(batches), len(pooled.logits), t, h_norms, g_norms, gain, growth,
                     pooled.loss, eval_acc, M.median(M.per_sample_norm(pooled.logit_grad)),
-                    nonfinite, stability, mid, flags, verdict_string(flags, PROJECT_FLAGS, nonfinite),
-                    verdict_string(flags, PAPER_FLAGS, nonfinite), [], depth=depth, diverged=diverged)
-    report.reasons = reasons(report)
-    report.notes = disagreement(report)
-    if depth is None:
-        report.notes.append("(d) not evaluated: no frozen-blocks control accuracy was given "
-                            "(creditaudit diagnose --frozen-control RUN_DIR), so the verdict does "
-                            "not speak to depth utility.")
+                    nonfinite, stability, mid, flags,
+                    verdict_string(flags, PROJECT_FLAGS, nonfinite, missing),
+                    verdict_string(flags, PAPER_FLAGS, nonfinite, missing), [], depth=depth,
+                    diverged=diverged, init_growth=init_growth, stack_growth=stack,
+                    not_evaluated=not_evaluated, training=training)
     if len(batches) < 8:
-        report.notes.append(f"cross-batch stability used K = {len(batches)} batches; SPEC asks "
+        report.notes.append(f"cross-batch stability used K = {len(batches)} batches; the protocol asks "
                             "for K ≥ 8, so s_l is noisier than the paper's.")
 
     credit_fn = _credit_fn(method)
@@ -297,6 +342,7 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
             report.nudge = [M.nudging_test(model, x0, y0, l, a0) for l in layers]
     if history is not None:
         report.first_fire = first_fire_epochs(history, t)
+    report.reasons = reasons(report)     # last: a reason may cite ρ_BP measured above
     return report
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
 from . import store
@@ -81,7 +82,7 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
                 "history": history,
             }, {**data_shape(data), "label": config.label}, config.to_dict())
             store.write_metrics(out, history)
-        except OSError as err:
+        except (OSError, SafetensorError) as err:  # safetensors reports ENOSPC/EFBIG as its own error
             raise _write_error(out, err, epoch - 1 if epoch else None) from None
 
     def finish(status: str, message: str, wall: float | None = None) -> Run:
@@ -137,9 +138,10 @@ def _record(epoch: int, train_loss: float | None, model, data: ArrayDataset, eva
             **snap.to_dict(), **method_log, "wall_time": wall}
 
 
-def _write_error(out: Path, err: OSError, kept_epoch: int | None) -> CreditAuditError:
+def _write_error(out: Path, err: Exception, kept_epoch: int | None) -> CreditAuditError:
     """One line for a failed write: what failed, what is kept, how to resume."""
+    reason = getattr(err, "strerror", None) or " ".join(str(err).split())
     kept = (f"the checkpoint of epoch {kept_epoch} is kept" if kept_epoch is not None
             else "nothing was trained yet")
-    return CreditAuditError(f"cannot write to {out} ({err.strerror or err}); {kept} — free space or "
+    return CreditAuditError(f"cannot write to {out} ({reason}); {kept} — free space or "
                             "fix the folder's permissions, then run the same command again to resume")

@@ -48,13 +48,18 @@ def load_mnist1d(data_dir: Path, download: bool = True) -> ArrayDataset:
 
 
 def load_digits(data_dir: Path | None = None, download: bool = True) -> ArrayDataset:
-    """scikit-learn's bundled 8×8 digits (1797 samples): a fixed 80/20 split (permutation seed 0)."""
+    """scikit-learn's bundled 8×8 digits (1797 samples): a fixed 80/20 split (permutation seed 0).
+
+    Kept as standardised float images (N, 1, 8, 8), so the conv and ViT architectures can use them;
+    the pixels are sklearn's row-major order, so a flattening model (the ResidualMLP) sees exactly
+    the 64 features of the flat layout, in the same order.
+    """
     from sklearn.datasets import load_digits as sk_digits
     d = sk_digits()
     order = np.random.default_rng(0).permutation(len(d.target))
     x, y = d.data[order].astype(np.float64), d.target[order].astype(np.int64)
     cut = int(0.8 * len(y))
-    xtr, xte = _standardise(x[:cut], x[cut:])
+    xtr, xte = (t.view(-1, 1, 8, 8) for t in _standardise(x[:cut], x[cut:]))
     return ArrayDataset("digits", xtr, torch.from_numpy(y[:cut]), xte, torch.from_numpy(y[cut:]),
                         n_classes=10)
 

@@ -18,6 +18,7 @@ Nothing is downloaded; a missing file raises CreditAuditError saying where to pu
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from pathlib import Path
 
@@ -74,6 +75,9 @@ def _read_split(folder: Path, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
     images_path = _require(folder, f"{prefix}-images-idx3-ubyte")
     labels_path = _require(folder, f"{prefix}-labels-idx1-ubyte")
     images, labels = read_idx(images_path, ndim=3), read_idx(labels_path, ndim=1)
+    if len(images) == 0:
+        raise CreditAuditError(f"{images_path} holds 0 images (its header says so): a split to train or "
+                               "test on needs samples; replace it with the original file")
     if images.shape[1:] != (28, 28):
         raise CreditAuditError(f"{images_path}: expected 28×28 images, found {images.shape[1:]}")
     if len(labels) != len(images):
@@ -113,7 +117,8 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
     if len(raw) < header:
         raise CreditAuditError(f"{path}: the IDX header is cut short; {fix}")
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
-    if len(raw) != header + int(np.prod(dims)):
-        raise CreditAuditError(f"{path}: the header promises {dims} = {int(np.prod(dims))} bytes "
+    size = math.prod(dims)  # exact: np.prod would wrap around in int64 for a corrupt header
+    if len(raw) != header + size:
+        raise CreditAuditError(f"{path}: the header promises {dims} = {size} bytes "
                                f"of data, the file holds {len(raw) - header}; {fix}")
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims).copy()

@@ -36,7 +36,10 @@ def random_crop_flip(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.T
 class ArrayDataset:
     """Train/test tensors plus what is needed to turn a raw batch into network input.
 
-    x_*: uint8 images (N, C, H, W) or float features (N, D); y_*: int64 labels.
+    x_*: uint8 images (N, C, H, W), float images (N, C, H, W) (digits, already standardised) or
+    float features (N, D); y_*: int64 labels. `prepare` keeps the per-sample shape (`input_shape`):
+    images reach the model as images, and a model that wants features flattens them itself (the
+    ResidualMLP does, so its input is the same C·H·W numbers in the same order either way).
     mean/std: per-channel normalisation for images (shape (C, 1, 1)); None for features that are
     already standardised. `augment` turns on crop + flip for training batches (images only).
     """
@@ -57,6 +60,11 @@ class ArrayDataset:
         return int(self.x_train[0].numel())
 
     @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Per-sample shape of the inputs: (D,) for features, (C, H, W) for images."""
+        return tuple(int(s) for s in self.x_train.shape[1:])
+
+    @property
     def device(self) -> torch.device:
         return self.x_train.device
 
@@ -68,7 +76,7 @@ class ArrayDataset:
 
     def prepare(self, x: torch.Tensor, train: bool = False,
                 gen: torch.Generator | None = None) -> torch.Tensor:
-        """Raw batch → float32 network input (N, D_in): augment (train only), scale, normalise."""
+        """Raw batch → float32 network input (N, *input_shape): augment (train only), scale, normalise."""
         if train and self.augment:
             if gen is None:
                 raise ValueError("augmentation needs a generator")
@@ -79,7 +87,7 @@ class ArrayDataset:
             x = x.float()
         if self.mean is not None:
             x = (x - self.mean) / self.std
-        return x.flatten(1)
+        return x
 
     def train_batches(self, batch_size: int, gen: torch.Generator
                       ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

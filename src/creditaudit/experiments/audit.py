@@ -11,7 +11,7 @@ from typing import Sequence
 from .. import __version__, store
 from ..config import AuditConfig, RunConfig
 from ..store import json_number as _num
-from ..verdict import SeedEvidence, Thresholds, method_verdict, threshold_sensitivity
+from ..verdict import SeedEvidence, Thresholds, interval, method_verdict, threshold_sensitivity
 from .common import Execution, Outcome, deep_mean, mean_std, median_of, run_all
 
 STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
@@ -29,7 +29,8 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
     frozen = [o for o in mine if o.config.control == "frozen"]
     shallow = [o for o in mine if o.config.control == "shallow"]
     diagnosed = [o for o in main if o.report]
-    frozen_by_seed = {o.config.seed: o.test_acc for o in frozen if o.test_acc is not None}
+    frozen_by_seed = {o.config.seed: o.test_acc for o in frozen
+                      if o.test_acc is not None and o.status == "finished"}
     evidence = [SeedEvidence(o.config.label, o.status, o.report, o.test_acc,
                              frozen_by_seed.get(o.config.seed)) for o in main]
     judged = method_verdict(evidence, thresholds)
@@ -44,16 +45,36 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
     deep_rho = lambda key: mean_std([statistics.fmean(_num(r[key]) for r in rs) for rs in rhos
                                      if all(r.get(key) is not None for r in rs)])
     failed = [o for o in main if o.status not in ("finished", "diverged", "stopped") or not o.report]
+    unfinished_controls = [o for o in frozen + shallow if o.status != "finished"]
     mean_gamma = mean_std([statistics.fmean(_num(g) for g in gs) for gs in gammas
                            if all(g is not None for g in gs)])[0]
     first_fire = {k: [(o.report.get("first_fire") or {}).get(k) for o in diagnosed]
-                  for k in ("a", "b", "b_prime")}
+                  for k in ("a", "a_prime", "b", "b_prime")}
+    per_seed = {}
+    for o in main:
+        r = o.report or {}
+        frozen_acc = frozen_by_seed.get(o.config.seed)
+        per_seed[str(o.config.seed)] = {
+            "status": o.status, "epochs": f"{o.epochs_completed}/{o.config.epochs}",
+            "acc": o.test_acc, "frozen_acc": frozen_acc,
+            "gap": None if o.test_acc is None or frozen_acc is None else o.test_acc - frozen_acc,
+            "h_L": (r.get("residual_norms") or [None])[-1], "gain": r.get("readout_gain"),
+            "max_growth": r.get("max_growth"), "init_growth": r.get("init_growth"),
+            "stack_growth": r.get("stack_growth"), "gamma_deep": deep_mean(r.get("gamma")),
+            "rho_bp_model_precision": r.get("rho_bp_model_precision"),
+            "verdict": r.get("verdict", o.status)}
     return {
         "method": method, "lam": main[0].config.lam if main else 0.0,
         "n_seeds": len(main), "n_diagnosed": len(diagnosed),
         "statuses": {o.config.seed: o.status for o in main},
-        "failed": [{"label": o.config.label, "status": o.status, "message": o.message} for o in failed],
+        "failed": [{"label": o.config.label, "status": o.status, "message": o.message}
+                   for o in failed + unfinished_controls],
         "acc": acc, "acc_std": acc_sd, "frozen_acc": facc, "frozen_acc_std": facc_sd,
+        "acc_interval": interval([o.test_acc for o in main if o.status == "finished"]),
+        "depth_gap_interval": judged["depth_gap_interval"], "per_seed": per_seed,
+        "init_growth": median_of(rep("init_growth")), "stack_growth": median_of(rep("stack_growth")),
+        "rho_bp_model_precision": mean_std([_num(o.report.get("rho_bp_model_precision"))
+                                            for o in diagnosed])[0],
         "shallow_acc": sacc, "shallow_acc_std": sacc_sd, "depth_gap": judged["depth_gap"],
         "n_paired_with_frozen": judged["n_paired_with_frozen"],
         "h_L": median_of([_num(o.report["residual_norms"][-1]) for o in diagnosed]),
@@ -76,7 +97,7 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
         "first_fire": first_fire,
         "flag_counts": judged["flag_counts"], "flags": judged["flags"],
         "verdict": judged["verdict"], "paper_verdict": judged["paper_verdict"],
-        "reasons": judged["reasons"],
+        "reasons": judged["reasons"], "missing": judged["missing"],
     }
 
 
@@ -86,14 +107,16 @@ def reporting_strategies(row: dict) -> dict[str, str]:
     accuracy only:  the reported accuracy stands — nothing is checked against it.
     accuracy + Γ:   the usual reading: accept when the credit's Γ, averaged over the residual
                     positions, is positive (it "aligns with backprop"); walk back otherwise.
-    full protocol:  the project verdict.
+    full protocol:  the project verdict: accept, walk back, or incomplete (not enough evidence).
     """
     g = row.get("gamma_mean_all")
-    if row["verdict"].startswith("incomplete"):
-        return {s: "n/a (incomplete)" for s in STRATEGIES}
+    verdict = row["verdict"]
+    if row.get("acc") is None:                 # nothing was trained: no strategy has a number to read
+        return {s: "n/a (no run)" for s in STRATEGIES}
     return {"accuracy only": "accept",
             "accuracy + Γ": "n/a (no credit)" if g is None else ("accept" if g > 0 else "walk back"),
-            "full protocol": "accept" if row["verdict"] == "trustworthy" else "walk back"}
+            "full protocol": ("accept" if verdict == "trustworthy" else
+                              "walk back" if verdict.startswith("walk back") else "incomplete")}
 
 
 def frozen_control_of(config: RunConfig) -> RunConfig | None:

@@ -23,6 +23,7 @@ from .. import store
 from ..config import RunConfig
 from ..data import ArrayDataset, load_dataset
 from ..errors import CreditAuditError
+from ..metrics import accuracy
 from ..protocol import diagnose
 from ..runner import make_executor
 from ..runs import DONE, Run, load_run, read_status, resolve_device, run_dir_for
@@ -112,7 +113,8 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
         run = load_run(job.run_dir, job.device)
         data = dataset(run.config.dataset, job.data_dir, job.device)
         report = diagnose_run(run, eval_batches(data, job.n_eval), frozen_acc=job.frozen_acc,
-                              thresholds=Thresholds(**job.thresholds), rho=job.rho).to_dict()
+                              thresholds=Thresholds(**job.thresholds), rho=job.rho,
+                              run_data=data).to_dict()
         store.write_sealed_json(Path(job.run_dir) / "diagnosis.json", report)
         return report
     except Exception as err:  # noqa: BLE001
@@ -120,15 +122,25 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
 
 
 def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: float | None = None,
-                 thresholds: Thresholds = Thresholds(), rho: bool = False, null_k: int = 20):
+                 thresholds: Thresholds = Thresholds(), rho: bool = False, null_k: int = 20,
+                 run_data: ArrayDataset | None = None):
     """`protocol.diagnose` of a run read from its folder: its method, history and status, and the
     accuracy of its frozen control (`control`, already checked to match; or `frozen_acc`)."""
     if control is not None:
         frozen_acc = control.test_acc if control.finished else None
     diverged = run.status.get("message") if run.status.get("status") == "diverged" else None
-    return diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
-                    test_acc=run.test_acc, thresholds=thresholds, monitor_history=run.history,
-                    rho=rho, null_k=null_k, label=run.config.label, diverged=diverged)
+    training = {"status": run.status.get("status", "unfinished"),
+                "epochs_completed": run.epochs_completed, "epochs_planned": run.config.epochs}
+    report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
+                      test_acc=run.test_acc, thresholds=thresholds, monitor_history=run.history,
+                      rho=rho, null_k=null_k, label=run.config.label, diverged=diverged,
+                      training=training)
+    recomputed = accuracy(run.model, run_data.eval_batches("test", 1000)) if run_data is not None else None
+    if recomputed is not None and run.test_acc is not None and abs(recomputed - run.test_acc) > 0.005:
+        report.notes.append(f"the recorded test accuracy {run.test_acc:.4f} and the one recomputed "
+                            f"from the checkpoint, {recomputed:.4f}, differ by more than 0.5 points: "
+                            "the record and the weights do not belong together, or the data changed.")
+    return report
 
 
 def default_workers(device: torch.device, n_jobs: int) -> int:

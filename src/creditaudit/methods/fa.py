@@ -1,60 +1,169 @@
-"""fa — feedback alignment (Lillicrap et al. 2016) on the pre-LN residual MLP.
+"""fa — feedback alignment (Lillicrap et al. 2016) on any ResidualModel.
 
-Every Linear y = W·x + b inside the residual blocks keeps its forward pass and its weight gradient,
-but sends the error backward through a fixed random matrix B (same shape as W) instead of Wᵀ:
+Every nn.Linear and nn.Conv2d inside the residual blocks keeps its forward pass and its weight
+gradient, but sends the error backward through a fixed random matrix / kernel B (same shape as its
+weight W) instead of W:
 
-    δx = δy · B              (BP: δy · W)
-    ∂W = δyᵀ · x,  ∂b = Σ_i δy_i                      the usual weight gradient
+    Linear  y = x·Wᵀ + b:      δx = δy · B                   (BP: δy · W)
+                               ∂W = δyᵀ · x,  ∂b = Σ δy      the usual weight gradient
+    Conv2d  y = W ⋆ x + b:     δx = conv2d_input(B, δy)      (BP: the same with W)
+                               ∂W = conv2d_weight(x, δy),  ∂b = Σ δy
 
-Everything else backpropagates exactly: the skip connections, the LayerNorms, GELU, and the readout
-(out_ln, out_head), so a_L = g_L. The credit a_l is the FA-propagated error at h_l, i.e. the
-"gradient" of the mean CE at h_l under these rules; θ ← AdamW(θ, ∂CE/∂θ|_FA).
+Everything else backpropagates exactly: the skip connections, LayerNorm, BatchNorm, attention's
+softmax, the activations, and the readout, so a_L = g_L. The credit a_l is the FA-propagated error at
+h_l, i.e. the "gradient" of the mean CE at h_l under these rules; θ ← AdamW(θ, ∂CE/∂θ|_FA).
 
-Choices (SPEC is silent):
-  * B ~ U(−1/√fan_in, 1/√fan_in), the distribution nn.Linear initialises W from (W2's own small
-    N(0, w2_std²) init is not copied: that would make the feedback path vanish).
+Mechanism (no per-architecture code): while FA runs the blocks, the `forward` of each block
+Linear/Conv2d is temporarily replaced (`route_through_feedback`, a context manager that always
+restores it) by one that calls the autograd Function `FeedbackLinear` / `FeedbackConv2d` with that
+module's B. Weights used outside a Linear/Conv2d module's own forward (functional calls on a bare
+Parameter, nn.MultiheadAttention's packed projections) would not be routed; FA refuses models where
+a block Linear/Conv2d is never called through its forward, and blocks holding other conv types.
+
+Choices (the paper is silent):
+  * B ~ U(−1/√fan_in, 1/√fan_in) (fan_in = in_features, or in_channels/groups · k_h · k_w), the
+    distribution torch initialises W from (a small init of W, like the ResMLP's W2, is not copied:
+    that would make the feedback path vanish).
   * embed gets no B: its error would only go on to the input x, which has nothing to train, so the
-    embedding's update is the plain weight gradient δh_0ᵀ·x with δh_0 = a_0.
+    embedding's update is the plain weight gradient with δh_0 = a_0.
   * frozen blocks (not in settings.trainable_blocks) still pass the error down through their B;
-    their weights are used detached, so no gradient is even computed for them.
-B is drawn once from `self.gen` (derived from the seed) and saved in `extra_state`.
+    they run with detached parameters (torch.func.functional_call), so no gradient is even computed
+    for them. BatchNorm running statistics are buffers and still update in training mode.
+Feedback layout: `self.feedback[l]` is a dict {qualified module name inside block l: B}, e.g.
+{"w1": B1, "w2": B2} for the ResMLP, {"qkv", "proj", "fc1", "fc2"} for the ViT and
+{"conv1", "conv2"} for the ResNet; B is looked up at call time, so assigning
+`fa.feedback[l][name] = W` takes effect at the next step. B is drawn once from `self.gen` (derived
+from the seed) in module order, and saved in `extra_state`.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Iterator
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
+from torch.func import functional_call
 
-from ..model import ACTIVATIONS
+from ..errors import CreditAuditError
 from .base import Method
+
+ROUTED = (nn.Linear, nn.Conv2d)
 
 
 class FeedbackLinear(torch.autograd.Function):
-    """y = x·Wᵀ + b whose backward sends δx = δy·B instead of δy·W (x: (N, in), W, B: (out, in))."""
+    """y = x·Wᵀ + b whose backward sends δx = δy·B instead of δy·W (x: (…, in), W, B: (out, in))."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, feedback):
         ctx.save_for_backward(x, feedback)
+        ctx.has_bias = bias is not None
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, feedback = ctx.saved_tensors
         grad_x = grad_out @ feedback if ctx.needs_input_grad[0] else None    # δx = δy · B
+        if x.dim() != 2:                                                     # (…, in) → (M, in)
+            x, grad_out = x.reshape(-1, x.shape[-1]), grad_out.reshape(-1, grad_out.shape[-1])
         grad_w = grad_out.T @ x if ctx.needs_input_grad[1] else None         # ∂W = δyᵀ · x
-        grad_b = grad_out.sum(0) if ctx.needs_input_grad[2] else None        # ∂b = Σ_i δy_i
+        grad_b = grad_out.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None  # ∂b = Σ δy
         return grad_x, grad_w, grad_b, None
 
 
+class FeedbackConv2d(torch.autograd.Function):
+    """y = conv2d(x, W, b) whose backward computes δx with the kernel B instead of W."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, feedback, stride, padding, dilation, groups):
+        ctx.save_for_backward(x, feedback)
+        ctx.conv = (stride, padding, dilation, groups)
+        ctx.weight_shape, ctx.has_bias = weight.shape, bias is not None
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, feedback = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:                                          # δx through B
+            grad_x = torch.nn.grad.conv2d_input(x.shape, feedback, grad_out, *ctx.conv)
+        if ctx.needs_input_grad[1]:                                          # the usual ∂W
+            grad_w = torch.nn.grad.conv2d_weight(x, ctx.weight_shape, grad_out, *ctx.conv)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_out.sum((0, 2, 3))
+        return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+def _linear_forward(module: nn.Linear, feedback: dict[str, torch.Tensor], name: str, called: set):
+    def forward(x):
+        called.add(id(module))
+        return FeedbackLinear.apply(x, module.weight, module.bias, feedback[name])
+    return forward
+
+
+def _conv_forward(module: nn.Conv2d, feedback: dict[str, torch.Tensor], name: str, called: set):
+    if isinstance(module.padding, str):
+        raise CreditAuditError(f"fa: Conv2d {name!r} uses padding={module.padding!r}; "
+                               "fa supports integer padding only")
+
+    def forward(x):
+        called.add(id(module))
+        padding = module.padding
+        if module.padding_mode != "zeros":            # as nn.Conv2d._conv_forward does
+            x, padding = F.pad(x, module._reversed_padding_repeated_twice, mode=module.padding_mode), 0
+        return FeedbackConv2d.apply(x, module.weight, module.bias, feedback[name], module.stride,
+                                    padding, module.dilation, module.groups)
+    return forward
+
+
+def routed_modules(block: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The block's Linear/Conv2d modules in registration order, by qualified name inside the block."""
+    found = []
+    for name, module in block.named_modules():
+        if isinstance(module, nn.MultiheadAttention) or (
+                isinstance(module, nn.modules.conv._ConvNd) and type(module) is not nn.Conv2d):
+            raise CreditAuditError(f"fa cannot route {type(module).__name__} {name!r}: it supports "
+                                   "nn.Linear and nn.Conv2d (called through their forward)")
+        if isinstance(module, ROUTED):
+            found.append((name, module))
+    return found
+
+
+@contextlib.contextmanager
+def route_through_feedback(blocks: nn.ModuleList, feedback: list[dict[str, torch.Tensor]]
+                           ) -> Iterator[None]:
+    """Within the context, every Linear/Conv2d of block l computes its input error with
+    feedback[l][name]; on exit the modules' own forwards are restored. Raises if a routed module
+    was never called (its weight must have been used some other way, which FA would not see)."""
+    patched, called = [], set()
+    try:
+        for block, fb in zip(blocks, feedback):
+            for name, module in routed_modules(block):
+                make = _linear_forward if isinstance(module, nn.Linear) else _conv_forward
+                patched.append((name, module, module.__dict__.get("forward")))
+                module.forward = make(module, fb, name, called)
+        yield
+    finally:
+        for _, module, own in patched:
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
+    missed = [name for name, module, _ in patched if id(module) not in called]
+    if missed:
+        raise CreditAuditError(f"fa: block module(s) {', '.join(sorted(set(missed)))} were not called "
+                               "through their forward; fa cannot route their error through B")
+
+
 def draw_feedback(model, gen: torch.Generator) -> list[dict[str, torch.Tensor]]:
-    """One B per block Linear, B ~ U(−1/√fan_in, 1/√fan_in), shape of W."""
+    """One B per block Linear/Conv2d, in module order, B ~ U(−1/√fan_in, 1/√fan_in), shape of W."""
     feedback = []
     for block in model.blocks:
         pair = {}
-        for name in ("w1", "w2"):
-            w = getattr(block, name).weight
-            bound = 1.0 / math.sqrt(w.shape[1])
+        for name, module in routed_modules(block):
+            w = module.weight
+            bound = 1.0 / math.sqrt(w[0].numel())         # fan_in: in_features or in/groups·k_h·k_w
             b = (torch.rand(w.shape, generator=gen, dtype=torch.float64) * 2 - 1) * bound
             pair[name] = b.to(device=w.device, dtype=w.dtype)
         feedback.append(pair)
@@ -72,19 +181,20 @@ class FA(Method):
                                       + self.head_params())
 
     def forward(self, h0: torch.Tensor, feedback, train: bool) -> list[torch.Tensor]:
-        """[h_0, …, h_L] with every block Linear routed through FeedbackLinear.
+        """[h_0, …, h_L] with every block Linear/Conv2d routed through its feedback B.
 
-        train=False (or a frozen block) uses detached parameters, so only the states carry grad.
+        train=False (or a frozen block) runs the block on detached parameters, so only the states
+        carry grad.
         """
-        act = ACTIVATIONS[self.model.blocks[0].activation] if self.model.n_blocks else None
         hidden = [h0]
-        for l, block in enumerate(self.model.blocks):
-            p = (lambda t: t) if (train and self.trainable(l)) else (lambda t: t.detach())
-            z = F.layer_norm(hidden[-1], hidden[-1].shape[-1:], p(block.ln.weight), p(block.ln.bias),
-                             block.ln.eps)
-            z = act(FeedbackLinear.apply(z, p(block.w1.weight), p(block.w1.bias), feedback[l]["w1"]))
-            f = FeedbackLinear.apply(z, p(block.w2.weight), p(block.w2.bias), feedback[l]["w2"])
-            hidden.append(hidden[-1] + f)                                      # h_{l+1} = h_l + f_l(h_l)
+        with route_through_feedback(self.model.blocks, feedback):
+            for l, block in enumerate(self.model.blocks):
+                if train and self.trainable(l):
+                    f = block(hidden[-1])
+                else:
+                    params = {k: p.detach() for k, p in block.named_parameters()}
+                    f = functional_call(block, params, (hidden[-1],))
+                hidden.append(hidden[-1] + f)                                  # h_{l+1} = h_l + f_l(h_l)
         return hidden
 
     def train_step(self, x, y):

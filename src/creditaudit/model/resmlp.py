@@ -1,4 +1,4 @@
-"""The pre-LN ResidualMLP of SPEC §2 and the residual-stream interface the protocol audits.
+"""The pre-LN ResidualMLP of docs/PROTOCOL.md and the residual-stream interface the protocol audits.
 
     h_0     = embed(x)                              x flattened to (N, D_in)
     f_l(h)  = W2 · act(W1 · LN(h))                  W2 ~ N(0, w2_std²), bias 0: a fresh stack ≈ identity

@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import NullFormatter
 
 from .. import store
 from .format import _f, _g, _method_name, _plottable, _signed
@@ -101,9 +104,11 @@ def norms_figure(audit: dict) -> Figure:
         ax.set_title(title)
         ax.grid(True, which="major", alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
-    if drawn:
-        ax_h.legend(fontsize=9)
-    ax_g.legend(fontsize=9)
+    if drawn:   # one legend for both panels, outside the data
+        handles, labels = ax_h.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9,
+                   title="method")
+    ax_g.legend(handles=[ax_g.get_lines()[-1]], fontsize=8, loc="lower left")
     if not drawn:
         ax_h.text(0.5, 0.5, "no diagnosed run", ha="center", va="center", transform=ax_h.transAxes)
     fig.tight_layout()
@@ -149,8 +154,8 @@ def monitor_figure(audit: dict) -> Figure:
                         ax.plot([epoch], [y], "o", ms=8, color=colors[method], mec="black", mew=1)
     for ax, (_, log, line, _, title) in zip(axes, panels):
         if line is not None:
-            ax.axhline(line[0], color="0.3", ls="--", lw=1.2, label=line[1])
-            ax.legend(fontsize=8, loc="best")
+            drawn = ax.axhline(line[0], color="0.3", ls="--", lw=1.2, label=line[1])
+            ax.legend(handles=[drawn], fontsize=8, loc="lower left", framealpha=0.9)
         if log:
             ax.set_yscale("log")
         ax.set_title(title)
@@ -158,7 +163,9 @@ def monitor_figure(audit: dict) -> Figure:
         ax.grid(True, alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
     if seen:
-        axes[3].legend(fontsize=9, title="method (● = first fire)", title_fontsize=8)
+        handles, labels = axes[3].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9,
+                   title="method (● = first fire)", title_fontsize=8)
     else:
         axes[3].text(0.5, 0.5, "no monitor history", ha="center", va="center",
                      transform=axes[3].transAxes)
@@ -194,7 +201,7 @@ def gamma_figure(audit: dict) -> Figure:
         ax.set_title(r"Gradient cosine $\Gamma_l$ and its random-feedback null")
         ax.grid(True, alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.legend(fontsize=9)
+        ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.02, 0.5))
     else:
         _no_data(ax, "no method has Γ")
     fig.tight_layout()
@@ -206,11 +213,16 @@ def rho_figure(audit: dict) -> Figure:
     rows = [r for r in audit.get("methods") or []
             if isinstance(r.get("rho_layers"), dict)
             and _has_values([_plottable(v) for vs in r["rho_layers"].values() for v in vs or []])]
-    fig = Figure(figsize=(max(5.0, 3.6 * len(rows)), 4.2))
+    ncols = min(4, max(1, len(rows)))
+    nrows = math.ceil(len(rows) / ncols) if rows else 1
+    fig = Figure(figsize=(3.4 * ncols + 1.5, 3.2 * nrows + 0.4))
     if not rows:
         _no_data(fig.subplots(), "no method has ρ")
         return fig
-    axes = fig.subplots(1, len(rows), sharey=True, squeeze=False)[0]
+    grid = fig.subplots(nrows, ncols, sharey=True, squeeze=False).ravel()
+    for ax in grid[len(rows):]:
+        ax.set_visible(False)
+    axes = grid[:len(rows)]
     colors = _colors(audit)
     series = (("method", None, "method"), ("bp", "0.35", "a = BP gradient"),
               ("random", "0.75", "a = random vector"))
@@ -226,10 +238,14 @@ def rho_figure(audit: dict) -> Figure:
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(range(1, n + 1))
         ax.set_xlabel("residual position l")
-        ax.set_title(f"{_method_name(row)}: deep ρ {_signed(row.get('rho_deep'))}")
+        ax.set_title(f"{_method_name(row)}: deep ρ {_signed(row.get('rho_deep'))}", fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8, loc="center right")
-    axes[0].set_ylabel(r"$\rho_l$ (Pearson, predicted vs true ΔCE)")
+    for ax in grid[::ncols]:
+        ax.set_ylabel(r"$\rho_l$ (predicted vs true ΔCE)")
+    fig.legend([Patch(facecolor="0.6", edgecolor="black"), Patch(facecolor="0.35", edgecolor="black"),
+                Patch(facecolor="0.75", edgecolor="black")],
+               ["the method's credit (its colour)", "a = BP gradient (≈ 1)", "a = random vector (≈ 0)"],
+               loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -310,29 +326,49 @@ def identity_figure(result: dict, path: Path) -> Path:
 
 
 def sensitivity_figure(reports: Sequence[dict], sensitivity: dict, path: Path) -> Path:
-    """Each run's statistic for (a), (b), (b′) on a log axis, with the threshold and the interval
-    over which every verdict stays the same shaded."""
+    """Each run's statistic for every thresholded flag, with the threshold (red) and the interval
+    over which every verdict stays the same (green); one panel per threshold, run labels once."""
     reports = store.json_safe(list(reports))
     sensitivity = store.json_safe(sensitivity)
-    stats = (("growth", "max block growth (a)", lambda r: r["max_growth"]),
-             ("floor", "‖g_L‖ (b)", lambda r: r["bp_grad_norms"][-1]),
-             ("gain", "readout gain (b′)", lambda r: r["readout_gain"]))
-    fig = Figure(figsize=(12, 3.6))
-    for ax, (name, title, stat) in zip(fig.subplots(1, 3), stats):
-        values = [_plottable(stat(r), log=True) for r in reports]
-        labels = [r.get("label", "") for r in reports]
-        ax.scatter(values, range(len(values)), s=14)
-        ax.set_yticks(range(len(values)), labels, fontsize=6)
-        ax.set_xscale("log")
+    stats = (("growth", "(a) max block growth", lambda r: r.get("max_growth"), True),
+             ("init_growth", "(a′) growth since init", lambda r: r.get("init_growth"), True),
+             ("stack_growth", "(a′) ‖h_L‖/‖h_0‖", lambda r: r.get("stack_growth"), True),
+             ("floor", "(b) ‖g_L‖", lambda r: (r.get("bp_grad_norms") or [None])[-1], True),
+             ("gain", "(b′) readout gain", lambda r: r.get("readout_gain"), True),
+             ("drift", "(c) s(L/2)", lambda r: r.get("stability_mid"), False),
+             ("depth_margin", "(d) acc − frozen", lambda r: (r.get("depth") or {}).get("gap"), False))
+    stats = [s for s in stats if s[0] in sensitivity]
+    labels = [r.get("label", "") for r in reports]
+    ncols = 4
+    nrows = math.ceil(len(stats) / ncols)
+    fig = Figure(figsize=(15, 0.22 * len(reports) * nrows + 1.6 * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[len(stats):]:
+        ax.set_visible(False)
+    for i, (ax, (name, title, stat, log)) in enumerate(zip(axes, stats)):
+        values = [_plottable(stat(r), log=log) for r in reports]
+        ax.scatter(values, range(len(values)), s=14, zorder=3)
+        ax.set_yticks(range(len(values)), labels if i % ncols == 0 else [], fontsize=6)
+        ax.set_ylim(-0.5, len(values) - 0.5)
+        if log:
+            ax.set_xscale("log")
         entry = sensitivity.get(name, {})
         lo, hi = (entry.get("interval") or [None, None])
         lo, hi = _f(lo), _f(hi)
-        if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi) and lo > 0:
-            ax.axvspan(lo, hi, alpha=0.2, color="tab:green", label="same verdicts")
-        if _f(entry.get("current")):
-            ax.axvline(_f(entry["current"]), color="tab:red", ls="--", label="threshold")
-        ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=7)
+        if _f(entry.get("current")) is not None:
+            ax.axvline(_f(entry["current"]), color="tab:red", ls="--")
+        left, right = ax.get_xlim()
+        if lo is not None and hi is not None:          # an open end runs to the edge of the panel
+            lo, hi = max(lo, left), min(hi, right)
+            if lo < hi:
+                ax.axvspan(lo, hi, alpha=0.2, color="tab:green")
+        ax.set_xlim(left, right)
+        if log:
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(f"{title}\nthreshold {_g(entry.get('current'))}", fontsize=9)
+        ax.grid(True, axis="x", alpha=0.3)
+    fig.legend([Patch(facecolor="tab:green", alpha=0.2), Line2D([], [], color="tab:red", ls="--")],
+               ["thresholds giving the same verdicts", "current threshold"],
+               loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=9)
+    fig.tight_layout()
     return _save_png(fig, path)
-
-

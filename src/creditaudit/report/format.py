@@ -65,17 +65,15 @@ def _method_name(row: dict) -> str:
 
 
 def _first_fire(first: dict | None) -> str:
-    """Per-seed first-fire epochs of (a), (b), (b′): "a: 8/9/11; b: —/—/—; b′: 3/4/4"."""
+    """Per-seed first-fire epochs: "a: 8/9/11; a′: 4/4/5; b′: 3/4/4" (flags that never fired are left out)."""
     if not isinstance(first, dict):
         return "—"
     parts = []
-    for key, short in (("a", "a"), ("b", "b"), ("b_prime", "b′")):
-        epochs = first.get(key)
-        if not epochs:
-            parts.append(f"{short}: —")
-            continue
-        parts.append(f"{short}: " + "/".join("—" if e is None else str(e) for e in epochs))
-    return "; ".join(parts)
+    for key, short in (("a", "a"), ("a_prime", "a′"), ("b", "b"), ("b_prime", "b′")):
+        epochs = first.get(key) or []
+        if any(e is not None for e in epochs):
+            parts.append(f"{short}: " + "/".join("—" if e is None else str(e) for e in epochs))
+    return "; ".join(parts) or "never"
 
 
 def _gamma_cells(row: dict) -> tuple[str, str]:

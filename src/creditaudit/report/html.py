@@ -7,8 +7,8 @@ from typing import Sequence
 
 from .figures import FIGURES
 from .format import _method_name
-from .tables import (AUDIT_COLUMNS, _audit_cells, _legend, _meta, _notes, _sensitivity_cells,
-                     _strategy_cells, _unfinished)
+from .tables import (PER_SEED_COLUMNS, _audit_tables, _legend, _meta, _notes, _per_seed_cells,
+                     _sensitivity_cells, _strategy_cells, _unfinished)
 
 _CSS = """
 body { font-family: -apple-system, "Segoe UI", "DejaVu Sans", Helvetica, Arial, sans-serif;
@@ -24,7 +24,7 @@ th { background: #eef1f5; text-align: center; white-space: normal; }
 td:first-child, th:first-child { text-align: left; font-weight: 600; }
 td.ok { background: #d7f0d9; color: #125c1b; text-align: left; }
 td.bad { background: #f8d4d4; color: #8a1010; text-align: left; }
-td.wrap { white-space: normal; min-width: 125px; }
+td.wrap { white-space: normal; min-width: 160px; max-width: 420px; }
 td.left { text-align: left; }
 table.audit { font-size: 12px; }
 tr.total td { font-weight: 600; background: #f6f6f6; }
@@ -75,16 +75,16 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
              f'<p class="header">{e(str(audit.get("header") or ""))}</p>']
     if _meta(audit):
         parts.append(f'<p class="meta">{e(_meta(audit))}</p>')
-    cells = _audit_cells(audit)
-    verdict_cols = (AUDIT_COLUMNS.index("verdict"), AUDIT_COLUMNS.index("paper verdict"))
-    first_fire = (AUDIT_COLUMNS.index("first fire (per seed)"),)
-    breaks = {first_fire[0]: ("; ", "<br>"),
-              AUDIT_COLUMNS.index("Γ null (z)"): (" (", "<br>("),
-              AUDIT_COLUMNS.index("ρ BP / rand"): (" / ", " /<br>")}
-    table = _html_table(AUDIT_COLUMNS, cells, wrap=verdict_cols, breaks=breaks, left=first_fire,
-                        css_class="audit")
-    parts += ["<h2>Audit</h2>", f'<div class="scroll">{table}</div>' if cells else "<p>(no methods)</p>",
-              '<ul class="legend">' + "".join(f"<li>{e(line)}</li>" for line in _legend(audit)) + "</ul>"]
+    parts.append("<h2>Audit</h2>")
+    for title, head, cells in _audit_tables(audit):
+        wrap = [i for i, col in enumerate(head) if "verdict" in col]
+        first = [i for i, col in enumerate(head) if col.startswith("first fire")]
+        parts += [f"<h3>{e(title)}</h3>", '<div class="scroll">' + _html_table(
+            head, cells, wrap=wrap + first, breaks={i: ("; ", "<br>") for i in first}, left=first,
+            css_class="audit") + "</div>" if cells else "<p>(no methods)</p>"]
+    parts += ["<h3>Per seed</h3>", '<div class="scroll">' + _html_table(
+        PER_SEED_COLUMNS, _per_seed_cells(audit), wrap=[len(PER_SEED_COLUMNS) - 1]) + "</div>",
+        '<ul class="legend">' + "".join(f"<li>{e(line)}</li>" for line in _legend(audit)) + "</ul>"]
     unfinished = _unfinished(audit)
     if unfinished:
         parts += ["<h3>Runs that did not finish normally</h3>", '<ul class="failed">']
@@ -103,6 +103,7 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
         color = {"ok": "#125c1b", "bad": "#8a1010"}.get(_cell_class(verdict), "#222")
         parts.append(f'<h3>{e(_method_name(row))} — <span style="color:{color}">{e(verdict)}</span></h3>')
         items = [e(r) for r in row.get("reasons") or []] or ["no flag fired."]
+        items += [f"<i>missing</i>: {e(m)}" for m in row.get("missing") or []]
         items += [f"<i>note</i>: {e(n)}" for n in notes.get(str(row.get("method")), [])]
         parts.append("<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>")
     head, rows = _sensitivity_cells(audit)

@@ -10,28 +10,72 @@ from .. import store
 from .format import (_f, _first_fire, _g, _gamma_cells, _markdown, _method_name, _pct, _sci,
                      _signed)
 
-AUDIT_COLUMNS = ("method", "test acc %", "frozen %", "shallow %", "‖h_L‖", "‖g_L‖", "gain",
-                 "max growth", "s(L/2)", "deep Γ", "Γ null (z)", "deep ρ", "ρ BP / rand",
-                 "first fire (per seed)", "verdict", "paper verdict")
+def _ci(interval: dict | None, scale: float = 100.0, signed: bool = True) -> str:
+    """A mean with its 95 % t-interval (and bootstrap interval when present), e.g. "+3.1 [+1.0, +5.2]"."""
+    if not isinstance(interval, dict) or _f(interval.get("mean")) is None:
+        return "—"
+    fmt = (lambda v: f"{scale * v:+.1f}") if signed else (lambda v: f"{scale * v:.1f}")
+    text = fmt(_f(interval["mean"]))
+    for key, tag in (("t_interval", ""), ("bootstrap_interval", "boot ")):
+        iv = interval.get(key)
+        if iv and _f(iv[0]) is not None and _f(iv[1]) is not None:
+            text += f" {tag}[{fmt(_f(iv[0]))}, {fmt(_f(iv[1]))}]"
+    return text
 
 
-def _audit_cells(audit: dict) -> list[list[str]]:
-    rows = []
+def _verdict_cells(row: dict) -> list[str]:
+    gap = row.get("depth_gap_interval")
+    return [_method_name(row), _ci(row.get("acc_interval"), signed=False),
+            _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
+            _pct(row.get("shallow_acc"), row.get("shallow_acc_std")), _ci(gap),
+            str(row.get("verdict") or "—"), str(row.get("paper_verdict") or "—")]
+
+
+def _scale_cells(row: dict) -> list[str]:
+    return [_method_name(row), _sci(row.get("h_L")), _g(row.get("max_growth")),
+            _g(row.get("init_growth")), _g(row.get("stack_growth")), _sci(row.get("g_L")),
+            _sci(row.get("gain")), _signed(row.get("rho_bp_model_precision")),
+            _signed(row.get("stability_mid")), _first_fire(row.get("first_fire"))]
+
+
+def _credit_cells(row: dict) -> list[str]:
+    gamma, null = _gamma_cells(row)
+    rho = _signed(row.get("rho_deep"))
+    if rho != "—" and _f(row.get("rho_deep_std")) is not None:
+        rho += f" ± {_f(row['rho_deep_std']):.3f}"
+    controls = ("—" if _f(row.get("rho_bp")) is None and _f(row.get("rho_random")) is None
+                else f"{_signed(row.get('rho_bp'))} / {_signed(row.get('rho_random'))}")
+    return [_method_name(row), gamma, null, rho, controls]
+
+
+# (title, column heads, cells of one method row); markdown and HTML render the same tables
+AUDIT_TABLES = (
+    ("Verdicts", ("method", "test acc % [95 % CI]", "frozen %", "shallow %",
+                  "(d) acc − frozen, points [95 % CI]", "verdict", "paper verdict"), _verdict_cells),
+    ("Scale and reference", ("method", "‖h_L‖", "(a) max growth", "(a′) since init", "(a′) ‖h_L‖/‖h_0‖",
+                             "‖g_L‖", "(b′) gain", "ρ_BP fp32", "(c) s(L/2)", "first fire (per seed)"),
+     _scale_cells),
+    ("Credit", ("method", "deep Γ", "Γ null (z)", "deep ρ", "ρ BP / rand"), _credit_cells),
+)
+PER_SEED_COLUMNS = ("method", "seed", "epochs", "acc %", "frozen %", "gap", "‖h_L‖", "gain",
+                    "since init", "deep Γ", "verdict")
+
+
+def _audit_tables(audit: dict) -> list[tuple[str, Sequence[str], list[list[str]]]]:
+    rows = audit.get("methods") or []
+    return [(title, head, [cells(r) for r in rows]) for title, head, cells in AUDIT_TABLES]
+
+
+def _per_seed_cells(audit: dict) -> list[list[str]]:
+    out = []
     for row in audit.get("methods") or []:
-        gamma, null = _gamma_cells(row)
-        rho = _signed(row.get("rho_deep"))
-        if rho != "—" and _f(row.get("rho_deep_std")) is not None:
-            rho += f" ± {_f(row['rho_deep_std']):.3f}"
-        controls = ("—" if _f(row.get("rho_bp")) is None and _f(row.get("rho_random")) is None
-                    else f"{_signed(row.get('rho_bp'))} / {_signed(row.get('rho_random'))}")
-        rows.append([_method_name(row), _pct(row.get("acc"), row.get("acc_std")),
-                     _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
-                     _pct(row.get("shallow_acc"), row.get("shallow_acc_std")),
-                     _sci(row.get("h_L")), _sci(row.get("g_L")), _sci(row.get("gain")),
-                     _g(row.get("max_growth")), _signed(row.get("stability_mid")), gamma, null,
-                     rho, controls, _first_fire(row.get("first_fire")),
-                     str(row.get("verdict") or "—"), str(row.get("paper_verdict") or "—")])
-    return rows
+        for seed, s in (row.get("per_seed") or {}).items():
+            gap = _f(s.get("gap"))
+            out.append([_method_name(row), str(seed), str(s.get("epochs") or "—"), _pct(s.get("acc")),
+                        _pct(s.get("frozen_acc")), "—" if gap is None else f"{100 * gap:+.1f}",
+                        _sci(s.get("h_L")), _sci(s.get("gain")), _g(s.get("init_growth")),
+                        _signed(s.get("gamma_deep")), str(s.get("verdict") or "—")])
+    return out
 
 
 def _strategy_cells(audit: dict) -> tuple[list[str], list[list[str]]]:
@@ -97,23 +141,27 @@ def _notes(audit: dict) -> dict[str, list[str]]:
 def _legend(audit: dict) -> list[str]:
     t = audit.get("thresholds") or {}
     th = lambda k, default: _g(t.get(k, default))
+    margin = 100 * (_f(t.get("depth_margin")) if _f(t.get("depth_margin")) is not None else 0.02)
     return [
-        "test acc / frozen / shallow: final test accuracy (%), mean ± std over seeds, of the method, "
-        "its frozen-blocks control and its shallow control; (d) UNDERCUT fires unless the method "
-        f"clears the frozen control by {100 * (0.02 if _f(t.get('depth_margin')) is None else _f(t.get('depth_margin'))):g} points.",
+        "test acc / frozen / shallow: final test accuracy (%) of the method, its frozen-blocks control "
+        "and its shallow control; mean [95 % t-interval] or mean ± std over seeds (one seed: its value). "
+        f"(d) acc − frozen: the seed-paired gap; (d) UNDERCUT fires when its interval lies below +{margin:g} "
+        "points and is undetermined when it straddles it.",
+        f"(a) max growth: max_l ‖h_(l+1)‖/‖h_l‖, fires above {th('growth', 50)}; (a′) since init: "
+        f"max_l ‖h_l‖/‖h_l at init‖ on the monitor batch, fires above {th('init_growth', 100)}, and "
+        f"‖h_L‖/‖h_0‖, fires above {th('stack_growth', 50)}.",
         "‖h_L‖, ‖g_L‖: median over samples of the per-sample L2 norm of the last residual position and "
-        f"of the BP gradient there (median over seeds); (b) AT FLOOR fires when ‖g_L‖ < {th('floor', 1e-7)}.",
-        f"gain: readout gain ‖g_L‖/‖∂CE/∂logits‖, (b′) ATTENUATED below {th('gain', 1e-2)}; "
-        f"max growth: max_l ‖h_(l+1)‖/‖h_l‖, (a) EXPLODED above {th('growth', 50)}; "
-        f"s(L/2): cross-batch stability, (c) DRIFT above {th('drift', 0.3)} (descriptive).",
+        f"of the BP gradient there (median over seeds); (b) AT FLOOR fires when ‖g_L‖ < {th('floor', 1e-7)}. "
+        f"(b′) gain: ‖g_L‖/‖∂CE/∂logits‖, ATTENUATED below {th('gain', 1e-2)}. ρ_BP fp32: the BP "
+        "gradient's own perturbation correlation in the model's precision (1 = numerically intact).",
+        f"(c) s(L/2): cross-batch stability, DRIFT above {th('drift', 0.3)} (descriptive).",
         "deep Γ, deep ρ: mean over residual positions l = 1 … L, then over seeds (ρ: ± std over seeds); "
         "Γ null: the same Γ under fresh random feedback draws (mean ± std), z = (Γ − null)/std; "
         "* = Γ uninterpretable because (b) or (b′) fired. ρ BP / rand: the controls a = BP gradient "
         "and a = random vector.",
-        "first fire: the epoch at which the training-time monitor first saw (a), (b), (b′), one entry "
-        "per seed (— = never). verdict: the project's ((a), (b′), (d)); paper verdict: ((a), (b), (d)).",
+        "first fire: the epoch at which the training-time monitor first saw each flag, one entry per "
+        "seed (— = never). verdict: the project's ((a), (a′), (b′), (d)); paper verdict: ((a), (b), (d)).",
     ]
-
 
 
 def _meta(audit: dict) -> str:
@@ -135,8 +183,10 @@ def audit_table(audit: dict) -> str:
     out = ["# Credit-assignment audit", "", str(audit.get("header") or "")]
     if _meta(audit):
         out += ["", _meta(audit)]
-    cells = _audit_cells(audit)
-    out += ["", "## Audit", "", _markdown(AUDIT_COLUMNS, cells) if cells else "(no methods)", ""]
+    out += ["", "## Audit"]
+    for title, head, cells in _audit_tables(audit):
+        out += ["", f"### {title}", "", _markdown(head, cells) if cells else "(no methods)"]
+    out += ["", "### Per seed", "", _markdown(PER_SEED_COLUMNS, _per_seed_cells(audit)), ""]
     out += [f"- {line}" for line in _legend(audit)]
     unfinished = _unfinished(audit)
     if unfinished:
@@ -153,6 +203,7 @@ def audit_table(audit: dict) -> str:
         out.append(f"- **{_method_name(row)}** — {row.get('verdict') or '—'}")
         reasons = list(row.get("reasons") or [])
         out += [f"  - {r}" for r in reasons] or ["  - no flag fired."]
+        out += [f"  - missing: {m}" for m in row.get("missing") or []]
         out += [f"  - note: {n}" for n in notes.get(str(row.get("method")), [])]
     head, rows = _sensitivity_cells(audit)
     out += ["", "## Threshold sensitivity", ""]

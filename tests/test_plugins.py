@@ -1,0 +1,161 @@
+"""The user's own learning rule (--method PKG.MODULE:CLASS) and own model (--model PKG.MODULE:FACTORY),
+run the way a user would: packages outside src/, on PYTHONPATH, through the command line."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+TINY = ["--dataset", "digits", "--width", "16", "--blocks", "2", "--epochs", "2"]
+
+
+def cli(args, cwd, pythonpath, timeout=240):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "creditaudit", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(proc) -> str:
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_example_method_trains_and_audits_through_the_cli(tmp_path):
+    run = cli(["train", "--method", "scfa:SignConcordantFA", *TINY, "--out", "run", "--quiet"],
+              tmp_path, [EXAMPLES])
+    assert run.returncode == 0, run.stderr
+    assert "finished after 2/2 epochs" in run.stdout
+    audit = cli(["audit", "--methods", "scfa:SignConcordantFA", "bp", "--dataset", "digits",
+                 "--seeds", "42", "--epochs", "2", "--out", "audit", "--jobs", "1", "--quiet",
+                 "--config", str(_toml(tmp_path))], tmp_path, [EXAMPLES])
+    assert audit.returncode in (0, 3), audit.stderr
+    result = json.loads((tmp_path / "audit" / "audit.json").read_text())
+    row = next(m for m in result["methods"] if m["method"] == "scfa:SignConcordantFA")
+    controls = {r["control"] for r in result["runs"] if r["method"] == "scfa:SignConcordantFA"}
+    assert controls == {"none", "frozen", "shallow"}          # every control, like a built-in
+    assert row["verdict"].split(":")[0] in ("trustworthy", "walk back", "incomplete")
+    assert row["gamma_layers"] is not None and row["null_layers"] is not None  # Γ and its null
+
+
+def _toml(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text("[model]\nwidth = 16\nblocks = 2\n")
+    return path
+
+
+def test_user_method_options_are_validated_like_builtins(tmp_path):
+    proc = cli(["train", "--method", "scfa:SignConcordantFA", *TINY, "--option", "magnitude=-1"],
+               tmp_path, [EXAMPLES])
+    assert "magnitude" in one_error_line(proc)
+    assert not (tmp_path / "runs").exists()                     # refused before any training
+
+
+def test_unimportable_method_is_one_line(tmp_path):
+    proc = cli(["train", "--method", "nosuchpkg.rules:Nope", *TINY], tmp_path, [])
+    assert "nosuchpkg" in one_error_line(proc)
+
+
+def test_a_raising_user_method_fails_its_run_and_the_audit_completes(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "badrule.py").write_text(textwrap.dedent('''
+        from creditaudit.methods.bp import BP
+
+        class Exploding(BP):
+            name = "exploding"
+            def train_step(self, x, y):
+                raise RuntimeError("my rule has a bug")
+    '''))
+    proc = cli(["audit", "--methods", "badrule:Exploding", "bp", "--dataset", "digits", "--seeds", "42",
+                "--epochs", "2", "--out", "audit", "--jobs", "1", "--quiet", "--config", str(_toml(tmp_path))],
+               tmp_path, [pkg])
+    assert proc.returncode == 3, proc.stderr                    # a run failed: not a clean audit
+    result = json.loads((tmp_path / "audit" / "audit.json").read_text())
+    bad = [r for r in result["runs"] if r["method"] == "badrule:Exploding"]
+    assert bad and all(r["status"] == "failed" for r in bad if r["control"] != "shallow")
+    traceback = tmp_path / bad[0]["run_dir"] / "error.txt"
+    assert "my rule has a bug" in traceback.read_text()
+    rows = {m["method"]: m for m in result["methods"]}
+    assert rows["badrule:Exploding"]["verdict"].startswith("incomplete")
+    assert all(r["status"] == "finished" for r in result["runs"] if r["method"] == "bp")
+
+
+def _user_model_package(tmp_path: Path) -> Path:
+    pkg = tmp_path / "models"
+    pkg.mkdir()
+    (pkg / "mynets.py").write_text(textwrap.dedent('''
+        import torch
+        from creditaudit.model import ResidualMLP
+
+        def make():
+            torch.manual_seed(0)
+            return ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+
+        def wrong():
+            return "not a model"
+    '''))
+    return pkg
+
+
+def test_user_model_from_the_command_line(tmp_path):
+    from creditaudit.data import load_dataset
+    from creditaudit.methods import MethodSettings, method_class
+    from creditaudit.model import ResidualMLP
+    pkg = _user_model_package(tmp_path)
+    torch.manual_seed(0)
+    init = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+    save_file(init.state_dict(), str(tmp_path / "init.safetensors"))
+    data = load_dataset("digits")
+    trained = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+    trained.load_state_dict(init.state_dict())
+    frozen = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+    frozen.load_state_dict(init.state_dict())
+    for model, blocks in ((trained, (0, 1)), (frozen, ())):
+        bp = method_class("bp")(model, MethodSettings(epochs=20, trainable_blocks=blocks, lr=3e-3))
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(20):
+            for x, y in data.train_batches(128, gen):
+                bp.train_step(x, y)
+            bp.end_epoch()
+    save_file(trained.state_dict(), str(tmp_path / "trained.safetensors"))
+    save_file(frozen.state_dict(), str(tmp_path / "frozen.safetensors"))
+    args = ["--model", "mynets:make", "--weights", "trained.safetensors", "--dataset", "digits",
+            "--eval-batches", "2"]
+    proc = cli(["diagnose", *args, "--frozen-control", "frozen.safetensors",
+                "--init-weights", "init.safetensors", "--json"], tmp_path, [pkg])
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["flags"]["d"] is not None and report["flags"]["a_prime"] is not None
+    assert report["depth"]["acc"] > report["depth"]["frozen_acc"]
+    check = cli(["check", *args, "--frozen-control", "frozen.safetensors",
+                 "--init-weights", "init.safetensors"], tmp_path, [pkg])
+    assert check.returncode == {"trustworthy": 0, "walk back": 1}.get(
+        report["verdict"].split(":")[0], 3), check.stdout
+    # without the control and the init weights, it cannot be trustworthy
+    partial = json.loads(cli(["diagnose", *args, "--json"], tmp_path, [pkg]).stdout)
+    assert not partial["verdict"].startswith("trustworthy")
+    assert "d" in partial["not_evaluated"]
+
+
+def test_user_model_errors_are_one_line(tmp_path):
+    pkg = _user_model_package(tmp_path)
+    save_file({"bogus": torch.zeros(3)}, str(tmp_path / "bad.safetensors"))
+    base = ["diagnose", "--dataset", "digits", "--eval-batches", "2"]
+    assert "nosuch" in one_error_line(cli([*base, "--model", "nosuch.mod:make", "--weights", "bad.safetensors"],
+                                          tmp_path, [pkg]))
+    assert "must return" in one_error_line(cli([*base, "--model", "mynets:wrong", "--weights", "bad.safetensors"],
+                                               tmp_path, [pkg]))
+    assert "do not fit" in one_error_line(cli([*base, "--model", "mynets:make", "--weights", "bad.safetensors"],
+                                              tmp_path, [pkg]))
