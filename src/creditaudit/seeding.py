@@ -1,4 +1,4 @@
-"""Seeds and the generators derived from them (SPEC §4).
+"""Seeds and the generators derived from them (docs/PROTOCOL.md).
 
 A run's seed fixes `torch.manual_seed` / `numpy.random.seed` (model init) and, through
 `derived_generator(seed, purpose)`, one independent CPU generator per purpose ("data" for batch
