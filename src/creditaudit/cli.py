@@ -7,7 +7,9 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from . import __version__
@@ -385,11 +387,13 @@ def _add_user_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PKG.MODULE:FACTORY",
                    help="audit your own model: FACTORY() returns an nn.Module exposing its residual "
                         "stream (docs/ADD_A_METHOD.md) (default: none)")
-    p.add_argument("--weights", metavar="FILE", help="with --model: its trained weights (.safetensors)")
+    p.add_argument("--weights", metavar="FILE",
+                   help="with --model: its trained weights (.safetensors) (default: none)")
     p.add_argument("--init-weights", metavar="FILE",
                    help="with --model: its weights at initialisation, for (a′) (default: none)")
     p.add_argument("--dataset", choices=DATASET_NAMES, metavar="NAME",
-                   help=f"with --model: the data to measure on; one of {_choices(DATASET_NAMES)}")
+                   help=f"with --model: the data to measure on; one of {_choices(DATASET_NAMES)} "
+                        "(default: none)")
 
 
 def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
@@ -434,7 +438,7 @@ def _sub(sub, name: str, helptext: str, examples: str, func) -> argparse.Argumen
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="creditaudit",
         description="Train non-backprop credit-assignment methods and audit whether their accuracy "
                     "and gradient-cosine figures mean anything (docs/PROTOCOL.md).",
@@ -482,7 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("path", nargs="?", help="an audit folder (with audit.json) or a diagnosed run folder")
     c.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     _add_user_model_args(c)
-    c.add_argument("--frozen-control", metavar="FILE", help="with --model: the frozen control's weights")
+    c.add_argument("--frozen-control", metavar="FILE",
+                   help="with --model: the frozen control's weights (default: none)")
     c.add_argument("--eval-batches", type=int, default=8, help="with --model: eval batches (default: 8)")
     _add_where_args(c)
     c.set_defaults(run_dir=None)
@@ -537,12 +542,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad options are user errors like any other: one line, exit 2 (no usage block)."""
+
+    def error(self, message: str):
+        raise CreditAuditError(f"{message} (see: {self.prog} --help)")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM stops like Ctrl-C: workers stopped, exit 130
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
     except CreditAuditError as err:
         print(f"creditaudit: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as err:                            # a full disk or a read-only folder while writing results
+        where = f" {err.filename}" if getattr(err, "filename", None) else ""
+        print(f"creditaudit: error: cannot write{where} ({err.strerror or err}); finished runs are "
+              "saved — free space or fix permissions, then run the same command again", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("creditaudit: interrupted; finished work is saved — run the same command again to "

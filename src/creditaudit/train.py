@@ -55,13 +55,13 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
                 "choose another --out or delete that folder")
         if read_status(out).get("status") in DONE:
             return load_run(out, dev)
-    try:
+    data = (data if data is not None else load_dataset(config.dataset, data_dir, dev)).to(dev)
+    try:                # after the data loaded: a refused dataset leaves no half-made run folder
         out.mkdir(parents=True, exist_ok=True)
         store.atomic_write_json(out / "config.json", config.to_dict())
     except OSError as err:
         raise _write_error(out, err, None) from None
 
-    data = (data if data is not None else load_dataset(config.dataset, data_dir, dev)).to(dev)
     data_gen = derived_generator(config.seed, "data")
     history: list[dict] = []
     if store.has_checkpoint(out):

@@ -1,11 +1,15 @@
 """The local executor: one process per job slot, spawned (never forked: torch and threads), each
 single-threaded on CPU. Workers die with the parent (Linux: PR_SET_PDEATHSIG), so killing an audit
-— even with SIGKILL — leaves no orphan training on and racing a rerun."""
+— even with SIGKILL — leaves no orphan training on and racing a rerun. While runs execute, SIGTERM
+is turned into KeyboardInterrupt: the workers are stopped and the command exits like on Ctrl-C
+(finished runs saved, exit 130) instead of dying mid-write."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
+import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from typing import Any, Callable, Sequence
@@ -22,6 +26,33 @@ def _die_with_parent(parent: int) -> None:
         pass
     if os.getppid() != parent:                     # the parent died before prctl took effect
         os._exit(1)
+    # tqdm would create a multiprocessing lock here, registered with the parent's resource tracker;
+    # a worker killed with its parent never unregisters it, and the tracker then prints a
+    # "leaked semaphore" warning after the command ended. A worker only needs tqdm's thread lock.
+    try:
+        from tqdm.std import TqdmDefaultWriteLock
+        TqdmDefaultWriteLock.mp_lock = None
+    except ImportError:                            # another tqdm layout: keep its default
+        pass
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt in the main thread while the block runs (unless the
+    program installed its own SIGTERM handler)."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class LocalExecutor:
@@ -30,6 +61,11 @@ class LocalExecutor:
 
     def map(self, fn: Callable[[Any], dict], jobs: Sequence[Any],
             on_done: Callable[[int, dict], None]) -> list[dict]:
+        with _sigterm_interrupts():
+            return self._map(fn, jobs, on_done)
+
+    def _map(self, fn: Callable[[Any], dict], jobs: Sequence[Any],
+             on_done: Callable[[int, dict], None]) -> list[dict]:
         results: list[Any] = [None] * len(jobs)
         if self.workers <= 1 or len(jobs) <= 1:
             for i, job in enumerate(jobs):
