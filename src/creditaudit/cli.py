@@ -236,7 +236,7 @@ def _audit_raw(args) -> dict:
     if args.config and args.preset:
         raw["preset"] = args.preset
     for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor",
-                "address", "max_retries"):
+                "address", "max_retries", "stack"):
         value = getattr(args, key, None)
         if value is not None:
             raw[key] = value
@@ -427,6 +427,12 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     p.add_argument("--address", help=f"{field_help(AuditConfig, 'address')} (default: start a local Ray)")
     p.add_argument("--max-retries", dest="max_retries", type=int,
                    help=f"{field_help(AuditConfig, 'max_retries')} (default: {default(AuditConfig, 'max_retries')})")
+    stacking = p.add_mutually_exclusive_group()
+    stacking.add_argument("--stack", dest="stack", action="store_const", const=True,
+                          help="train runs of one model shape as one batched stack (bp, fa, dfa, "
+                               "dfa-penalty on resmlp) (default: on CUDA only, where it pays)")
+    stacking.add_argument("--no-stack", dest="stack", action="store_const", const=False,
+                          help="train every run on its own, to compare (default: on CUDA only)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

@@ -194,6 +194,9 @@ class AuditConfig:
     executor: str = field(default="local", metadata=_help("where runs execute"))
     address: str | None = field(default=None, metadata=_help("Ray cluster address (auto or HOST:PORT)"))
     max_retries: int = field(default=3, metadata=_help("Ray: retries of a run whose worker died"))
+    stack: bool | None = field(default=None, metadata=_help(
+        "train runs that share a model shape as one batched stack (None: where measured to pay — "
+        "always on CUDA, not on CPU)"))
     model: dict[str, Any] = field(default_factory=dict)
     training: dict[str, Any] = field(default_factory=dict)
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -244,7 +247,7 @@ def presets() -> dict[str, dict[str, Any]]:
 
 PRESET_NAMES = ("quick", "paper")
 TOP_KEYS = ("preset", "dataset", "data_dir", "methods", "seeds", "epochs", "out", "device", "jobs",
-            "controls", "eval_batches", "executor", "address", "max_retries")
+            "controls", "eval_batches", "executor", "address", "max_retries", "stack")
 
 
 def _check_keys(table: dict, allowed: tuple[str, ...], where: str) -> None:
@@ -326,6 +329,9 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
     for key in ("dataset", "out", "data_dir", "device"):
         if key in raw and not isinstance(raw[key], str):
             raise CreditAuditError(f"{key} in {where} must be a string, got {raw[key]!r}")
+    stack = raw.get("stack")
+    if stack is not None and not isinstance(stack, bool):
+        raise CreditAuditError(f"stack in {where} must be true or false, got {stack!r}")
     config = AuditConfig(
         dataset=raw.get("dataset", default(AuditConfig, "dataset")), methods=tuple(methods),
         seeds=tuple(seeds), epochs=_int(raw, "epochs", where, 1, "a positive integer"),
@@ -335,7 +341,7 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
         jobs=_int(raw, "jobs", where, 0, "an integer ≥ 0 (0 = automatic)"), controls=tuple(controls),
         eval_batches=_int(raw, "eval_batches", where, 1, "a positive integer"),
         executor=executor, address=address,
-        max_retries=_int(raw, "max_retries", where, 0, "an integer ≥ 0"),
+        max_retries=_int(raw, "max_retries", where, 0, "an integer ≥ 0"), stack=stack,
         model=model, training=dict(raw.get("training", {})), thresholds=dict(thresholds),
         options=options, preset=preset)
     config.run_configs()  # every run validated now: nothing trains on a bad config

@@ -19,7 +19,8 @@ STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
 
 def execution_of(config: AuditConfig) -> Execution:
     return Execution(data_dir=config.data_dir, device=config.device, jobs=config.jobs,
-                     executor=config.executor, address=config.address, max_retries=config.max_retries)
+                     executor=config.executor, address=config.address, max_retries=config.max_retries,
+                     stack=config.stack)
 
 
 def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thresholds) -> dict:

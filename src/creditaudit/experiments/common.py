@@ -27,6 +27,7 @@ from ..metrics import accuracy
 from ..protocol import diagnose
 from ..runner import make_executor
 from ..runs import DONE, Run, load_run, read_status, resolve_device, run_dir_for
+from ..stacked import StackJob, group_stacks, stack_job, stacking_pays
 from ..store import json_number as _num
 from ..train import train_run
 from ..verdict import Thresholds, stop_rule
@@ -143,6 +144,11 @@ def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: f
     return report
 
 
+def train_any(job: Job | StackJob) -> dict[str, Any]:
+    """One unit of work: a stack of runs trained as one, or a single run; {"members": [record…]}."""
+    return stack_job(job) if isinstance(job, StackJob) else {"members": [train_job(job)]}
+
+
 def default_workers(device: torch.device, n_jobs: int) -> int:
     """CPU: one single-threaded worker per core (small nets scale better across runs than
     within one); CUDA: one process owns the GPU."""
@@ -193,6 +199,7 @@ class Execution:
     executor: str = "local"
     address: str | None = None
     max_retries: int = 3
+    stack: bool | None = None      # train runs of one shape as one stack; None = where it pays
 
 
 def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = Execution(),
@@ -215,18 +222,28 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     dirs = [run_dir_for(root, c) for c in configs]
     train_jobs = [Job(c.to_dict(), str(d), execution.data_dir, str(dev), threads, asdict(thresholds))
                   for c, d in zip(configs, dirs)]
+    use_stack = stacking_pays(dev) if execution.stack is None else execution.stack
+    groups = (group_stacks(configs, max_size=math.ceil(len(configs) / workers) if dev.type == "cpu" else None)
+              if use_stack else [[i] for i in range(len(configs))])
+    units = [StackJob([configs[i].to_dict() for i in g], [str(dirs[i]) for i in g], execution.data_dir,
+                      str(dev), threads) if len(g) > 1 else train_jobs[g[0]] for g in groups]
     bar = tqdm(total=len(configs), desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
 
-    def said(i: int, res: dict) -> None:
-        bar.update(1)
-        bar.set_postfix_str(f"{configs[i].label} {res['status']}")
-        if res["status"] not in DONE:
-            bar.write(f"  {configs[i].label}: {res['status']} — {res['message']}")
+    def said(j: int, res: dict) -> None:
+        for i, r in zip(groups[j], res.get("members") or [res] * len(groups[j])):
+            bar.update(1)
+            bar.set_postfix_str(f"{configs[i].label} {r['status']}")
+            if r["status"] not in DONE:
+                bar.write(f"  {configs[i].label}: {r['status']} — {r['message']}")
 
     try:
-        trained = executor.map(train_job, train_jobs, said)
+        results = executor.map(train_any, units, said)
     finally:
         bar.close()
+    trained: list[dict] = [{}] * len(configs)
+    for g, res in zip(groups, results):   # a dead worker's record has no "members": the whole unit failed
+        for i, r in zip(g, res.get("members") or [res] * len(g)):
+            trained[i] = r
     outcomes = []
     for c, d, res in zip(configs, dirs, trained):
         o = Outcome(c, d, res["status"], res["message"], bool(res.get("trained")))

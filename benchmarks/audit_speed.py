@@ -1,0 +1,97 @@
+"""Wall time of the quick audit as a whole command, in units of one BP training run.
+
+Times, in one invocation and each in a fresh output folder,
+  1. `python -m creditaudit audit --preset quick --out <tmp> --quiet [--methods …] [--epochs N]`
+     as a whole command (data, training, diagnoses, report), with a per-method breakdown: each
+     run's training wall time (`wall_time` of its status.json, the runs listed in audit.json),
+     summed per method, with the number of runs;
+  2. `python -m creditaudit train --method bp --dataset mnist1d --epochs 15 --quiet --out <tmp>`
+     as a whole command (the unit);
+and prints as the last line
+
+    audit_cost_in_bp_runs=<audit seconds / bp run seconds>
+
+    python benchmarks/audit_speed.py                          # the whole quick audit (slow on CPU)
+    python benchmarks/audit_speed.py --methods bp dfa --epochs 3
+    python benchmarks/audit_speed.py --device cpu --jobs 2
+
+Runs trained in one stack (creditaudit.stacked) record the stack's elapsed time as their
+wall_time, so a stacked method's per-run times overlap: its sum over-counts its share, and the
+breakdown says "stacked" when the runs of a method report equal times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+
+def run_command(args: list[str]) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "creditaudit", *args], capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"command failed ({proc.returncode}): creditaudit {' '.join(args)}\n"
+                 f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return seconds
+
+
+def breakdown(out: Path) -> dict[str, list[float]]:
+    """method → [wall_time of each of its runs], from audit.json's runs and their status.json."""
+    audit = json.loads((out / "audit.json").read_text())
+    per: dict[str, list[float]] = defaultdict(list)
+    for run in audit.get("runs", []):
+        wall = None
+        status = Path(run.get("run_dir", "")) / "status.json"
+        if status.exists():
+            wall = json.loads(status.read_text()).get("wall_time")
+        per[run["method"]].append(float(wall) if isinstance(wall, (int, float)) else float("nan"))
+    return per
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", nargs="+", default=None, help="audit only these methods")
+    ap.add_argument("--epochs", type=int, default=None, help="epochs per audit run (quick: 15)")
+    ap.add_argument("--bp-epochs", type=int, default=15, help="epochs of the bp reference run")
+    ap.add_argument("--device", default=None, help="passed to both commands (default: theirs)")
+    ap.add_argument("--jobs", type=int, default=None, help="passed to the audit")
+    args = ap.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="audit_speed_") as tmp:
+        tmp = Path(tmp)
+        audit_args = ["audit", "--preset", "quick", "--out", str(tmp / "audit"), "--quiet"]
+        if args.methods:
+            audit_args += ["--methods", *args.methods]
+        if args.epochs:
+            audit_args += ["--epochs", str(args.epochs)]
+        if args.device:
+            audit_args += ["--device", args.device]
+        if args.jobs is not None:
+            audit_args += ["--jobs", str(args.jobs)]
+        audit_s = run_command(audit_args)
+        per = breakdown(tmp / "audit")
+
+        bp_args = ["train", "--method", "bp", "--dataset", "mnist1d", "--epochs", str(args.bp_epochs),
+                   "--quiet", "--out", str(tmp / "bp")]
+        if args.device:
+            bp_args += ["--device", args.device]
+        bp_s = run_command(bp_args)
+
+    print(f"audit (quick preset{', methods ' + ' '.join(args.methods) if args.methods else ''}"
+          f"{', ' + str(args.epochs) + ' epochs' if args.epochs else ''}): {audit_s:.1f} s as a whole command")
+    print(f"{'method':<14}{'runs':>6}{'sum wall_time s':>18}{'mean per run s':>16}")
+    for method, walls in sorted(per.items(), key=lambda kv: -sum(kv[1])):
+        note = "  (stacked: shared times)" if len(walls) > 1 and len(set(walls)) < len(walls) else ""
+        print(f"{method:<14}{len(walls):>6}{sum(walls):>18.1f}{sum(walls) / len(walls):>16.1f}{note}")
+    print(f"bp run ({args.bp_epochs} epochs, mnist1d): {bp_s:.1f} s as a whole command")
+    print(f"audit_cost_in_bp_runs={audit_s / bp_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()
