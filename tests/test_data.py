@@ -124,9 +124,10 @@ def test_cifar10_round_trip(tmp_path):
     assert ds.mean.shape == ds.std.shape == (3, 1, 1)
 
     expected = normalise(ds.x_test, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
-    got = ds.prepare(ds.x_test)
-    assert got.dtype == torch.float32 and got.shape == (N, 3072)
-    torch.testing.assert_close(got.double(), expected.flatten(1), rtol=0, atol=1e-5)
+    got = ds.prepare(ds.x_test)                # images stay images: (N, *input_shape)
+    assert ds.input_shape == (3, 32, 32)
+    assert got.dtype == torch.float32 and got.shape == (N, 3, 32, 32)
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
 
 
 def test_cifar100_round_trip(tmp_path):
@@ -138,8 +139,7 @@ def test_cifar100_round_trip(tmp_path):
         assert np.array_equal(x.reshape(N, -1).numpy(), batches[name][0])
         assert y.tolist() == batches[name][1]
     expected = normalise(ds.x_train, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))
-    torch.testing.assert_close(ds.prepare(ds.x_train).double(), expected.flatten(1),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(ds.prepare(ds.x_train).double(), expected, rtol=0, atol=1e-5)
 
 
 def test_truncated_batch_names_the_file(tmp_path):
@@ -305,9 +305,10 @@ def check_idx_dataset(ds: ArrayDataset, arrays: dict, mean: float, std: float) -
     assert np.array_equal(ds.x_test[:, 0].numpy(), arrays["t10k-images-idx3-ubyte"])
     assert np.array_equal(ds.y_test.numpy(), arrays["t10k-labels-idx1-ubyte"])
     assert ds.n_classes == 10 and not ds.augment and ds.d_in == 784
+    assert ds.input_shape == (1, 28, 28)
     assert ds.mean.shape == ds.std.shape == (1, 1, 1)
     torch.testing.assert_close(ds.prepare(ds.x_test).double(),
-                               normalise(ds.x_test, (mean,), (std,)).flatten(1), rtol=0, atol=1e-5)
+                               normalise(ds.x_test, (mean,), (std,)), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("subdir", ["mnist", "MNIST/raw", "."])
@@ -409,7 +410,7 @@ def test_prepare_augments_training_batches_only():
 
     train = ds.prepare(x, train=True, gen=torch.Generator().manual_seed(11))
     raw = random_crop_flip(x, 4, torch.Generator().manual_seed(11))
-    torch.testing.assert_close(train.double(), normalise(raw, mean, std).flatten(1), rtol=0, atol=1e-5)
+    torch.testing.assert_close(train.double(), normalise(raw, mean, std), rtol=0, atol=1e-5)
     padding = (raw == 0)
     assert padding.any()
     fill = (-torch.tensor(mean) / torch.tensor(std)).view(1, 3, 1, 1).expand_as(raw)
@@ -419,7 +420,7 @@ def test_prepare_augments_training_batches_only():
     other = ds.prepare(x, train=True, gen=torch.Generator().manual_seed(12))
     assert torch.equal(train, again) and not torch.equal(train, other)
 
-    torch.testing.assert_close(ds.prepare(x, train=False).double(), normalise(x, mean, std).flatten(1),
+    torch.testing.assert_close(ds.prepare(x, train=False).double(), normalise(x, mean, std),
                                rtol=0, atol=1e-5)
     x_eval, _ = ds.eval_batch(0, batch_size=16)
     assert torch.equal(x_eval, ds.prepare(x[:16]))
@@ -442,7 +443,7 @@ def test_mnist1d_is_generated_once_then_cached(tmp_path, monkeypatch):
     assert np.random.rand() == expected_next            # generation leaves the global RNG alone
     assert ds.x_train.shape == (4000, 40) and ds.x_test.shape == (1000, 40)
     assert ds.x_train.dtype == torch.float32 and ds.y_train.dtype == torch.int64
-    assert ds.d_in == 40 and ds.n_classes == 10 and set(ds.y_train.tolist()) == set(range(10))
+    assert ds.d_in == 40 and ds.input_shape == (40,) and ds.n_classes == 10 and set(ds.y_train.tolist()) == set(range(10))
     assert (tmp_path / "mnist1d.npz").is_file()
 
     import mnist1d.data
@@ -457,12 +458,23 @@ def test_mnist1d_is_generated_once_then_cached(tmp_path, monkeypatch):
 
 def test_digits_and_synthetic_shapes(tmp_path):
     digits = load_dataset("digits", data_dir=tmp_path)
-    assert digits.x_train.shape == (1437, 64) and digits.x_test.shape == (360, 64)
+    # standardised float images (N, 1, 8, 8), sklearn's row-major pixel order
+    assert digits.x_train.shape == (1437, 1, 8, 8) and digits.x_test.shape == (360, 1, 8, 8)
+    assert digits.input_shape == (1, 8, 8) and digits.d_in == 64
     assert digits.mean is None and digits.n_classes == 10
+    from sklearn.datasets import load_digits as sk_digits
+    raw = sk_digits()
+    order = np.random.default_rng(0).permutation(len(raw.target))
+    flat = raw.data[order][:1437]
+    assert torch.equal(digits.y_train, torch.from_numpy(raw.target[order][:1437]).long())
+    # flattening an image gives sklearn's 64 features in their order (one global standardisation)
+    expected = torch.from_numpy((flat - flat.mean()) / flat.std()).float()
+    torch.testing.assert_close(digits.x_train.flatten(1), expected, rtol=0, atol=1e-4)
     assert abs(float(digits.x_train.mean())) < 1e-4 and abs(float(digits.x_train.std()) - 1) < 1e-2
 
     synthetic = load_dataset("synthetic", data_dir=tmp_path)
     assert synthetic.x_train.shape == (2000, 32) and synthetic.x_test.shape == (500, 32)
+    assert synthetic.input_shape == (32,)
     assert synthetic.y_train.dtype == torch.int64 and len(set(synthetic.y_train.tolist())) > 5
     assert torch.equal(load_dataset("synthetic").y_test, synthetic.y_test)   # same data every time
     assert list(tmp_path.iterdir()) == []                                    # nothing written

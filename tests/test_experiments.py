@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from creditaudit import store
 from creditaudit.cli import main as cli_main
 from creditaudit.config import RunConfig
 
@@ -13,8 +14,12 @@ SMALL = ["--dataset", "digits", "--seeds", "1", "--epochs", "2", "--jobs", "1"]
 def _small_model(monkeypatch):
     """The experiment subcommands take the model from the preset; shrink it for the tests."""
     from creditaudit import config
-    small = {**config.PRESETS["quick"], "model": {"width": 32, "blocks": 2}}
-    monkeypatch.setitem(config.PRESETS, "quick", small)
+    shipped = config.presets
+
+    def small():
+        presets = shipped()
+        return {**presets, "quick": {**presets["quick"], "model": {"width": 32, "blocks": 2}}}
+    monkeypatch.setattr(config, "presets", small)
 
 
 def test_ladder_covers_k_0_to_L_and_reuses_equal_runs(tmp_path, capsys):
@@ -31,10 +36,19 @@ def test_ladder_covers_k_0_to_L_and_reuses_equal_runs(tmp_path, capsys):
 def test_penalty_sweep_reports_null_and_rho_per_lambda(tmp_path):
     assert cli_main(["penalty-sweep", *SMALL, "--lambdas", "0", "0.1", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "penalty_sweep.json").read_text())
+    assert result["lambdas"] == [0.0, 0.1]
     assert [r["lam"] for r in result["rows"]] == [0.0, 0.1]
     for row in result["rows"]:
+        assert row["method"] == "dfa-penalty"
         assert row["null_deep_std"] is not None and row["null_deep_std"] > 0
         assert row["rho_bp"] > 0.95 and abs(row["rho_random"]) < 0.2
+        # each λ is trained with its frozen control, so (d) is evaluated
+        assert row["frozen_acc"] is not None and row["n_paired_with_frozen"] == 1
+        assert row["flags"]["d"] is not None and "(d) not evaluated" not in row["verdict"]
+    runs = result["runs"]
+    assert sorted((r["lam"], r["control"]) for r in runs) == \
+        [(0.0, "frozen"), (0.0, "none"), (0.1, "frozen"), (0.1, "none")]
+    assert all(r["status"] == "finished" for r in runs)
     assert (tmp_path / "penalty_sweep.png").exists()
 
 
@@ -59,6 +73,13 @@ def test_thresholds_and_calibrate_on_an_audit(tmp_path, capsys):
         lo, hi = (float(v) for v in sens[name]["interval"])
         assert lo <= sens[name]["current"] <= hi
     assert (out / "thresholds.png").exists()
+    assert store.read_sealed_json(out / "thresholds.json", "thresholds") == \
+        {k: v for k, v in sens.items() if k != store.SEAL}
+    # `report` rebuilds the report from audit.json alone
+    (out / "audit.md").unlink()
+    assert cli_main(["report", str(out)]) == 0
+    assert (out / "audit.md").read_text().startswith("# Credit-assignment audit")
+    assert (out / "report.html").exists()
     run_dir = next((out / "runs").glob("dfa-none-*"))
     capsys.readouterr()
     assert cli_main(["calibrate", str(run_dir), "--null-draws", "5"]) == 0

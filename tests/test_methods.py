@@ -3,25 +3,39 @@ plus the properties every method must have (frozen blocks stay put, state round-
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from creditaudit.data import load_dataset
-from creditaudit.methods import METHODS, MethodSettings, bp_credit, method_class, rms_normalise
+from creditaudit.errors import CreditAuditError
+from creditaudit.methods import (METHODS, MethodSettings, method_class, methods_with_option,
+                                 rms_normalise)
+from creditaudit.metrics import bp_gradients
 from creditaudit.model import ResidualMLP
 
 ALL = tuple(METHODS)
+PENALISED = tuple(methods_with_option("lam"))     # λ is a method option: dfa-penalty, sb, cb
+
+
+def bp_credit(model, x, y):
+    """g_l = ∂CE/∂h_l of the mean CE at every residual position (the reference credit)."""
+    return bp_gradients(model, x, y).grads
 
 
 def build(name, d=32, n_blocks=2, d_in=16, trainable=None, seed=0, epochs=5, dtype=torch.float32,
-          w2_std=0.01, **settings):
+          w2_std=0.01, lam=None, options=None, **settings):
+    """A ResidualMLP and method `name`; `lam` goes to the method's `lam` option when it has one."""
     torch.manual_seed(seed)
     model = ResidualMLP(d_in, d, n_blocks, 10, w2_std=w2_std).to(dtype)
     trainable = tuple(range(n_blocks)) if trainable is None else trainable
+    options = dict(options or {})
+    if lam is not None and name in PENALISED:
+        options["lam"] = lam
     method = method_class(name)(model, MethodSettings(epochs=epochs, seed=seed,
-                                                      trainable_blocks=trainable, **settings))
+                                                      trainable_blocks=trainable, options=options,
+                                                      **settings))
     return model, method
 
 
@@ -41,11 +55,6 @@ def per_sample_cos(a, b):
 def bp_param_grads(model, x, y):
     params = list(model.parameters())
     return torch.autograd.grad(F.cross_entropy(model(x), y), params)
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_dataset("digits")
 
 
 # -- fa ----------------------------------------------------------------------------------------
@@ -145,6 +154,18 @@ def test_dfa_penalty_at_zero_is_dfa():
     dfa.train_step(x, y), pen.train_step(x, y)
     for p, q in zip(m1.parameters(), m2.parameters()):
         assert torch.equal(p, q)
+
+
+def test_lam_is_a_method_option_with_dfa_penalty_default_1e_2():
+    assert "lam" not in {f.name for f in dataclasses.fields(MethodSettings)}
+    assert set(PENALISED) == {"dfa-penalty", "sb", "cb"}
+    assert method_class("dfa-penalty").option_defaults["lam"] == 1e-2
+    assert build("dfa-penalty")[1].lam == 1e-2 and build("dfa-penalty", lam=0.5)[1].lam == 0.5
+    assert build("dfa")[1].lam == 0.0
+    with pytest.raises(CreditAuditError, match="lam"):
+        method_class("dfa").resolve_options({"lam": 1e-2})
+    with pytest.raises(CreditAuditError, match="lam"):
+        method_class("dfa-penalty").resolve_options({"lam": -1.0})
 
 
 # -- ep ----------------------------------------------------------------------------------------
@@ -281,7 +302,11 @@ def test_state_round_trip(name):
         assert torch.equal(p, q)
 
 
-MIN_ACC = {"bp": 0.85, "fa": 0.8, "ep": 0.85, "dfa": 0.2, "dfa-penalty": 0.2, "sb": 0.5, "cb": 0.15}
+# Test accuracy after 6 epochs on digits (10 classes, chance 0.10), d=32, L=2, seed 0. Measured
+# (seeds 0/1/2): bp 0.90/0.89/0.91, fa 0.88/0.88/0.87, ep 0.90/0.90/0.91, dfa 0.33/0.40/0.36,
+# dfa-penalty (λ=1e-3) 0.33/0.40/0.36, sb 0.89/0.88/0.88, cb 0.85/0.87/0.84. Each bar sits clearly
+# above chance and several points below the lowest measured value.
+MIN_ACC = {"bp": 0.85, "fa": 0.8, "ep": 0.85, "dfa": 0.25, "dfa-penalty": 0.25, "sb": 0.75, "cb": 0.7}
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from creditaudit import metrics as M
 from creditaudit.model import ResidualMLP, ResidualStream
+from creditaudit.verdict import Thresholds, fires_d
 
 
 @pytest.fixture(scope="module")
@@ -119,14 +120,15 @@ def test_rho_is_zero_when_the_change_is_below_1e_12(fresh, digits):
 # ---------------------------------------------------------------------------------------------
 
 def test_stability_is_one_for_a_sample_invariant_gradient(fresh, digits):
-    x0, y0 = digits.eval_batch(0, 1)
-    batches = [(x0.repeat(32, 1), y0.repeat(32)) for _ in range(8)]
+    x0, y0 = digits.eval_batch(0, 1)                      # one sample, (1, *input_shape)
+    same = lambda n: x0.expand(n, *x0.shape[1:]).clone()
+    batches = [(same(32), y0.repeat(32)) for _ in range(8)]
     s = M.cross_batch_stability(fresh, batches)
     assert len(s) == 5
     assert min(s) > 0.999
     # nearly identical inputs, one label: still dominated by the shared direction
     gen = torch.Generator().manual_seed(0)
-    near = [(x0 + 1e-2 * torch.randn(32, x0.shape[1], generator=gen), y0.repeat(32))
+    near = [(same(32) + 1e-2 * torch.randn(32, *x0.shape[1:], generator=gen), y0.repeat(32))
             for _ in range(8)]
     assert min(M.cross_batch_stability(fresh, near)) > 0.9
 
@@ -226,12 +228,18 @@ def test_identity_check_at_init(digits):
 
 
 def test_depth_utility():
-    assert not M.depth_utility(0.37, 0.35).undercut                   # exactly 2 points clears
-    assert M.depth_utility(0.3699, 0.35).undercut
-    assert M.depth_utility(0.306, 0.349).undercut                     # the paper's DFA
+    """depth_utility measures the gap; whether it undercuts is the verdict's call (fires_d)."""
+    undercut = lambda acc, frozen, margin=0.02: fires_d(M.depth_utility(acc, frozen, margin).gap,
+                                                         Thresholds(depth_margin=margin))
+    assert M.depth_utility(0.37, 0.35).undercut is None                # not decided here
+    assert not undercut(0.37, 0.35)                                     # exactly 2 points clears
+    assert undercut(0.3699, 0.35)
+    assert undercut(0.306, 0.349)                                       # the paper's DFA
     assert M.depth_utility(0.615, 0.349).gap == pytest.approx(0.266)
-    assert M.depth_utility(float("nan"), 0.3).undercut
-    assert not M.depth_utility(0.36, 0.35, margin=0.01).undercut
+    assert math.isnan(M.depth_utility(float("nan"), 0.3).gap)
+    assert undercut(float("nan"), 0.3) is None                          # no gap: not measured
+    assert not undercut(0.36, 0.35, margin=0.01)
+    assert M.depth_utility(0.36, 0.35, margin=0.01).margin == 0.01
 
 
 def test_float64_model_stays_float64(digits):
@@ -261,3 +269,23 @@ def test_rho_bp_control_survives_a_floor_level_reference():
     assert M.bp_grad_norms(model, x, y)[-1] < 1e-7
     rho = M.perturbation_with_controls(model, x, y, 1, gen=torch.Generator().manual_seed(0))
     assert rho.bp > 0.95 and abs(rho.random) < 0.1
+
+
+def test_ce_gradient_is_the_reference_gradient_at_any_position(trained, digits):
+    """ce_gradient(rest, h, y): the one ∂CE/∂h of the package, in mean / sum / per-sample units."""
+    x, y = digits.eval_batch(0, 64)
+    trained.zero_grad(set_to_none=True)
+    bp = M.bp_gradients(trained, x, y)
+    stream = trained.stream()
+    loss, g_last = M.ce_gradient(trained.readout, bp.hidden[-1], y)
+    assert loss.item() == pytest.approx(bp.loss, rel=1e-6)
+    torch.testing.assert_close(g_last, bp.grads[-1])
+    _, g_mid = M.ce_gradient(lambda h: stream.forward_from(2, h), bp.hidden[2], y)
+    torch.testing.assert_close(g_mid, bp.grads[2])
+    total, g_sum = M.ce_gradient(trained.readout, bp.hidden[-1], y, reduction="sum")
+    torch.testing.assert_close(g_sum, bp.grads[-1] * len(y))
+    per_sample, g_none = M.ce_gradient(trained.readout, bp.hidden[-1], y, reduction="none")
+    assert per_sample.shape == (len(y),)
+    assert per_sample.sum().item() == pytest.approx(total.item(), rel=1e-6)
+    torch.testing.assert_close(g_none, g_sum)
+    assert not g_none.requires_grad and all(p.grad is None for p in trained.parameters())

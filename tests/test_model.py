@@ -52,3 +52,27 @@ def test_unknown_activation_and_unauditable_object_are_clear_errors():
         ResidualMLP(d_in=4, activation="swishy")
     with pytest.raises(CreditAuditError, match="ResidualStream"):
         as_stream(object())
+
+
+def test_build_model_resmlp_is_the_residual_mlp_with_the_residual_model_interface():
+    from creditaudit.model import ARCHITECTURES, ResidualModel, build_model
+    assert "resmlp" in ARCHITECTURES
+    torch.manual_seed(3)
+    built = build_model("resmlp", (1, 8, 8), 10, width=16, blocks=3)
+    torch.manual_seed(3)
+    direct = ResidualMLP(64, d=16, n_blocks=3, n_classes=10)
+    assert isinstance(built, ResidualModel) and isinstance(built, ResidualMLP)
+    assert built.stream_shape == (16,) and built.n_blocks == 3 and built.n_classes == 10
+    for (name, p), q in zip(built.named_parameters(), direct.parameters()):
+        assert torch.equal(p, q), name                       # same init order, same seeded weights
+    roles = built.embed_parameters() + [p for b in built.blocks for p in b.parameters()] \
+        + built.head_parameters()
+    assert sorted(map(id, roles)) == sorted(id(p) for p in built.parameters())   # a partition
+    x = torch.randn(5, 1, 8, 8)
+    torch.testing.assert_close(built(x), built.readout(as_stream(built).hidden(x)[-1]))
+    torch.testing.assert_close(built.embed_input(x), built.embed(x.flatten(1)))
+    assert build_model("resmlp", (8,), 4, width=8, blocks=0)(torch.randn(2, 8)).shape == (2, 4)
+    with pytest.raises(CreditAuditError, match="unknown architecture"):
+        build_model("transformer-xl", (8,), 4, width=8, blocks=1)
+    with pytest.raises(CreditAuditError, match="no option"):
+        build_model("resmlp", (8,), 4, width=8, blocks=1, options={"heads": 2})

@@ -12,10 +12,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from creditaudit import metrics as M
-from creditaudit.methods import BP, MethodSettings
+from creditaudit.methods import MethodSettings
+from creditaudit.methods.bp import BP
 from creditaudit.model import ResidualMLP, ResidualStream
-from creditaudit.protocol import (Report, Thresholds, diagnose, fires_a, fires_b, fires_b_prime,
-                                  first_fire_epochs, threshold_sensitivity)
+from creditaudit.protocol import Report, diagnose
+from creditaudit.verdict import (Thresholds, fires_a, fires_b, fires_b_prime, first_fire_epochs,
+                                 threshold_sensitivity)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +39,13 @@ def trained(digits):
     return model, bp
 
 
+def history_of(model, x, y, init=None):
+    """A two-line monitor history (epoch 0 = `init`, or the model itself; epoch 1 = the model), as
+    the trainer records it, so every flag of the verdict can be evaluated."""
+    now = {"epoch": 1, **M.monitor_snapshot(model, x, y).to_dict()}
+    return [{**(now if init is None else init), "epoch": 0}, now]
+
+
 def exploded(d_in: int) -> ResidualMLP:
     """Blocks scaled to explode: W2 × 1e3 and a large random bias (a constant one LN would remove)."""
     torch.manual_seed(2)
@@ -56,21 +65,38 @@ def test_exploded_model_fires_a_b_and_b_prime(digits, batches):
     r = diagnose(exploded(digits.d_in), batches)
     assert r.flags["a"] and r.flags["b"] and r.flags["b_prime"]
     assert r.max_growth > 1e3
-    assert r.verdict == "walk back: (a) EXPLODED, (b′) ATTENUATED"
+    assert r.verdict.startswith("walk back: (a) EXPLODED, ")
+    assert r.verdict.endswith(", (b′) ATTENUATED") and "(b) AT FLOOR" not in r.verdict
     assert r.paper_verdict == "walk back: (a) EXPLODED, (b) AT FLOOR"
     assert not r.trustworthy
-    assert len(r.reasons) == 3 and all("Γ" in s or "accuracy" in s for s in r.reasons)
+    # one reason per fired flag, each saying which reported number it invalidates
+    fired = [k for k in r.flags if r.flags[k] and k != "c"]
+    assert len(r.reasons) == len(fired) >= 3
+    for prefix in ("(a) EXPLODED", "(b) AT FLOOR", "(b′) ATTENUATED"):
+        assert sum(s.startswith(prefix) for s in r.reasons) == 1, prefix
+    assert all("Γ" in s or "accuracy" in s for s in r.reasons)
 
 
 def test_fresh_and_trained_models_fire_nothing(digits, batches, trained):
     torch.manual_seed(1)
     fresh = ResidualMLP(digits.d_in, d=64, n_blocks=4)
     model, bp = trained
-    for m, method in [(fresh, None), (model, bp)]:
+    x, y = batches[0]
+    torch.manual_seed(0)
+    init = {"epoch": 0, **M.monitor_snapshot(ResidualMLP(digits.d_in, d=64, n_blocks=4), x, y).to_dict()}
+    for m, method, hist in [(fresh, None, history_of(fresh, x, y)),
+                            (model, bp, history_of(model, x, y, init))]:
+        # without a frozen control (d) is not measured; nothing else fires
         r = diagnose(m, batches, method=method)
-        assert r.flags == {"a": False, "b": False, "b_prime": False, "c": False, "d": None}
-        assert r.verdict == r.paper_verdict == "trustworthy"
+        assert r.flags["d"] is None
+        assert not any(r.flags.values()), r.flags
+        assert not r.verdict.startswith("walk back") and not r.paper_verdict.startswith("walk back")
         assert r.reasons == []
+        # with every piece of evidence (a frozen control it clears, the monitor history) it is trusted
+        r = diagnose(m, batches, method=method, frozen_acc=0.0, monitor_history=hist)
+        assert all(v is False for v in r.flags.values()), r.flags
+        assert r.verdict == r.paper_verdict == "trustworthy"
+        assert r.reasons == [] and r.trustworthy
     assert r.gamma == [pytest.approx(1.0, abs=1e-5)] * 5 and r.gamma_interpretable
     assert r.eval_acc > 0.9
 
@@ -88,7 +114,8 @@ def test_b_and_b_prime_disagreement_is_explained(digits, batches, trained):
     with torch.no_grad():
         confident.out_head.weight.mul_(3)
         confident.out_head.bias.mul_(3)
-    r = diagnose(confident, batches)
+    x, y = batches[0]
+    r = diagnose(confident, batches, frozen_acc=0.0, monitor_history=history_of(confident, x, y))
     assert r.flags["b"] and not r.flags["b_prime"]
     assert r.verdict == "trustworthy" and r.paper_verdict == "walk back: (b) AT FLOOR"
     assert any(n.startswith("(b) fired but the readout gain is healthy") for n in r.notes)
@@ -108,12 +135,14 @@ def test_b_and_b_prime_disagreement_is_explained(digits, batches, trained):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("test_acc, frozen_acc, fires", [
-    (0.306, 0.349, True), (0.36, 0.349, True), (0.369, 0.349, False), (0.615, 0.349, False)])
+    (0.306, 0.349, True), (0.36, 0.349, True), (0.369, 0.349, False), (0.615, 0.349, False),
+    (float("nan"), 0.349, True)])     # a non-finite accuracy certainly does not clear the control
 def test_d_fires_unless_two_points_clear(digits, batches, test_acc, frozen_acc, fires):
     torch.manual_seed(1)
     r = diagnose(ResidualMLP(digits.d_in, d=64, n_blocks=4), batches, test_acc=test_acc,
                  frozen_acc=frozen_acc)
-    assert r.flags["d"] is fires
+    assert r.flags["d"] is fires and r.depth.undercut is fires      # the verdict sets undercut
+    assert r.depth.gap == pytest.approx(test_acc - frozen_acc, nan_ok=True)
     assert ("(d) UNDERCUT" in r.verdict) is fires
     assert ("(d) UNDERCUT" in r.paper_verdict) is fires
 
@@ -163,13 +192,13 @@ def test_report_dict_and_table(digits, batches, trained):
     for key in ("verdict", "paper_verdict", "flags", "residual_norms", "bp_grad_norms",
                 "readout_gain", "max_growth", "stability", "gamma", "thresholds", "reasons"):
         assert key in d
-    assert set(d["flags"]) == {"a", "b", "b_prime", "c", "d"}
+    assert {"a", "b", "b_prime", "c", "d"} <= set(d["flags"])
     assert len(d["residual_norms"]) == len(d["bp_grad_norms"]) == len(d["stability"]) == 5
-    assert d["thresholds"] == {"growth": 50.0, "floor": 1e-7, "gain": 1e-2, "drift": 0.30,
-                               "depth_margin": 0.02}
+    assert {k: d["thresholds"][k] for k in ("growth", "floor", "gain", "drift", "depth_margin")} \
+        == {"growth": 50.0, "floor": 1e-7, "gain": 1e-2, "drift": 0.30, "depth_margin": 0.02}
     assert [x["layer"] for x in d["rho"]] == [1, 2, 3, 4]
     assert all(x["bp"] > 0.95 and abs(x["random"]) < 0.05 for x in d["rho"])
-    assert d["first_fire"] == {"a": None, "b": None, "b_prime": None}
+    assert PAPER_KEYS(d["first_fire"]) == {"a": None, "b": None, "b_prime": None}
     table = str(r)
     assert "bp seed 0" in table and "verdict (paper, uses b)" in table and "ρ bp" in table
     assert len({len(line) for line in table.splitlines()[6:12]}) == 1   # fixed-width rows
@@ -205,6 +234,11 @@ def test_null_calibration_runs_for_random_feedback(digits, batches, trained):
 # Monitor history and threshold sensitivity
 # ---------------------------------------------------------------------------------------------
 
+def PAPER_KEYS(first_fire: dict) -> dict:
+    """The (a), (b), (b′) entries of a first-fire dict (it may carry further flags)."""
+    return {k: first_fire[k] for k in ("a", "b", "b_prime")}
+
+
 def test_first_fire_epochs():
     hist = []
     for epoch in range(1, 13):
@@ -213,11 +247,13 @@ def test_first_fire_epochs():
         gain = 0.5 if epoch < 6 else 1e-4                         # (b′) at 6
         hist.append({"epoch": epoch, "h_norms": [1.0, growth], "g_norms": [1e-3, g_last],
                      "max_growth": growth, "gain": gain, "test_acc": 0.3})
-    assert first_fire_epochs(hist) == {"a": 9, "b": 4, "b_prime": 6}
-    assert first_fire_epochs(hist, Thresholds(growth=1000)) == {"a": None, "b": 4, "b_prime": 6}
+    assert PAPER_KEYS(first_fire_epochs(hist)) == {"a": 9, "b": 4, "b_prime": 6}
+    assert PAPER_KEYS(first_fire_epochs(hist, Thresholds(growth=1000))) == \
+        {"a": None, "b": 4, "b_prime": 6}
     json_rows = [{"epoch": 1, "h_norms": [1.0, None], "g_norms": [None, None], "gain": None}]
-    assert first_fire_epochs(json_rows) == {"a": 1, "b": 1, "b_prime": 1}
-    assert first_fire_epochs([]) == {"a": None, "b": None, "b_prime": None}
+    assert PAPER_KEYS(first_fire_epochs(json_rows)) == {"a": 1, "b": 1, "b_prime": 1}
+    assert all(v is None for v in first_fire_epochs([]).values())
+    assert PAPER_KEYS(first_fire_epochs([])) == {"a": None, "b": None, "b_prime": None}
 
 
 def test_flag_predicates_take_json_safe_values():
@@ -282,10 +318,12 @@ class UserNet(nn.Module):
 def test_hand_built_stream_can_be_diagnosed(digits, batches):
     torch.manual_seed(0)
     net = UserNet(digits.d_in)
-    stream = ResidualStream(embed=net.inp, steps=[lambda h, f=f: h + f(h) for f in net.res],
+    stream = ResidualStream(embed=lambda x: net.inp(x.flatten(1)),   # digits come as (N, 1, 8, 8)
+                            steps=[lambda h, f=f: h + f(h) for f in net.res],
                             readout=net.cls, branches=list(net.res))
     credit = lambda x, y: M.bp_gradients(stream, x, y).grads
-    r = diagnose(stream, batches, method=credit, rho=[1, 3])
+    r = diagnose(stream, batches, method=credit, rho=[1, 3], frozen_acc=0.0,
+                 monitor_history=history_of(stream, *batches[0]))
     assert len(r.residual_norms) == 4 and r.mid_layer == 1
     assert r.verdict == "trustworthy"
     assert r.gamma == [pytest.approx(1.0, abs=1e-5)] * 4

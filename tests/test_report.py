@@ -24,9 +24,26 @@ def audited(tmp_path_factory):
     config = audit_config_from_dict({"dataset": "digits", "methods": ["bp", "dfa"], "seeds": [1, 2],
                                      "epochs": 2, "out": str(tmp), "model": {"width": 32, "blocks": 2},
                                      "jobs": 1})
-    result = run_audit(config, log=lambda s: None)
+    result = run_audit(config, progress=False)
     paths = write_report(result, tmp / "report")
     return result, paths, tmp
+
+
+def _tables(md):
+    """The Markdown tables of a text: lists of consecutive lines starting with "|"."""
+    out, current = [], []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            out.append(current)
+            current = []
+    return out
+
+
+def _method_lines(md, method):
+    """Every table line of `method` (a method's numbers may be spread over several tables)."""
+    return "\n".join(line for line in md.splitlines() if line.startswith(f"| {method} "))
 
 
 def _row(audit, method):
@@ -57,9 +74,15 @@ def test_markdown_holds_methods_verdicts_and_the_audit_numbers(audited):
     for row in result["methods"]:
         assert f"| {row['method']} " in md
         assert row["verdict"] in md and row["paper_verdict"] in md
-        assert f"{100 * row['acc']:.1f} ± {100 * row['acc_std']:.1f}" in md
-        assert f"{100 * row['frozen_acc']:.1f} ± {100 * row['frozen_acc_std']:.1f}" in md
-        assert f"{row['h_L']:.1e}" in md and f"{row['g_L']:.1e}" in md and f"{row['gain']:.1e}" in md
+        lines = _method_lines(md, row["method"])
+        # accuracy over the seeds: the mean and its spread (± std, or a 95 % interval)
+        assert f"{100 * row['acc']:.1f}" in lines
+        interval = (row.get("acc_interval") or {}).get("t_interval")
+        assert (f"{100 * row['acc']:.1f} ± {100 * row['acc_std']:.1f}" in lines or interval and
+                f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]" in lines)
+        assert f"{100 * row['frozen_acc']:.1f} ± {100 * row['frozen_acc_std']:.1f}" in lines
+        assert f"{row['h_L']:.1e}" in lines and f"{row['g_L']:.1e}" in lines
+        assert f"{row['gain']:.1e}" in lines
         for reason in row["reasons"]:
             assert reason in md
     dfa = _row(result, "dfa")
@@ -81,9 +104,15 @@ def test_table_is_the_same_from_the_live_dict_and_from_audit_json(audited):
     result, _, tmp = audited
     from_json = json.loads((tmp / "audit.json").read_text())
     assert audit_table(from_json) == audit_table(result)
-    main_table = audit_table(result).split("\n\n## Audit\n\n")[1].split("\n\n")[0].splitlines()
-    assert len(main_table) == 2 + len(result["methods"])
-    assert len({len(line) for line in main_table}) == 1  # padded to fixed width: readable as text
+    tables = _tables(audit_table(result))
+    assert tables, "no table in the audit"
+    audit_part = audit_table(result).split("\n## Audit\n")[1].split("\n## ")[0]
+    method_tables = [t for t in _tables(audit_part) if len(t) == 2 + len(result["methods"])]
+    assert method_tables                                # one row per method
+    for t in method_tables:
+        assert [line.split("|")[1].strip() for line in t[2:]] == [r["method"] for r in result["methods"]]
+    for t in tables:
+        assert len({len(line) for line in t}) == 1      # padded to fixed width: readable as text
 
 
 def test_html_is_self_contained_with_tables_images_and_verdicts(audited):
@@ -92,13 +121,15 @@ def test_html_is_self_contained_with_tables_images_and_verdicts(audited):
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
     assert "http://" not in page and "https://" not in page and "<script" not in page.lower()
     assert "url(" not in page  # no CSS resource either
-    assert page.count("<table") == 3 and "<table class=\"audit\">" in page
+    md = paths["audit.md"].read_text()
+    assert page.count("<table") == len(_tables(md)) and "<table class=\"audit\">" in page
     images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="([^"]+)"', page)
-    assert len(images) == 4 and all(alt for _, alt in images)
+    assert len(images) == len(FILES) - 2 and all(alt for _, alt in images)
     for row in result["methods"]:
         assert f"<td>{row['method']}</td>" in page
-        cls = "ok" if row["verdict"] == "trustworthy" else "bad"
-        assert f'<td class="{cls} wrap">{row["verdict"]}</td>' in page
+        cls = ("ok " if row["verdict"] == "trustworthy" else
+               "bad " if row["verdict"].startswith("walk back") else "")
+        assert f'<td class="{cls}wrap">{html_escape(row["verdict"])}</td>' in page
 
 
 def _degenerate(result):
@@ -123,7 +154,7 @@ def test_degenerate_values_are_formatted_compactly(audited, tmp_path):
     result, _, _ = audited
     audit = _degenerate(result)
     md = audit_table(audit)
-    dfa_line = next(line for line in md.splitlines() if line.startswith("| dfa "))
+    dfa_line = _method_lines(md, "dfa")
     assert "4.0e+08" in dfa_line and "4.2e-09" in dfa_line and "1.0e-04" in dfa_line
     assert "| inf " in dfa_line
     assert f"{_row(result, 'dfa')['gamma_deep']:+.3f}*" in dfa_line  # Γ marked uninterpretable
@@ -202,3 +233,20 @@ def test_html_renders_offline_in_chromium(audited, tmp_path):
 def html_escape(text):
     import html
     return html.escape(text, quote=False)
+
+
+def test_compact_table_fits_a_terminal_and_names_each_method(audited):
+    from creditaudit.report import compact_table
+    result, _, _ = audited
+    text = compact_table(result)
+    lines = text.splitlines()
+    assert len(lines) == 2 + len(result["methods"])
+    assert all(len(line) <= 120 for line in lines)
+    for row, line in zip(result["methods"], lines[2:]):
+        assert line.startswith(row["method"]) and f"{100 * row['acc']:.1f}" in line
+    wide = compact_table(_degenerate(result))
+    assert "walk back: (a), (b′), (d)" in wide                  # flag names shortened to fit
+    narrow = compact_table(_degenerate(result), width=80)
+    assert all(len(line) <= 80 for line in narrow.splitlines())
+    assert next(l for l in narrow.splitlines() if l.startswith("dfa")).endswith("…")
+    assert compact_table({}) == "(no methods)"

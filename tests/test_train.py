@@ -13,7 +13,9 @@ from creditaudit.cli import main as cli_main
 from creditaudit.config import RunConfig
 from creditaudit.data import load_dataset
 from creditaudit.errors import CreditAuditError
-from creditaudit.train import load_run, train_run
+from creditaudit.runs import load_run, read_status
+from creditaudit.train import train_run
+from creditaudit.verdict import Thresholds, first_fire_epochs, stop_rule
 
 SMALL = dict(dataset="synthetic", width=32, blocks=2, epochs=4, batch_size=64)
 
@@ -56,8 +58,8 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path, synthetic, monkeypatch
     whole = train_run(config, tmp_path / "whole", data=synthetic, progress=False)
 
     real_save = store.save_checkpoint
-    def save_then_die(run_dir, epoch, state, meta):
-        real_save(run_dir, epoch, state, meta)
+    def save_then_die(run_dir, epoch, state, meta, config):
+        real_save(run_dir, epoch, state, meta, config)
         if epoch == 2:
             raise KeyboardInterrupt  # the process dies right after epoch 2's checkpoint
     monkeypatch.setattr(store, "save_checkpoint", save_then_die)
@@ -122,12 +124,13 @@ def test_divergence_ends_cleanly_keeping_the_last_finite_checkpoint(tmp_path, sy
     meta, state = store.load_checkpoint(tmp_path / "r")
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     assert meta["epoch"] == run.history[-1]["epoch"] == run.status["epochs_completed"]
+    assert run.status["epochs_planned"] == 6
+    assert read_status(tmp_path / "r") == run.status    # status.json is sealed and matches its checkpoint
     json.loads((tmp_path / "r" / "status.json").read_text())
 
 
 @pytest.mark.parametrize("argv, needle", [
     (["train", "--method", "nope"], "unknown method"),
-    (["train", "--dataset", "nope"], "unknown dataset"),
     (["train", "--dataset", "cifar10", "--data-dir", "/nonexistent"], "cifar-10-batches-py"),
     (["train", "--trainable-blocks", "9"], "trainable_blocks"),
     (["train", "--epochs", "0"], "epochs"),
@@ -142,29 +145,105 @@ def test_cli_user_errors_are_one_clear_line(argv, needle, capsys, tmp_path, monk
     assert sum(line.startswith("creditaudit: error:") for line in err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--dataset", "nope"], "invalid choice: 'nope'"),
+    (["train", "--arch", "nope"], "invalid choice: 'nope'"),
+    (["train", "--lr", "nan"], "finite"),
+])
+def test_cli_option_values_are_checked_by_the_parser(argv, needle, capsys, tmp_path, monkeypatch):
+    """Choices from the registries (datasets, architectures) and malformed values are refused while
+    parsing: exit 2, one error line (naming every valid choice), no usage dump, no traceback."""
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and "usage:" not in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("creditaudit: error:")
+    if "--dataset" in argv:
+        from creditaudit.data import DATASET_NAMES
+        assert all(f"'{name}'" in err for name in DATASET_NAMES)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_blocks_zero_is_refused_and_lam_sets_the_lam_option(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["train", "--blocks", "0", "--dataset", "digits"]) == 2
+    err = capsys.readouterr().err
+    assert "--blocks must be ≥ 1" in err and "--shallow" in err
+    assert cli_main(["train", "--method", "bp", "--lam", "0.01", "--dataset", "digits"]) == 2
+    assert "lam" in capsys.readouterr().err                   # bp declares no λ
+    out = tmp_path / "pen"
+    assert cli_main(["train", "--method", "dfa-penalty", "--lam", "0.05", "--dataset", "digits",
+                     "--width", "16", "--blocks", "1", "--epochs", "1", "--quiet", "--device", "cpu",
+                     "--threads", "1", "--out", str(out)]) == 0
+    config = load_run(out).config
+    assert config.options == {"lam": 0.05} and config.lam == 0.05
+
+
+SUBCOMMANDS = ("train", "diagnose", "calibrate", "check", "audit", "ladder", "penalty-sweep",
+               "identity-check", "thresholds", "report", "lint")
+
+
 def test_cli_help_and_version(capsys):
+    """--help lists every subcommand; each subcommand's --help gives the default of every option
+    that takes a value and ends with an examples section."""
+    import argparse
+    from creditaudit.cli import build_parser
     with pytest.raises(SystemExit) as e:
         cli_main(["--version"])
     assert e.value.code == 0 and "creditaudit" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         cli_main(["--help"])
-    assert "train" in capsys.readouterr().out
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    listed = text.split("positional arguments:")[1].split("options:")[0]
+    names = [line.split()[0] for line in listed.splitlines() if line.startswith("    ") and line.split()]
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(SUBCOMMANDS) <= set(sub.choices)
+    assert set(sub.choices) <= set(names), set(sub.choices) - set(names)    # each one is listed
+    assert text.rstrip().split("\n\n")[-1].startswith("examples:")
+    missing = []
+    for name, parser in sub.choices.items():
+        with pytest.raises(SystemExit) as e:
+            cli_main([name, "--help"])
+        assert e.value.code == 0
+        text = capsys.readouterr().out
+        assert text.startswith(f"usage: creditaudit {name}")
+        sections = text.rstrip().split("\n\n")
+        assert sections[-1].startswith("examples:\n  creditaudit "), name     # ends with examples
+        assert all(line.startswith(f"  creditaudit {name}")
+                   for line in sections[-1].splitlines()[1:]), name
+        for action in parser._actions:
+            if not action.option_strings or action.nargs == 0:   # positionals, switches, --help
+                continue
+            if "(default" not in (action.help or ""):
+                missing.append((name, action.option_strings[-1]))
+            else:
+                assert action.option_strings[-1] in text, (name, action.option_strings)
+        if any(a.option_strings and a.nargs != 0 for a in parser._actions):
+            assert "(default" in text, name
+    assert not missing, f"options whose --help gives no default: {sorted(missing)}"
 
 
 def test_stop_when_flagged_ends_a_doomed_run_and_records_first_fire(tmp_path, synthetic):
-    from creditaudit.protocol import Thresholds
     always = Thresholds(gain=1e9)  # (b′) fires at every epoch, from the init snapshot on
-    run = train_run(RunConfig(**SMALL).replace(epochs=10, stop_when_flagged=3), tmp_path / "r",
-                    data=synthetic, progress=False, thresholds=always)
+    config = RunConfig(**SMALL).replace(epochs=10, stop_when_flagged=3)
+    run = train_run(config, tmp_path / "r", data=synthetic, progress=False,
+                    stop_rule=stop_rule(config.stop_when_flagged, always))
     assert run.status["status"] == "stopped"
     assert "--stop-when-flagged 3" in run.status["message"]
     assert run.status["epochs_completed"] == 2      # epochs 0, 1, 2 flagged → stop
-    assert run.status["first_fire"]["b_prime"] == 0
-    assert run.status["first_fire"]["a"] is None
+    assert run.status["epochs_planned"] == 10
+    assert "first_fire" not in run.status           # the verdict's business, read from the history
+    first = first_fire_epochs(run.history, always)
+    assert first["b_prime"] == 0
+    assert first["a"] is None
+    assert [r["epoch"] for r in run.history] == [0, 1, 2]
+    assert stop_rule(None, always) is None
 
     never = train_run(RunConfig(**SMALL).replace(stop_when_flagged=1), tmp_path / "n",
-                      data=synthetic, progress=False)
+                      data=synthetic, progress=False, stop_rule=stop_rule(1, Thresholds()))
     assert never.status["status"] == "finished" and never.history[-1]["epoch"] == SMALL["epochs"]
+    assert never.status["epochs_completed"] == never.status["epochs_planned"] == SMALL["epochs"]
 
 
 def test_a_diverged_run_fires_a_in_its_diagnosis(tmp_path, synthetic):
@@ -184,9 +263,23 @@ def test_a_diverged_run_fires_a_in_its_diagnosis(tmp_path, synthetic):
     (dict(method="ep", options={"beta": -1.0}), "beta"),
     (dict(method="cb", options={"ema": 1.5}), "ema"),
     (dict(method="sb", options={"draws": 0}), "draws"),
-    (dict(method="bp", lam=0.01), "lam"),
+    (dict(method="bp", options={"lam": 0.01}), "lam"),
+    (dict(method="dfa", options={"lam": 0.01}), "lam"),
+    (dict(method="dfa-penalty", options={"lam": -1.0}), "lam"),
     (dict(stop_when_flagged="3"), "stop_when_flagged"),
 ])
 def test_bad_method_options_and_misplaced_lambda_are_user_errors(kwargs, needle):
     with pytest.raises(CreditAuditError, match=needle):
         RunConfig(**kwargs)
+
+
+def test_lam_is_a_read_only_view_of_the_lam_option():
+    assert RunConfig(method="dfa-penalty").lam == 1e-2               # the method's own default
+    assert RunConfig(method="dfa-penalty", options={"lam": 0.1}).lam == 0.1
+    assert RunConfig(method="sb").lam == 0.0 and RunConfig(method="bp").lam == 0.0
+    with pytest.raises(TypeError):
+        RunConfig(method="dfa-penalty", lam=0.1)                     # no longer a field
+    with pytest.raises(AttributeError):
+        RunConfig(method="dfa-penalty").lam = 0.1
+    a, b = RunConfig(method="cb", options={"lam": 1e-2}), RunConfig(method="cb")
+    assert a.run_key != b.run_key and "λ=0.01" in a.label

@@ -404,7 +404,8 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     p.add_argument("--preset", choices=PRESET_NAMES,
                    help="quick: MNIST-1D, no download, 15 epochs; paper: CIFAR-10, 100 epochs "
                         "(default: quick, unless --config is given)")
-    p.add_argument("--config", metavar="FILE", help="audit TOML file, e.g. examples/quick.toml")
+    p.add_argument("--config", metavar="FILE",
+                   help="audit TOML file, e.g. examples/quick.toml (default: none, the preset alone)")
     p.add_argument("--dataset", choices=DATASET_NAMES, metavar="NAME",
                    help=f"{h('dataset')}; one of {_choices(DATASET_NAMES)}")
     p.add_argument("--arch", choices=ARCHITECTURES, metavar="NAME",

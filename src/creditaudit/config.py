@@ -301,6 +301,9 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
             raise CreditAuditError(f"[options.{method}] in {where} must be a table of that method's options")
         resolve_method_name(method)
     options = {resolve_method_name(k): dict(v) for k, v in raw.get("options", {}).items()}
+    from .methods import method_class
+    for method, table in options.items():        # also for a method the audit does not run
+        method_class(method).resolve_options(table)
     seeds = raw.get("seeds", list(default(AuditConfig, "seeds")))
     if not isinstance(seeds, list) or not seeds or not all(
             isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= INT64_MAX for s in seeds):

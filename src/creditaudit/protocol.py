@@ -316,6 +316,9 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
                     verdict_string(flags, PAPER_FLAGS, nonfinite, missing), [], depth=depth,
                     diverged=diverged, init_growth=init_growth, stack_growth=stack,
                     not_evaluated=not_evaluated, training=training)
+    report.notes = disagreement(report)
+    report.notes += [f"{FLAG_NAMES[k].split()[0]} not evaluated: {why}." for k, why in not_evaluated.items()]
+    report.notes += [f"not a final result: {gap}." for gap in missing]
     if len(batches) < 8:
         report.notes.append(f"cross-batch stability used K = {len(batches)} batches; the protocol asks "
                             "for K ≥ 8, so s_l is noisier than the paper's.")

@@ -72,11 +72,14 @@ def _has_values(values: Sequence[float]) -> bool:
 
 
 class _Thresholds:
-    """The thresholds recorded in a result dict, as attributes (t.growth, t.floor, …)."""
+    """The thresholds recorded in a result dict, as attributes (t.growth, t.floor, …); a threshold
+    the dict does not record is None, and its line is not drawn."""
 
     def __init__(self, recorded: dict | None):
-        for key, value in (recorded or {}).items():
-            setattr(self, key, _f(value))
+        self.__dict__.update({k: _f(v) for k, v in (recorded or {}).items()})
+
+    def __getattr__(self, name: str):
+        return None
 
 
 def _thresholds(audit: dict) -> _Thresholds:
@@ -96,7 +99,8 @@ def norms_figure(audit: dict) -> Figure:
                 ax.plot(range(len(curve)), curve, "o-", color=colors[method], label=method, lw=2)
                 drawn = True
     floor = _thresholds(audit).floor
-    ax_g.axhline(floor, color="0.3", ls="--", lw=1.2, label=f"(b) floor {floor:g}")
+    if floor is not None:
+        ax_g.axhline(floor, color="0.3", ls="--", lw=1.2, label=f"(b) floor {_g(floor)}")
     for ax, title in ((ax_h, "residual stream ‖$h_l$‖"), (ax_g, "BP gradient ‖$g_l$‖ = ‖∂CE/∂$h_l$‖")):
         ax.set_yscale("log")
         ax.set_xlabel("residual position l")
@@ -108,7 +112,9 @@ def norms_figure(audit: dict) -> Figure:
         handles, labels = ax_h.get_legend_handles_labels()
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9,
                    title="method")
-    ax_g.legend(handles=[ax_g.get_lines()[-1]], fontsize=8, loc="lower left")
+    floor_lines = [line for line in ax_g.get_lines() if line.get_label().startswith("(b)")]
+    if floor_lines:
+        ax_g.legend(handles=floor_lines, fontsize=8, loc="lower left")
     if not drawn:
         ax_h.text(0.5, 0.5, "no diagnosed run", ha="center", va="center", transform=ax_h.transAxes)
     fig.tight_layout()
@@ -122,11 +128,11 @@ def monitor_figure(audit: dict) -> Figure:
     fig = Figure(figsize=(11, 7.5))
     axes = fig.subplots(2, 2).ravel()
     panels = [  # (value of a monitor row, log?, threshold line, flag whose first fire is marked, title)
-        (lambda r: r.get("max_growth"), True, (t.growth, f"(a) growth {t.growth:g}"), "a",
+        (lambda r: r.get("max_growth"), True, (t.growth, f"(a) growth {_g(t.growth)}"), "a",
          "max per-block growth ‖$h_{l+1}$‖/‖$h_l$‖"),
-        (lambda r: (r.get("g_norms") or [None])[-1], True, (t.floor, f"(b) floor {t.floor:g}"), "b",
+        (lambda r: (r.get("g_norms") or [None])[-1], True, (t.floor, f"(b) floor {_g(t.floor)}"), "b",
          "‖$g_L$‖ (BP gradient at the last position)"),
-        (lambda r: r.get("gain"), True, (t.gain, f"(b′) gain {t.gain:g}"), "b_prime", "readout gain ‖$g_L$‖/‖∂CE/∂logits‖"),
+        (lambda r: r.get("gain"), True, (t.gain, f"(b′) gain {_g(t.gain)}"), "b_prime", "readout gain ‖$g_L$‖/‖∂CE/∂logits‖"),
         (lambda r: None if _f(r.get("test_acc")) is None else 100 * _f(r.get("test_acc")), False,
          None, None, "test accuracy (%)"),
     ]
@@ -153,7 +159,7 @@ def monitor_figure(audit: dict) -> Figure:
                     if not math.isnan(y):
                         ax.plot([epoch], [y], "o", ms=8, color=colors[method], mec="black", mew=1)
     for ax, (_, log, line, _, title) in zip(axes, panels):
-        if line is not None:
+        if line is not None and line[0] is not None:
             drawn = ax.axhline(line[0], color="0.3", ls="--", lw=1.2, label=line[1])
             ax.legend(handles=[drawn], fontsize=8, loc="lower left", framealpha=0.9)
         if log:
