@@ -213,7 +213,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     """
     dev = resolve_device(execution.device)
     workers = execution.jobs or default_workers(dev, len(configs))
-    threads = 1 if workers > 1 else max(1, torch.get_num_threads())
+    # a Ray task reserves one CPU, and parallel local workers share the cores: one thread each
+    threads = 1 if workers > 1 or execution.executor == "ray" else max(1, torch.get_num_threads())
     data = dataset(configs[0].dataset, execution.data_dir, "cpu")  # fail fast before any worker starts
     check_eval_batches(len(data.y_test), n_eval)
     executor = make_executor(execution.executor, workers=workers, address=execution.address,
