@@ -20,7 +20,6 @@ threshold means what it says); s_l needs the batches separately.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 

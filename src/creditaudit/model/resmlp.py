@@ -9,7 +9,7 @@ The protocol never touches `ResidualMLP` directly: it works on a `ResidualStream
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 import torch.nn as nn

@@ -2,9 +2,8 @@
 reasons, threshold sensitivity, and one table per other experiment — all read from result JSON."""
 from __future__ import annotations
 
-import math
 import re
-from typing import Any, Sequence
+from typing import Sequence
 
 from .. import store
 from .format import (_f, _first_fire, _g, _gamma_cells, _markdown, _method_name, _pct, _sci,
