@@ -232,3 +232,44 @@ def test_fa_refuses_unroutable_blocks():
     model.blocks[0].extra = nn.Conv1d(2, 2, 1)
     with pytest.raises(CreditAuditError, match="cannot route Conv1d"):
         method("fa", model)
+
+
+@pytest.mark.parametrize("arch, options", [("vit-mini", {"heads": 2, "patch": 4}), ("resnet-small", {})])
+def test_a_bp_trained_instance_fires_no_flag(arch, options, tmp_path):
+    from creditaudit.config import RunConfig
+    from creditaudit.data import load_dataset
+    from creditaudit.experiments import eval_batches
+    from creditaudit.experiments.common import diagnose_run
+    from creditaudit.train import train_run
+    config = RunConfig(method="bp", dataset="digits", arch=arch, epochs=10, lr=3e-3, width=16,
+                       blocks=2, arch_options=options)
+    run = train_run(config, tmp_path / "run", progress=False)
+    control = train_run(config.replace(trainable_blocks=0), tmp_path / "frozen", progress=False)
+    data = load_dataset("digits")
+    report = diagnose_run(run, eval_batches(data, 8), control=control, run_data=data)
+    assert run.test_acc > 0.7
+    assert {k: report.flags[k] for k in ("a", "a_prime", "b", "b_prime", "d")} == dict.fromkeys(
+        ("a", "a_prime", "b", "b_prime", "d"), False), report.reasons
+    assert report.verdict == "trustworthy"
+
+
+def test_smallresnet_readout_gain_is_blind_to_stream_scale():
+    """What (b) and (b′) do without a terminal LayerNorm: the SmallResNet's readout (pool → Linear)
+    is linear in h_L, so scaling the stream by 1000 leaves the readout gain ‖g_L‖/‖∂CE/∂logits‖
+    unchanged — (b′) cannot see an explosion there, unlike on the pre-LN models, where the gain
+    falls ∝ 1/‖h_L‖. (a)/(a′) must catch it instead; (b) follows the loss, which saturates."""
+    from creditaudit.model import build_model
+    from creditaudit.protocol import diagnose
+    torch.manual_seed(0)
+    model = build_model("resnet-small", (3, 16, 16), 10, width=8, blocks=2).eval()
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(32, 3, 16, 16, generator=g), torch.randint(0, 10, (32,), generator=g))
+               for _ in range(2)]
+    base = diagnose(model, batches)
+    stream = model.stream()
+    scaled = type(stream)(embed=lambda x: 1000 * stream.embed(x), steps=stream.steps,
+                          readout=stream.readout, branches=None)
+    big = diagnose(scaled, batches)
+    assert big.readout_gain > 0.5 * base.readout_gain          # not ∝ 1/‖h_L‖: no fall by ~1000×
+    assert not big.flags["b_prime"]
+    assert big.residual_norms[-1] > 500 * base.residual_norms[-1]
