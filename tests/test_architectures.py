@@ -273,3 +273,23 @@ def test_smallresnet_readout_gain_is_blind_to_stream_scale():
     assert big.readout_gain > 0.5 * base.readout_gain          # not ∝ 1/‖h_L‖: no fall by ~1000×
     assert not big.flags["b_prime"]
     assert big.residual_norms[-1] > 500 * base.residual_norms[-1]
+
+
+@pytest.mark.parametrize("arch", ["vit-mini", "resnet-small"])
+def test_full_diagnosis_with_rho_and_nudging_on_image_streams(arch):
+    """ρ, its controls and the nudging test perturb whole (T, d) / (C, H, W) states per sample."""
+    from creditaudit.methods import MethodSettings, method_class
+    from creditaudit.model import build_model
+    from creditaudit.protocol import diagnose
+    torch.manual_seed(0)
+    options = {"heads": 2} if arch == "vit-mini" else {}
+    model = build_model(arch, (3, 8, 8), 10, width=8, blocks=2, options=options)
+    dfa = method_class("dfa")(model, MethodSettings(epochs=1, trainable_blocks=(0, 1)))
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(16, 3, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g))
+               for _ in range(2)]
+    report = diagnose(model, batches, method=dfa, rho=True, rho_m=4, null_k=2)
+    assert [r.layer for r in report.rho] == [1, 2]
+    assert all(r.bp > 0.9 for r in report.rho)            # the BP control predicts ΔL
+    assert all(abs(r.random) < 0.5 for r in report.rho)
+    assert report.nudge is not None and len(report.gamma) == 3

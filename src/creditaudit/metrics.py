@@ -395,10 +395,10 @@ class _Perturbation:
             h = self.stream.hidden(xin)[layer].detach()
         if h.dtype == torch.float16:
             h = h.float()
-        n, d = h.shape
-        v = torch.randn((m, n, d), generator=gen, dtype=torch.float64).to(h.device, h.dtype)
-        v = v / v.norm(dim=-1, keepdim=True)
-        states = torch.cat([h, (h.unsqueeze(0) + eps * v).reshape(m * n, d)])
+        n, shape = h.shape[0], tuple(h.shape[1:])     # a state may be (d,), (T, d) or (C, H, W)
+        v = torch.randn((m, n) + shape, generator=gen, dtype=torch.float64).to(h.device, h.dtype)
+        v = v / v.flatten(2).norm(dim=-1).view((m, n) + (1,) * len(shape))
+        states = torch.cat([h, (h.unsqueeze(0) + eps * v).reshape((m * n,) + shape)])
         with torch.no_grad():
             loss = _per_sample_ce(self.stream.forward_from(layer, states).double(),
                                   y.repeat(m + 1))
@@ -408,7 +408,7 @@ class _Perturbation:
     def rho(self, a: torch.Tensor) -> float:
         """ρ for credit a (N, d): Pearson(ε⟨a_i, v_mi⟩, ΔL_mi) over all M × N pairs."""
         pred = self.eps * (a.detach().to(self.v.device).double().unsqueeze(0)
-                           * self.v.double()).sum(-1)
+                           * self.v.double()).flatten(2).sum(-1)
         return _pearson(pred, self.delta)
 
     def bp_gradient(self) -> torch.Tensor:
@@ -494,7 +494,8 @@ def nudging_test(model, x: torch.Tensor, y: torch.Tensor, layer: int, credit,
         h = stream.hidden(xin)[layer].detach()
     loss0, g = ce_gradient(lambda s: stream.forward_from(layer, s), h, y)
     a = _layer_credit(credit, layer).detach().to(h.device, h.dtype)
-    na, ng = a.norm(dim=-1, keepdim=True), g.norm(dim=-1, keepdim=True)
+    per_sample = lambda t: t.flatten(1).norm(dim=-1).view((-1,) + (1,) * (t.dim() - 1))
+    na, ng = per_sample(a), per_sample(g)
     a_hat = torch.where(na > 0, a * ng / torch.where(na > 0, na, torch.ones_like(na)),
                         torch.zeros_like(a))
     with torch.no_grad():

@@ -367,9 +367,11 @@ class SeedEvidence:
     frozen_acc: float | None
 
 
-def interval(values: Sequence[float], confidence: float = 0.95) -> dict:
+def interval(values: Sequence[float], confidence: float = 0.95,
+             bounds: tuple[float, float] = (-math.inf, math.inf)) -> dict:
     """Mean of per-seed values with a t-interval (n ≥ 2) and, at n ≥ 5, a BCa bootstrap interval
-    (scipy.stats.bootstrap, 9,999 resamples, fixed seed). None where it cannot be computed."""
+    (scipy.stats.bootstrap, 9,999 resamples, fixed seed); intervals are clipped to `bounds` (an
+    accuracy cannot pass 100 %). None where it cannot be computed."""
     vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     out = {"n": len(vals), "mean": statistics.fmean(vals) if vals else None, "t_interval": None,
            "bootstrap_interval": None}
@@ -377,14 +379,14 @@ def interval(values: Sequence[float], confidence: float = 0.95) -> dict:
         from scipy import stats
         sem = statistics.stdev(vals) / math.sqrt(len(vals))
         half = float(stats.t.ppf(0.5 + confidence / 2, len(vals) - 1)) * sem
-        out["t_interval"] = [out["mean"] - half, out["mean"] + half]
+        out["t_interval"] = [max(bounds[0], out["mean"] - half), min(bounds[1], out["mean"] + half)]
     if len(vals) >= 5 and len(set(vals)) > 1:
         import numpy as np
         from scipy import stats
         res = stats.bootstrap((np.array(vals),), np.mean, confidence_level=confidence,
                               n_resamples=9999, random_state=np.random.default_rng(0))
-        out["bootstrap_interval"] = [float(res.confidence_interval.low),
-                                     float(res.confidence_interval.high)]
+        out["bootstrap_interval"] = [max(bounds[0], float(res.confidence_interval.low)),
+                                     min(bounds[1], float(res.confidence_interval.high))]
     return out
 
 

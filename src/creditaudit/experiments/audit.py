@@ -71,7 +71,7 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
         "failed": [{"label": o.config.label, "status": o.status, "message": o.message}
                    for o in failed + unfinished_controls],
         "acc": acc, "acc_std": acc_sd, "frozen_acc": facc, "frozen_acc_std": facc_sd,
-        "acc_interval": interval([o.test_acc for o in main if o.status == "finished"]),
+        "acc_interval": interval([o.test_acc for o in main if o.status == "finished"], bounds=(0.0, 1.0)),
         "depth_gap_interval": judged["depth_gap_interval"], "per_seed": per_seed,
         "init_growth": median_of(rep("init_growth")), "stack_growth": median_of(rep("stack_growth")),
         "rho_bp_model_precision": mean_std([_num(o.report.get("rho_bp_model_precision"))
