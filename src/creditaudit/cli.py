@@ -268,10 +268,13 @@ def _cmd_audit(args) -> int:
     print(f"\nfull table, per-seed values and reasons: {Path(config.out) / 'audit.md'} "
           f"(also {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}); "
           f"{result['runs_trained_now']} runs trained now, {result['wall_time']:.0f} s")
+    if failed:
+        print(f"creditaudit: {len(failed)} run(s) failed (listed in audit.md); run the same command "
+              "again to retry them — finished runs are reused", file=sys.stderr)
+    if incomplete:
+        print(f"creditaudit: incomplete verdict for {', '.join(incomplete)}: the evidence is missing "
+              "or undetermined (see 'missing' under Reasons in audit.md)", file=sys.stderr)
     if failed or incomplete:
-        print(f"creditaudit: {len(failed)} run(s) failed, {len(incomplete)} method(s) incomplete "
-              f"({', '.join(incomplete) or '—'}); run the same command again to retry them",
-              file=sys.stderr)
         return EXIT_INCOMPLETE
     return 0
 
