@@ -265,8 +265,8 @@ def _cmd_audit(args) -> int:
     print(compact_table(result))
     failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
     incomplete = [m["method"] for m in result["methods"] if m["verdict"].startswith("incomplete")]
-    print(f"\nfull table, per-seed values and reasons: {Path(config.out) / 'audit.md'} "
-          f"(also {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}); "
+    print(f"\nfull table, per-seed values and reasons: {Path(config.out) / 'audit.md'}")
+    print(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
           f"{result['runs_trained_now']} runs trained now, {result['wall_time']:.0f} s")
     if failed:
         print(f"creditaudit: {len(failed)} run(s) failed (listed in audit.md); run the same command "
