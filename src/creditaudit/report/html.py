@@ -24,7 +24,7 @@ th { background: #eef1f5; text-align: center; white-space: normal; }
 td:first-child, th:first-child { text-align: left; font-weight: 600; }
 td.ok { background: #d7f0d9; color: #125c1b; text-align: left; }
 td.bad { background: #f8d4d4; color: #8a1010; text-align: left; }
-td.wrap { white-space: normal; min-width: 160px; max-width: 420px; }
+td.wrap { white-space: normal; min-width: 160px; max-width: 420px; text-align: left; }
 td.left { text-align: left; }
 table.audit { font-size: 12px; }
 tr.total td { font-weight: 600; background: #f6f6f6; }

@@ -57,7 +57,7 @@ AUDIT_TABLES = (
     ("Credit", ("method", "deep Γ", "Γ null (z)", "deep ρ", "ρ BP / rand"), _credit_cells),
 )
 PER_SEED_COLUMNS = ("method", "seed", "epochs", "acc %", "frozen %", "gap", "‖h_L‖", "gain",
-                    "since init", "deep Γ", "verdict")
+                    "since init", "deep Γ", "this run alone: verdict")
 
 
 def _audit_tables(audit: dict) -> list[tuple[str, Sequence[str], list[list[str]]]]:
