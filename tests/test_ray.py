@@ -268,7 +268,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupt_cancels_the_outstanding_tasks(ray_instance, tmp_path, sig):
     from ca_ray_helpers.light import sleeps
-    from creditaudit.runner.ray import _interrupt
+    from creditaudit.runner import _interrupt
     pids = tmp_path / "pids"
     handler_before = signal.getsignal(signal.SIGTERM)
 

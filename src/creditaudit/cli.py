@@ -268,12 +268,15 @@ def _cmd_audit(args) -> int:
     print(f"\nfull table, per-seed values and reasons: {Path(config.out) / 'audit.md'}")
     print(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
           f"{result['runs_trained_now']} runs trained now, {result['wall_time']:.0f} s")
+    parts = []
     if failed:
-        print(f"creditaudit: {len(failed)} run(s) failed (listed in audit.md); run the same command "
-              "again to retry them — finished runs are reused", file=sys.stderr)
+        parts.append(f"{len(failed)} run(s) failed (listed in audit.md); run the same command again "
+                     "to retry them — finished runs are reused")
     if incomplete:
-        print(f"creditaudit: incomplete verdict for {', '.join(incomplete)}: the evidence is missing "
-              "or undetermined (see 'missing' under Reasons in audit.md)", file=sys.stderr)
+        parts.append(f"incomplete verdict for {', '.join(incomplete)}: evidence missing or "
+                     "undetermined (see 'missing' under Reasons in audit.md)")
+    if parts:
+        print("creditaudit: " + "; ".join(parts), file=sys.stderr)
     if failed or incomplete:
         return EXIT_INCOMPLETE
     return 0

@@ -11,6 +11,7 @@ Nothing here trains or judges; `train.py` writes runs, the experiments read them
 """
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,30 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> Run:
                                f"({type(err).__name__}: {err}); the checkpoint is corrupt or foreign") from None
     history = state.pop("history")
     return Run(config, run_dir, model, method, history, read_status(run_dir), state)
+
+
+def existing_run_is_done(out: Path, config: RunConfig) -> bool:
+    """Whether `out` already holds this run, finished; a folder holding another run is refused."""
+    if not (Path(out) / "config.json").exists():
+        return False
+    existing = read_config(out)
+    if existing != config:
+        raise CreditAuditError(
+            f"{out} already holds a different run ({existing.label}, key {existing.run_key}); "
+            "choose another --out or delete that folder")
+    return read_status(out).get("status") in DONE
+
+
+def failure_record(run_dir: Path, err: BaseException, seconds: float) -> dict[str, Any]:
+    """A run that raised, as data: its traceback saved to run_dir/error.txt (when writable)."""
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        store.atomic_write_text(Path(run_dir) / "error.txt", traceback.format_exc())
+        where = f" (traceback in {Path(run_dir) / 'error.txt'})"
+    except OSError:
+        where = ""
+    message = str(err) if isinstance(err, CreditAuditError) else f"{type(err).__name__}: {err}"
+    return {"status": "failed", "message": message + where, "trained": True, "seconds": seconds}
 
 
 def data_shape(data: ArrayDataset) -> dict[str, Any]:

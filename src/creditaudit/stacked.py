@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import time
-import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,8 +64,8 @@ from .methods.bp import BP
 from .methods.dfa import DFA, DFAPenalty
 from .methods.fa import FA
 from .model.resmlp import ACTIVATIONS
-from .runs import (DONE, build_method, build_model, data_shape, read_config, read_status,
-                   resolve_device)
+from .runs import (build_method, build_model, data_shape, existing_run_is_done, failure_record,
+                   read_status, resolve_device)
 from .seeding import derived_generator
 from .train import _finite, _record, train_run
 
@@ -310,14 +309,8 @@ def _record_member(m: _Member, epoch: int, train_loss: float | None, data, eval_
 
 def _plan(config: RunConfig, out: Path) -> str:
     """'done' (finished folder), 'serial' (checkpoint beyond epoch 0: resume serially) or 'stack'."""
-    if (out / "config.json").exists():
-        existing = read_config(out)
-        if existing != config:
-            raise CreditAuditError(
-                f"{out} already holds a different run ({existing.label}, key {existing.run_key}); "
-                "choose another --out or delete that folder")
-        if read_status(out).get("status") in DONE:
-            return "done"
+    if existing_run_is_done(out, config):
+        return "done"
     if store.has_checkpoint(out):
         meta, _ = store.load_checkpoint(out)
         if int(meta.get("epoch", 0)) > 0:
@@ -326,15 +319,7 @@ def _plan(config: RunConfig, out: Path) -> str:
 
 
 def _failure(out: Path, err: BaseException, t0: float) -> dict:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        store.atomic_write_text(out / "error.txt", traceback.format_exc())
-        where = f" (traceback in {out / 'error.txt'})"
-    except OSError:
-        where = ""
-    message = str(err) if isinstance(err, CreditAuditError) else f"{type(err).__name__}: {err}"
-    return {"status": "failed", "message": message + where, "trained": True,
-            "seconds": time.perf_counter() - t0, "stacked": False}
+    return {**failure_record(out, err, time.perf_counter() - t0), "stacked": False}
 
 
 def train_stack(configs: Sequence[RunConfig], out_dirs: Sequence[str | Path],

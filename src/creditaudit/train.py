@@ -23,8 +23,8 @@ from .config import RunConfig
 from .data import ArrayDataset, load_dataset
 from .errors import CreditAuditError
 from .metrics import accuracy, monitor_snapshot
-from .runs import (DONE, Run, build_method, build_model, data_shape, load_run, read_config,
-                   read_status, resolve_device)
+from .runs import (Run, build_method, build_model, data_shape, existing_run_is_done, load_run,
+                   resolve_device)
 from .seeding import derived_generator
 
 StopRule = Callable[[Sequence[dict]], "str | None"]
@@ -47,14 +47,8 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
     """
     out = Path(out)
     dev = resolve_device(device)
-    if (out / "config.json").exists():
-        existing = read_config(out)
-        if existing != config:
-            raise CreditAuditError(
-                f"{out} already holds a different run ({existing.label}, key {existing.run_key}); "
-                "choose another --out or delete that folder")
-        if read_status(out).get("status") in DONE:
-            return load_run(out, dev)
+    if existing_run_is_done(out, config):
+        return load_run(out, dev)
     data = (data if data is not None else load_dataset(config.dataset, data_dir, dev)).to(dev)
     try:                # after the data loaded: a refused dataset leaves no half-made run folder
         out.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,6 @@ import math
 import os
 import statistics
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -26,7 +25,7 @@ from ..errors import CreditAuditError
 from ..metrics import accuracy
 from ..protocol import diagnose
 from ..runner import make_executor
-from ..runs import DONE, Run, load_run, read_status, resolve_device, run_dir_for
+from ..runs import DONE, Run, failure_record, load_run, read_status, resolve_device, run_dir_for
 from ..stacked import StackJob, group_stacks, stack_job, stacking_pays
 from ..store import json_number as _num
 from ..train import train_run
@@ -89,15 +88,7 @@ def train_job(job: Job) -> dict[str, Any]:
         return {"status": run.status["status"], "message": run.status["message"],
                 "trained": not was_done, "seconds": time.perf_counter() - t0}
     except Exception as err:  # noqa: BLE001 — one failed run must not stop the others
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            store.atomic_write_text(run_dir / "error.txt", traceback.format_exc())
-            where = f" (traceback in {run_dir / 'error.txt'})"
-        except OSError:
-            where = ""
-        message = str(err) if isinstance(err, CreditAuditError) else f"{type(err).__name__}: {err}"
-        return {"status": "failed", "message": message + where, "trained": True,
-                "seconds": time.perf_counter() - t0}
+        return failure_record(run_dir, err, time.perf_counter() - t0)
 
 
 @dataclass

@@ -5,16 +5,14 @@ is turned into KeyboardInterrupt: the workers are stopped and the command exits 
 (finished runs saved, exit 130) instead of dying mid-write."""
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import signal
-import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from typing import Any, Callable, Sequence
 
-from . import worker_died
+from . import sigterm_interrupts, worker_died
 
 
 def _die_with_parent(parent: int) -> None:
@@ -36,32 +34,13 @@ def _die_with_parent(parent: int) -> None:
         pass
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """SIGTERM raises KeyboardInterrupt in the main thread while the block runs (unless the
-    program installed its own SIGTERM handler)."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 class LocalExecutor:
     def __init__(self, workers: int = 1):
         self.workers = max(1, workers)
 
     def map(self, fn: Callable[[Any], dict], jobs: Sequence[Any],
             on_done: Callable[[int, dict], None]) -> list[dict]:
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             return self._map(fn, jobs, on_done)
 
     def _map(self, fn: Callable[[Any], dict], jobs: Sequence[Any],

@@ -13,19 +13,16 @@ one that is already running in this process) and shuts it down when the executor
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
-import signal
 import socket
-import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import CreditAuditError
-from . import worker_died
+from . import sigterm_interrupts, worker_died
 
 INSTALL = 'pip install "creditaudit[ray]"'
 WAIT_S = 0.5          # how often the driver wakes up while waiting (keeps Ctrl-C prompt)
@@ -46,27 +43,6 @@ def run_in_worker(fn: Callable[[Any], dict], job: Any, cwd: str) -> dict:
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
     return fn(job)
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (scancel, a time limit, `kill`) raises KeyboardInterrupt in the driver while tasks
-    run, so it stops like Ctrl-C. Replaces only the default handler or Ray's own (which aborts the
-    driver with a stack dump), never a handler the program installed itself."""
-    previous = signal.getsignal(signal.SIGTERM)
-    ours = previous in (signal.SIG_DFL, None) or getattr(previous, "__module__", "").startswith("ray.")
-    if threading.current_thread() is not threading.main_thread() or not ours:
-        yield
-        return
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _check_reachable(address: str, timeout: float = 10.0) -> None:
@@ -156,7 +132,7 @@ class RayExecutor:
             raise CreditAuditError(f"each run asks for {self.gpus_per_job:g} GPU but the Ray cluster has "
                                    f"{gpus:g}; start its nodes with GPUs (ray start --num-gpus N) or "
                                    "train on CPU (--device cpu)")
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             return self._map(fn, jobs, on_done, results)
 
     def _map(self, fn, jobs, on_done, results: list) -> list[dict]:
