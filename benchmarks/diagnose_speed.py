@@ -19,7 +19,7 @@ import torch
 from creditaudit.config import RunConfig
 from creditaudit.data import load_dataset
 from creditaudit.protocol import diagnose
-from creditaudit.train import build_method, build_model, load_run
+from creditaudit.runs import build_method, build_model, load_run
 
 
 def timed(fn, repeats: int) -> float:
@@ -47,7 +47,7 @@ def main() -> None:
     if not subjects:
         for name in ("bp", "dfa"):
             config = RunConfig(method=name)
-            model = build_model(config, data)
+            model = build_model(config, data.input_shape, data.n_classes)
             subjects.append((f"{name} (fresh)", model, build_method(config, model)))
     print(f"diagnose on {len(batches)} batches × 128, torch threads {torch.get_num_threads()}")
     for label, model, method in subjects:

@@ -28,7 +28,7 @@ import torch
 
 from creditaudit.config import RunConfig
 from creditaudit.data import ArrayDataset
-from creditaudit.train import build_method, build_model, resolve_device
+from creditaudit.runs import build_method, build_model, resolve_device
 from creditaudit.seeding import derived_generator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,9 +47,8 @@ def random_cifar(n: int, device: torch.device) -> ArrayDataset:
 
 def own_epoch(method_name: str, data: ArrayDataset, device: torch.device) -> float:
     """Seconds for one training epoch of the project's loop (model and method built fresh)."""
-    config = RunConfig(method=method_name, dataset="cifar10", epochs=1,
-                       lam=1e-2 if method_name == "dfa-penalty" else 0.0)
-    model = build_model(config, data).to(device)
+    config = RunConfig(method=method_name, dataset="cifar10", epochs=1)   # dfa-penalty: λ = 1e-2
+    model = build_model(config, data.input_shape, data.n_classes).to(device)
     method = build_method(config, model)
     gen = derived_generator(0, "data")
     if device.type == "cuda":
