@@ -207,19 +207,17 @@ class _StackStep:
         return getattr(self, "_" + self.kind)(x, y)
 
     def _backprop(self, x, y):
-        net = self.net
-        h = net.embed(x)
-        for l in range(net.n_blocks):
-            h = h + net.block(l, h)
-        ce = _ce(net.readout(h), y)
-        ce.sum().backward()
-        return ce.detach()
+        return self._end_to_end(x, y, [None] * self.net.n_blocks)
 
     def _feedback(self, x, y):
+        return self._end_to_end(x, y, self.feedback)
+
+    def _end_to_end(self, x, y, feedback):
+        """One backward through the whole stack (bp; fa when `feedback` routes the error through B)."""
         net = self.net
         h = net.embed(x)
         for l in range(net.n_blocks):
-            h = h + net.block(l, h, self.feedback[l])
+            h = h + net.block(l, h, feedback[l])
         ce = _ce(net.readout(h), y)
         ce.sum().backward()
         return ce.detach()
