@@ -89,6 +89,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activation", default=d("activation"), choices=list(ACTIVATIONS), metavar="NAME",
                    help=h("activation", f"; one of {_choices(ACTIVATIONS)}"))
     p.add_argument("--w2-std", type=_finite_float, default=d("w2_std"), help=h("w2_std"))
+    p.add_argument("--clip", type=_finite_float, default=d("clip"), help=h("clip"))
     p.add_argument("--lam", type=_finite_float, default=None,
                    help="residual penalty λ, for the methods that declare it (default: the method's own)")
     depth = p.add_mutually_exclusive_group()
@@ -125,19 +126,22 @@ def _run_config(args):
                      epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                      weight_decay=args.weight_decay, width=args.width,
                      blocks=0 if args.shallow else args.blocks, activation=args.activation,
-                     w2_std=args.w2_std, trainable_blocks=trainable,
+                     w2_std=args.w2_std, clip=args.clip, trainable_blocks=trainable,
                      stop_when_flagged=args.stop_when_flagged, options=options,
                      arch_options=dict(args.arch_option))
 
 
 def _cmd_train(args) -> int:
+    from .data import load_dataset
     from .train import train_run
     from .verdict import Thresholds, first_fire_epochs, stop_rule
     config = _run_config(args)
     _set_threads(args)
+    data = load_dataset(config.dataset, args.data_dir, "cpu")
+    config = config.bind_data(data.digest)      # the default folder's key names the data too
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
-    run = train_run(config, out, data_dir=args.data_dir, device=args.device, progress=not args.quiet,
-                    stop_rule=stop_rule(config.stop_when_flagged, Thresholds()))
+    run = train_run(config, out, data=data, device=args.device, progress=not args.quiet,
+                    stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**config.stop_thresholds)))
     last = run.history[-1]
     fired = first_fire_epochs(run.history, Thresholds())
     print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
@@ -301,8 +305,8 @@ def _cmd_ladder(args) -> int:
     out = Path(args.out or "audits/ladder")
     bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
     with audit_lock(out):
-        result = ladder(bases, out, execution=execution_of(config),
-                        thresholds=Thresholds(**config.thresholds), progress=not args.quiet)
+        result = ladder(bases, out, execution=execution_of(config), thresholds=Thresholds(**config.thresholds),
+                        n_eval=config.eval_batches, progress=not args.quiet)
         ladder_figure(result, out / "ladder.png")
     print(ladder_table(result))
     print(f"written: {out / 'ladder.json'}, {out / 'ladder.png'}")
@@ -328,7 +332,8 @@ def _cmd_penalty(args) -> int:
     bases = [config.base_config(method, s) for s in config.seeds]
     with audit_lock(out):
         result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config),
-                               thresholds=Thresholds(**config.thresholds), progress=not args.quiet)
+                               thresholds=Thresholds(**config.thresholds), n_eval=config.eval_batches,
+                               progress=not args.quiet)
         penalty_figure(result, out / "penalty_sweep.png")
     print(penalty_table(result))
     print(f"written: {out / 'penalty_sweep.json'}, {out / 'penalty_sweep.png'}")
@@ -340,13 +345,15 @@ def _cmd_identity(args) -> int:
     from .experiments import identity_check_experiment
     from .report.figures import identity_figure
     from .report.tables import identity_table
+    from .runs import resolve_device
     if args.blocks < 1:
         raise CreditAuditError(f"--blocks must be ≥ 1, got {args.blocks}")
     _set_threads(args)
     config = RunConfig(dataset=args.dataset, arch=args.arch, width=args.width, blocks=args.blocks,
                        activation=args.activation, w2_std=args.w2_std)
     out = Path(args.out)
-    result = identity_check_experiment(config, args.seeds, out, data_dir=args.data_dir)
+    result = identity_check_experiment(config, args.seeds, out, data_dir=args.data_dir,
+                                       device=resolve_device(args.device))
     identity_figure(result, out / "identity_check.png")
     print(identity_table(result))
     print(f"written: {out / 'identity_check.json'}, {out / 'identity_check.png'}")

@@ -1,8 +1,12 @@
 """Every knob of a run and of an audit, with its one default (docs/PROTOCOL.md §4 for the paper's).
 
 A `RunConfig` says everything that determines a run's result; it is saved in the run folder and
-its hash (`run_key`) identifies the run, so an audit can reuse finished runs. Where the run happens
-(device, data folder, output folder) is not part of it. An `AuditConfig` is methods × seeds (with
+its hash (`run_key`) identifies the run, so an audit can reuse finished runs. "Everything" means:
+the settings, the method's options with its defaults filled in, the stop thresholds of the
+early-stop rule, a digest of the data's contents (`data_digest`, bound when the data are loaded)
+and the version of the training code (`code_version`: the package version and
+`TRAINING_CODE_VERSION`). Where the run happens (device, data folder, output folder) is not part
+of it: the same data in another folder is the same run. An `AuditConfig` is methods × seeds (with
 their controls) on one dataset and model. The command line builds its options from these
 dataclasses (`field_help`), and TOML files are validated against them, so a default lives here
 and nowhere else. Method knobs (EP's β, the penalty λ, …) belong to the methods
@@ -18,12 +22,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import __version__
 from .errors import CreditAuditError
 from .methods import REFERENCE_METHOD
+from .verdict import Thresholds
 
 INT64_MAX = 2 ** 63 - 1
 PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training] lam goes to every
                                 # method that declares this option
+
+# Bump this when a change to the training code (train.py, stacked.py, methods/, model/, data/)
+# changes what a run computes for the same settings: every run key changes with it, so audits
+# retrain instead of reusing runs of the old code. The package version is in the key as well.
+TRAINING_CODE_VERSION = 1
+CODE_VERSION = f"{__version__}+train{TRAINING_CODE_VERSION}"
+
+# the thresholds the early-stop rule (verdict.stop_rule: flags (a), (a′), (b′)) reads; a run with
+# --stop-when-flagged records them, so other thresholds give another run
+STOP_THRESHOLD_KEYS = ("growth", "init_growth", "stack_growth", "gain")
 
 
 def _help(text: str, **meta) -> dict:
@@ -36,8 +52,12 @@ class RunConfig:
 
     trainable_blocks: None = every block trains; k = only the last k blocks train (the depth
     ladder); 0 = the frozen-blocks control. `blocks = 0` is the shallow control.
-    stop_when_flagged: end the run once a monitor flag ((a) or (b′)) has held this many
-    consecutive epochs (None = train to the end).
+    stop_when_flagged: end the run once a monitor flag ((a), (a′) or (b′)) has held this many
+    consecutive epochs (None = train to the end); stop_thresholds: the thresholds of that rule
+    (`STOP_THRESHOLD_KEYS`, defaults of `verdict.Thresholds` filled in; empty without early stop).
+    options: the method's options, resolved (its defaults filled in), so a changed default is a
+    changed run. data_digest: sha256 of the training/test tensors (`ArrayDataset.digest`), None
+    until the data are loaded (`bind_data`). code_version: the training code that trains it.
     """
 
     method: str = field(default=REFERENCE_METHOD, metadata=_help("credit-assignment method, or PKG.MODULE:CLASS"))
@@ -52,10 +72,15 @@ class RunConfig:
     blocks: int = field(default=4, metadata=_help("number of residual blocks L (≥ 1; --shallow for none)"))
     activation: str = field(default="gelu", metadata=_help("block activation (resmlp)"))
     w2_std: float = field(default=0.01, metadata=_help("init std of each block's last layer"))
+    clip: float = field(default=1.0, metadata=_help(
+        "gradient-norm clip per block for the local methods (dfa, sb, cb …)"))
     trainable_blocks: int | None = None
     stop_when_flagged: int | None = None
+    stop_thresholds: dict[str, float] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     arch_options: dict[str, Any] = field(default_factory=dict)
+    data_digest: str | None = None
+    code_version: str = CODE_VERSION
 
     def __post_init__(self):
         from .data import DATASET_NAMES
@@ -93,9 +118,17 @@ class RunConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
                 raise CreditAuditError(f"{name} must be a finite number ≥ 0, got {value!r}")
+        if isinstance(self.clip, bool) or not isinstance(self.clip, (int, float)) \
+                or not math.isfinite(self.clip) or self.clip <= 0:
+            raise CreditAuditError(f"clip must be a finite number > 0, got {self.clip!r}")
+        object.__setattr__(self, "clip", float(self.clip))
         if not isinstance(self.options, dict):
             raise CreditAuditError(f"options must be a table of method options, got {self.options!r}")
-        cls.resolve_options(self.options)
+        # resolved: the defaults filled in (a changed default changes the key), floats as floats
+        # (lam = 1 and lam = 1.0 are one run)
+        object.__setattr__(self, "options", {
+            k: float(v) if isinstance(cls.option_defaults[k], float) else v
+            for k, v in sorted(cls.resolve_options(self.options).items())})
         unknown = sorted(set(self.arch_options) - set(ARCH_OPTIONS[self.arch]))
         if unknown:
             raise CreditAuditError(f"architecture {self.arch!r} has no option(s) {', '.join(unknown)}; "
@@ -104,6 +137,12 @@ class RunConfig:
         if swf is not None and (not isinstance(swf, int) or isinstance(swf, bool) or swf < 1):
             raise CreditAuditError(
                 f"stop_when_flagged must be ≥ 1 epoch, got {self.stop_when_flagged!r}")
+        object.__setattr__(self, "stop_thresholds", _stop_thresholds(self.stop_thresholds, swf))
+        if self.data_digest is not None and not (isinstance(self.data_digest, str)
+                                                 and len(self.data_digest) == 64):
+            raise CreditAuditError(f"data_digest must be a sha256 hex digest, got {self.data_digest!r}")
+        if not isinstance(self.code_version, str):
+            raise CreditAuditError(f"code_version must be a string, got {self.code_version!r}")
 
     @property
     def trainable_block_ids(self) -> tuple[int, ...]:
@@ -142,21 +181,61 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        """A saved config back (every field present: a config.json of an older creditaudit, which
+        lacks fields that are now part of a run, is refused rather than completed with guesses)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise CreditAuditError(
                 f"unknown run config key(s) {unknown}; allowed: {', '.join(sorted(known))}")
+        missing = sorted(known - set(d))
+        if missing:
+            raise OutdatedRunConfig(
+                f"the run config was written by an older creditaudit (no {', '.join(missing)}); "
+                "its run cannot be checked against this version's settings — rerun into a fresh --out")
         return cls(**d)
 
     def replace(self, **changes) -> "RunConfig":
         return dataclasses.replace(self, **changes)
 
+    def bind_data(self, digest: str) -> "RunConfig":
+        """This config with the digest of the data it trains on; refused if it names other data."""
+        if self.data_digest not in (None, digest):
+            raise CreditAuditError(
+                f"the {self.dataset} data loaded now (digest {digest[:12]}) are not the data this run "
+                f"was set up with (digest {self.data_digest[:12]}); point --data-dir at the run's "
+                "data, or rerun into a fresh --out")
+        return self if self.data_digest == digest else self.replace(data_digest=digest)
+
     @property
     def run_key(self) -> str:
-        """A stable 12-hex-digit hash of the resolved config."""
+        """A stable 12-hex-digit hash of the resolved config: every field, so every setting,
+        resolved option, stop threshold, the data digest and the code version."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+class OutdatedRunConfig(CreditAuditError):
+    """A config.json from before a field became part of a run (see `RunConfig.from_dict`)."""
+
+
+def _stop_thresholds(given: Any, stop_when_flagged: int | None) -> dict[str, float]:
+    """The early-stop rule's thresholds, resolved: every `STOP_THRESHOLD_KEYS` value (defaults of
+    `verdict.Thresholds` filled in) when the run stops early, {} when it does not (one spelling)."""
+    if not isinstance(given, dict):
+        raise CreditAuditError(f"stop_thresholds must be a table of thresholds, got {given!r}")
+    defaults = dataclasses.asdict(Thresholds())
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise CreditAuditError(f"unknown threshold(s) {', '.join(unknown)}; "
+                               f"allowed: {', '.join(defaults)}")
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < 0:
+            raise CreditAuditError(f"threshold {key} must be a finite number ≥ 0, got {value!r}")
+    if stop_when_flagged is None:
+        return {}
+    return {k: float(given.get(k, defaults[k])) for k in STOP_THRESHOLD_KEYS}
 
 
 def default(cls, name: str) -> Any:
@@ -171,8 +250,8 @@ def field_help(cls, name: str) -> str:
 
 # -- audits -----------------------------------------------------------------------------------
 MODEL_KEYS = ("arch", "width", "blocks", "activation", "w2_std")
-TRAINING_KEYS = ("batch_size", "lr", "weight_decay", PENALTY_OPTION, "stop_when_flagged")
-THRESHOLD_KEYS = ("growth", "init_growth", "stack_growth", "floor", "gain", "drift", "depth_margin")
+TRAINING_KEYS = ("batch_size", "lr", "weight_decay", "clip", PENALTY_OPTION, "stop_when_flagged")
+THRESHOLD_KEYS = tuple(f.name for f in dataclasses.fields(Thresholds))
 CONTROLS = ("frozen", "shallow")
 EXECUTORS = ("local", "ray")
 
@@ -228,7 +307,8 @@ class AuditConfig:
         model = dict(self.model)
         arch_options = model.pop("options", {})
         return RunConfig(method=method, dataset=self.dataset, seed=seed, epochs=self.epochs,
-                         options=options, arch_options=dict(arch_options), **model, **training)
+                         options=options, arch_options=dict(arch_options),
+                         stop_thresholds=dict(self.thresholds), **model, **training)
 
 
 def presets() -> dict[str, dict[str, Any]]:

@@ -11,6 +11,7 @@ Nothing here trains or judges; `train.py` writes runs, the experiments read them
 """
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from . import store
-from .config import RunConfig
+from .config import OutdatedRunConfig, RunConfig
 from .data import ArrayDataset
 from .errors import CreditAuditError
 from .methods import Method, MethodSettings, method_class
@@ -53,7 +54,7 @@ def build_model(config: RunConfig, input_shape: tuple[int, ...], n_classes: int)
 
 def build_method(config: RunConfig, model: ResidualModel) -> Method:
     settings = MethodSettings(epochs=config.epochs, seed=config.seed, lr=config.lr,
-                              weight_decay=config.weight_decay,
+                              weight_decay=config.weight_decay, clip=config.clip,
                               trainable_blocks=config.trainable_block_ids,
                               options=dict(config.options))
     return method_class(config.method)(model, settings)
@@ -95,7 +96,10 @@ def read_config(run_dir: Path) -> RunConfig:
     raw = store.read_json(Path(run_dir) / "config.json", "creditaudit run folder")
     if not isinstance(raw, dict):
         raise CreditAuditError(f"{run_dir}/config.json is not a run config; the run folder is corrupt")
-    return RunConfig.from_dict(raw)
+    try:
+        return RunConfig.from_dict(raw)
+    except OutdatedRunConfig as err:
+        raise CreditAuditError(f"run folder {run_dir}: {err}") from None
 
 
 def read_status(run_dir: Path) -> dict[str, Any]:
@@ -134,14 +138,23 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> Run:
 
 
 def existing_run_is_done(out: Path, config: RunConfig) -> bool:
-    """Whether `out` already holds this run, finished; a folder holding another run is refused."""
+    """Whether `out` already holds this run, finished; a folder holding another run is refused.
+
+    "This run" is the whole key: settings, resolved method options, stop thresholds, data digest
+    and training-code version. `config.data_digest` must be bound (the trainer binds it when it
+    loads the data) — an unbound config cannot tell whether the folder trained on the same data.
+    """
     if not (Path(out) / "config.json").exists():
         return False
+    if config.data_digest is None:
+        raise ValueError("existing_run_is_done needs a config bound to its data (RunConfig.bind_data)")
     existing = read_config(out)
     if existing != config:
+        differ = [f.name for f in dataclasses.fields(RunConfig)
+                  if getattr(existing, f.name) != getattr(config, f.name)]
         raise CreditAuditError(
-            f"{out} already holds a different run ({existing.label}, key {existing.run_key}); "
-            "choose another --out or delete that folder")
+            f"{out} already holds a different run ({existing.label}, key {existing.run_key}; "
+            f"it differs in {', '.join(differ)}); choose another --out or delete that folder")
     return read_status(out).get("status") in DONE
 
 
@@ -164,7 +177,8 @@ def data_shape(data: ArrayDataset) -> dict[str, Any]:
 
 # the settings a frozen-blocks control must share with the run it controls for
 CONTROL_FIELDS = ("method", "dataset", "arch", "seed", "epochs", "batch_size", "lr", "weight_decay",
-                  "width", "blocks", "activation", "w2_std", "options", "arch_options")
+                  "width", "blocks", "activation", "w2_std", "clip", "options", "arch_options",
+                  "data_digest", "code_version")
 
 
 def check_frozen_control(run: Run, control: Run) -> None:

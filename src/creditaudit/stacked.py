@@ -81,13 +81,11 @@ def can_stack(config: RunConfig) -> bool:
             and config.stop_when_flagged is None)
 
 
-def stack_key(config: RunConfig) -> tuple:
-    """Configs with equal keys can share a stack: same method, options, dataset, model sizes,
-    epochs, batch size, lr and weight decay. The seed and the trainable blocks may differ."""
-    return (config.method, json.dumps(config.options, sort_keys=True), config.dataset, config.arch,
-            json.dumps(config.arch_options, sort_keys=True), config.width, config.blocks,
-            config.activation, config.w2_std, config.epochs, config.batch_size, config.lr,
-            config.weight_decay)
+def stack_key(config: RunConfig) -> str:
+    """Configs with equal keys can share a stack: every field of the run but its seed and
+    trainable blocks (so a new RunConfig field separates stacks without touching this)."""
+    return json.dumps({k: v for k, v in config.to_dict().items() if k not in ("seed", "trainable_blocks")},
+                      sort_keys=True)
 
 
 def group_stacks(configs: Sequence[RunConfig], max_size: int | None = None) -> list[list[int]]:
@@ -338,6 +336,12 @@ def train_stack(configs: Sequence[RunConfig], out_dirs: Sequence[str | Path],
     if len(keys) > 1 or not all(can_stack(c) for c in configs):
         raise ValueError("train_stack needs configs that can_stack and share one stack_key")
     dev = resolve_device(device)
+    if any(c.data_digest is None for c in configs):  # the data's contents are part of each run's key
+        try:
+            data = data if data is not None else load_dataset(configs[0].dataset, data_dir, dev)
+            configs = [c.bind_data(data.digest) for c in configs]
+        except Exception as err:  # noqa: BLE001
+            return [_failure(o, err, t0) for o in outs]
     results: list[dict | None] = [None] * len(configs)
     members_at: list[int] = []
     for i, (c, o) in enumerate(zip(configs, outs)):
@@ -354,6 +358,7 @@ def train_stack(configs: Sequence[RunConfig], out_dirs: Sequence[str | Path],
     try:
         if members_at or any(r is None for r in results):
             data = (data if data is not None else load_dataset(configs[0].dataset, data_dir, dev)).to(dev)
+            configs = [c.bind_data(data.digest) for c in configs]   # refuses other data than bound
     except Exception as err:  # noqa: BLE001
         return [r if r is not None else _failure(o, err, t0) for r, o in zip(results, outs)]
     if len(members_at) == 1:  # a stack of one is the serial run

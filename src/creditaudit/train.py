@@ -39,7 +39,9 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
               progress: bool = True, stop_rule: StopRule | None = None) -> Run:
     """Train `config` into folder `out`, resuming from its checkpoint if one exists.
 
-    A folder holding a different config is refused. A finished run is returned as is. Returns the
+    A folder holding a different config (any field, the data digest and code version included) is
+    refused. A finished run is returned as is. An unbound `config` (data_digest None) is bound to
+    the loaded data; a bound one must match them. Returns the
     `Run`; its `status["status"]` is "finished", "diverged" (non-finite values: the last finite
     checkpoint and metrics are kept) or "stopped" (`stop_rule` returned a message).
     A failure to write (read-only folder, full disk) raises CreditAuditError; the last complete
@@ -47,9 +49,13 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
     """
     out = Path(out)
     dev = resolve_device(device)
+    if config.data_digest is None:      # the data's contents are part of the run: bind them first
+        data = data if data is not None else load_dataset(config.dataset, data_dir, dev)
+        config = config.bind_data(data.digest)
     if existing_run_is_done(out, config):
         return load_run(out, dev)
     data = (data if data is not None else load_dataset(config.dataset, data_dir, dev)).to(dev)
+    config.bind_data(data.digest)       # a config bound to other data is refused, not trained
     try:                # after the data loaded: a refused dataset leaves no half-made run folder
         out.mkdir(parents=True, exist_ok=True)
         store.atomic_write_json(out / "config.json", config.to_dict())

@@ -10,37 +10,31 @@ from pathlib import Path
 import torch
 
 from ..errors import CreditAuditError
+from .cifar import load_cifar10, load_cifar100
 from .generated import load_digits, load_mnist1d, load_synthetic
+from .idx import load_fashion_mnist, load_mnist
 from .tensors import ArrayDataset, random_crop_flip
 
 DEFAULT_DATA_DIR = Path("data")
-
-
-def _registry():
-    from .cifar import load_cifar10, load_cifar100
-    from .idx import load_fashion_mnist, load_mnist
-    return {
-        "mnist1d": load_mnist1d,
-        "digits": load_digits,
-        "synthetic": load_synthetic,
-        "cifar10": load_cifar10,
-        "cifar100": load_cifar100,
-        "mnist": load_mnist,
-        "fashion-mnist": load_fashion_mnist,
-    }
-
-
-DATASET_NAMES = ("mnist1d", "digits", "synthetic", "cifar10", "cifar100", "mnist", "fashion-mnist")
+LOADERS = {
+    "mnist1d": load_mnist1d,
+    "digits": load_digits,
+    "synthetic": load_synthetic,
+    "cifar10": load_cifar10,
+    "cifar100": load_cifar100,
+    "mnist": load_mnist,
+    "fashion-mnist": load_fashion_mnist,
+}
+DATASET_NAMES = tuple(LOADERS)     # --help, validation and the docs take the names from here
 
 
 def load_dataset(name: str, data_dir: str | Path | None = None, device: str | torch.device = "cpu",
                  download: bool = True) -> ArrayDataset:
     """Load a dataset by name onto `device`; user-fixable problems raise CreditAuditError."""
-    loaders = _registry()
-    if name not in loaders:
+    if name not in LOADERS:
         raise CreditAuditError(
             f"unknown dataset {name!r}; choose one of: {', '.join(DATASET_NAMES)}")
-    return loaders[name](Path(data_dir) if data_dir else DEFAULT_DATA_DIR, download=download).to(device)
+    return LOADERS[name](Path(data_dir) if data_dir else DEFAULT_DATA_DIR, download=download).to(device)
 
 
-__all__ = ["ArrayDataset", "DATASET_NAMES", "DEFAULT_DATA_DIR", "load_dataset", "random_crop_flip"]
+__all__ = ["ArrayDataset", "DATASET_NAMES", "LOADERS", "DEFAULT_DATA_DIR", "load_dataset", "random_crop_flip"]

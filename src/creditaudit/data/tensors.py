@@ -8,7 +8,8 @@ padding is a black pixel exactly as in torchvision's `RandomCrop(32, padding=4)`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import hashlib
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import torch
@@ -54,6 +55,24 @@ class ArrayDataset:
     std: torch.Tensor | None = None
     augment: bool = False
     pad: int = 4
+    _digest: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def digest(self) -> str:
+        """sha256 (hex) of everything that shapes training on these data: the name, the class
+        count, the augmentation, and every tensor's dtype, shape and bytes. Computed once per load
+        and carried by `to` (moving devices changes no content); part of every run's key."""
+        if self._digest is None:
+            h = hashlib.sha256(f"{self.name}|{self.n_classes}|{self.augment}|{self.pad}".encode())
+            for t in (self.x_train, self.y_train, self.x_test, self.y_test, self.mean, self.std):
+                if t is None:
+                    h.update(b"|none")
+                    continue
+                t = t.detach().cpu().contiguous()
+                h.update(f"|{t.dtype}|{tuple(t.shape)}|".encode())
+                h.update(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+            self._digest = h.hexdigest()
+        return self._digest
 
     @property
     def d_in(self) -> int:

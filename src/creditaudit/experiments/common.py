@@ -83,7 +83,7 @@ def train_job(job: Job) -> dict[str, Any]:
         was_done = read_status(run_dir).get("status") in DONE
         data = dataset(config.dataset, job.data_dir, job.device)
         run = train_run(config, run_dir, data=data, device=job.device, progress=False,
-                        stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**job.thresholds)))
+                        stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**config.stop_thresholds)))
         (run_dir / "error.txt").unlink(missing_ok=True)
         return {"status": run.status["status"], "message": run.status["message"],
                 "trained": not was_done, "seconds": time.perf_counter() - t0}
@@ -118,6 +118,8 @@ def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: f
                  run_data: ArrayDataset | None = None):
     """`protocol.diagnose` of a run read from its folder: its method, history and status, and the
     accuracy of its frozen control (`control`, already checked to match; or `frozen_acc`)."""
+    if run_data is not None:       # measured on other data than it trained on, nothing it says holds
+        run.config.bind_data(run_data.digest)
     if control is not None:
         frozen_acc = control.test_acc if control.finished else None
     diverged = run.status.get("message") if run.status.get("status") == "diverged" else None
@@ -208,6 +210,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     threads = 1 if workers > 1 or execution.executor == "ray" else max(1, torch.get_num_threads())
     data = dataset(configs[0].dataset, execution.data_dir, "cpu")  # fail fast before any worker starts
     check_eval_batches(len(data.y_test), n_eval)
+    # the data's contents are part of every run's key: other data under the same --out are other runs
+    configs = [c.bind_data(dataset(c.dataset, execution.data_dir, "cpu").digest) for c in configs]
     executor = make_executor(execution.executor, workers=workers, address=execution.address,
                              max_retries=execution.max_retries,
                              gpus_per_job=1.0 if dev.type == "cuda" else 0.0)

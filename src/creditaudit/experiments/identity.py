@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import torch
+
 from .. import __version__, store
 from ..config import RunConfig
 from ..data import load_dataset
@@ -13,11 +15,13 @@ from ..runs import build_model
 
 
 def identity_check_experiment(config: RunConfig, seeds: Sequence[int], out: Path, *,
-                              data_dir: str, n_samples: int = 128) -> dict:
-    data = load_dataset(config.dataset, data_dir, "cpu")
+                              data_dir: str, device: str | torch.device = "cpu",
+                              n_samples: int = 128) -> dict:
+    """The check on the first `n_samples` test inputs, with every model built on `device`."""
+    data = load_dataset(config.dataset, data_dir, device)
     x, _ = data.eval_batch(0, n_samples)
     check = identity_check(lambda seed: build_model(config.replace(seed=seed), data.input_shape,
-                                                    data.n_classes), seeds, x)
+                                                    data.n_classes).to(device), seeds, x)
     result = {"experiment": "identity-check", "creditaudit_version": __version__,
               "config": config.to_dict(), "seeds": list(seeds), "n_samples": len(x),
               **check.to_dict()}

@@ -13,10 +13,11 @@ from .common import Execution, mean_std, median_of, run_all
 
 
 def ladder(base: Sequence[RunConfig], out: Path, *, execution: Execution = Execution(),
-           thresholds: Thresholds = Thresholds(), progress: bool = True) -> dict:
+           thresholds: Thresholds = Thresholds(), n_eval: int = 8, progress: bool = True) -> dict:
+    """Every base config at k = 0 … L trainable blocks, diagnosed on `n_eval` eval batches."""
     configs = [c.replace(trainable_blocks=k) for c in base for k in range(c.blocks + 1)]
-    outcomes = run_all(configs, out, execution=execution, thresholds=thresholds, rho=False,
-                       progress=progress)
+    outcomes = run_all(configs, out, execution=execution, thresholds=thresholds, n_eval=n_eval,
+                       rho=False, progress=progress)
     rows = []
     for method in dict.fromkeys(c.method for c in base):
         mine = [o for o in outcomes if o.config.method == method]

@@ -15,7 +15,7 @@ from .common import Execution, run_all
 
 def penalty_sweep(base: Sequence[RunConfig], out: Path, *, lambdas: Sequence[float],
                   execution: Execution = Execution(), thresholds: Thresholds = Thresholds(),
-                  progress: bool = True) -> dict:
+                  n_eval: int = 8, progress: bool = True) -> dict:
     """`base`: one config per seed of the swept method (its schedule, model and other options)."""
     mains = [c.replace(options={**c.options, PENALTY_OPTION: float(lam)}) for c in base for lam in lambdas]
     configs = []
@@ -24,8 +24,8 @@ def penalty_sweep(base: Sequence[RunConfig], out: Path, *, lambdas: Sequence[flo
         frozen = frozen_control_of(c)
         if frozen is not None and frozen not in configs:
             configs.append(frozen)
-    outcomes = run_all(configs, out, execution=execution, thresholds=thresholds, rho=True,
-                       frozen_of=frozen_control_of, progress=progress)
+    outcomes = run_all(configs, out, execution=execution, thresholds=thresholds, n_eval=n_eval,
+                       rho=True, frozen_of=frozen_control_of, progress=progress)
     rows = []
     for lam in lambdas:
         at = [o for o in outcomes if o.config.lam == float(lam)]
