@@ -89,3 +89,125 @@ def test_thresholds_and_calibrate_on_an_audit(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert all(r["bp"] > 0.95 for r in report["rho"]) and report["null"]["k"] == 5
     assert cli_main(["thresholds", str(tmp_path / "nothing")]) == 2
+
+
+# -- the run key: everything that changes a run is in it ------------------------------------------
+CIFAR_SMALL = ["--dataset", "cifar10", "--methods", "bp", "--seeds", "1", "--epochs", "1", "--jobs", "1",
+               "--eval-batches", "2", "--quiet"]
+
+
+def test_other_data_in_the_same_out_are_other_runs(tmp_path):
+    """Two CIFAR-format folders with different images, one --out: the second audit trains its own
+    runs instead of reusing the first one's (the key holds the data's digest)."""
+    from test_data import write_cifar10
+    write_cifar10(tmp_path / "a", seed=0)
+    write_cifar10(tmp_path / "b", seed=1)
+    out = tmp_path / "out"
+    keys = {}
+    for name in ("a", "b", "a"):
+        assert cli_main(["audit", *CIFAR_SMALL, "--data-dir", str(tmp_path / name), "--out", str(out)]) in (0, 1, 3)
+        result = json.loads((out / "audit.json").read_text())
+        keys.setdefault(name, []).append((result["runs_trained_now"], sorted(r["key"] for r in result["runs"])))
+    (trained_a, keys_a), (trained_b, keys_b), (again_a, keys_a2) = keys["a"][0], keys["b"][0], keys["a"][1]
+    assert trained_a == 3 and trained_b == 3          # main run, frozen and shallow control each
+    assert not set(keys_a) & set(keys_b)
+    assert again_a == 0 and keys_a2 == keys_a          # the same data again: reused
+    digests = {r["config"]["data_digest"] for r in json.loads((out / "audit.json").read_text())["runs"]}
+    assert len(digests) == 1 and len(next(iter(digests))) == 64
+    # a run measured on other data than it trained on is refused, not diagnosed
+    run_dir = next(r["run_dir"] for r in json.loads((out / "audit.json").read_text())["runs"]
+                   if r["control"] == "none")
+    assert cli_main(["diagnose", run_dir, "--eval-batches", "2", "--data-dir", str(tmp_path / "b")]) == 2
+    assert cli_main(["diagnose", run_dir, "--eval-batches", "2", "--data-dir", str(tmp_path / "a")]) == 0
+
+
+def test_a_changed_method_default_retrains(tmp_path, monkeypatch):
+    """Runs that leave a method option at its default are keyed by the resolved value: when the
+    default changes, the audit trains anew into other folders; `train --out` into the old folder
+    refuses with one line naming the differing field."""
+    from creditaudit import config
+    from creditaudit.methods import METHODS
+    shipped = config.presets      # the small-model presets of the fixture, without the audit's λ
+    monkeypatch.setattr(config, "presets", lambda: {k: {**v, "training": {}} for k, v in shipped().items()})
+    argv = ["audit", "--methods", "dfa-penalty", *SMALL, "--out", str(tmp_path), "--quiet"]
+    assert cli_main(argv) in (0, 1, 3)
+    first = json.loads((tmp_path / "audit.json").read_text())
+    assert first["runs_trained_now"] == 3
+    assert cli_main(argv) in (0, 1, 3)
+    assert json.loads((tmp_path / "audit.json").read_text())["runs_trained_now"] == 0
+    cls = METHODS["dfa-penalty"]
+    monkeypatch.setattr(cls, "option_defaults", {**cls.option_defaults, "lam": 0.5})
+    assert cli_main(argv) in (0, 1, 3)
+    second = json.loads((tmp_path / "audit.json").read_text())
+    assert second["runs_trained_now"] == 3
+    assert {r["config"]["options"]["lam"] for r in second["runs"]} == {0.5}
+    assert not {r["key"] for r in first["runs"]} & {r["key"] for r in second["runs"]}
+
+
+def test_changed_stop_thresholds_retrain(tmp_path):
+    """With --stop-when-flagged the thresholds of the stop rule are part of the run; without it
+    they are not (one spelling: no stop, no thresholds)."""
+    from creditaudit.config import STOP_THRESHOLD_KEYS, RunConfig
+    from creditaudit.data import load_dataset
+    from creditaudit.train import train_run
+    from creditaudit.verdict import Thresholds, stop_rule
+    assert RunConfig(stop_thresholds={"gain": 0.5}) == RunConfig()
+    stopping = RunConfig(stop_when_flagged=2)
+    assert stopping.stop_thresholds == {k: getattr(Thresholds(), k) for k in STOP_THRESHOLD_KEYS}
+    assert RunConfig(stop_when_flagged=2, stop_thresholds={"growth": 10.0}).run_key != stopping.run_key
+    toml = tmp_path / "a.toml"
+    for gain, status, epochs in ((0.0, "finished", 2), (1e9, "stopped", 1)):
+        toml.write_text(f'dataset = "digits"\nmethods = ["bp"]\nseeds = [1]\nepochs = 2\njobs = 1\n'
+                        f'controls = []\n[model]\nwidth = 16\nblocks = 1\n[training]\nstop_when_flagged = 1\n'
+                        f'[thresholds]\ngain = {gain}\n')
+        assert cli_main(["audit", "--config", str(toml), "--out", str(tmp_path / "x"), "--quiet"]) in (0, 1, 3)
+        result = json.loads((tmp_path / "x" / "audit.json").read_text())
+        run = result["runs"][0]
+        assert result["runs_trained_now"] == 1 and run["config"]["stop_thresholds"]["gain"] == gain
+        # the run's own thresholds reached the stop rule its trainer ran
+        assert (run["status"], run["epochs_completed"]) == (status, epochs)
+
+
+def test_a_run_folder_from_before_the_full_key_is_refused_in_one_line(tmp_path, capsys):
+    """A folder whose config.json (and sealed checkpoint) lack the fields now part of a run —
+    as written before clip, stop thresholds, data digest and code version were recorded — is
+    neither reused nor diagnosed: one line, exit 2, naming the fix."""
+    new_fields = ("clip", "stop_thresholds", "data_digest", "code_version")
+    old = tmp_path / "old"
+    argv = ["train", "--dataset", "digits", "--width", "16", "--blocks", "1", "--epochs", "1",
+            "--quiet", "--device", "cpu", "--out", str(old)]
+    assert cli_main(argv) == 0
+    # rewrite the folder as the previous version wrote it: its config without the new fields,
+    # sealed into the checkpoint, and the status sealed to that checkpoint
+    config = {k: v for k, v in json.loads((old / "config.json").read_text()).items() if k not in new_fields}
+    store.atomic_write_json(old / "config.json", config)
+    meta = store.read_sealed_json(old / "checkpoint.json", "checkpoint")
+    store.write_sealed_json(old / "checkpoint.json", {**meta, "config": config})
+    status = store.read_sealed_json(old / "status.json", "status")
+    store.write_sealed_json(old / "status.json", {**status, "checkpoint": store.checkpoint_digest(old)})
+    capsys.readouterr()
+    for command in (argv, ["diagnose", str(old), "--device", "cpu"]):
+        assert cli_main(command) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert "older creditaudit" in err and "rerun into a fresh --out" in err and "clip" in err
+
+
+def test_a_folder_of_another_code_version_is_refused_and_audits_key_by_it(tmp_path):
+    """Resuming or reusing a folder trained by another training-code version is refused, naming
+    the field; in an audit the version is in the key, so such runs train anew in other folders."""
+    import pytest
+    from creditaudit.config import CODE_VERSION, TRAINING_CODE_VERSION, RunConfig
+    from creditaudit.data import load_dataset
+    from creditaudit.errors import CreditAuditError
+    from creditaudit.train import train_run
+    from creditaudit import __version__
+    assert CODE_VERSION == f"{__version__}+train{TRAINING_CODE_VERSION}"
+    config = RunConfig(dataset="digits", width=16, blocks=1, epochs=1)
+    assert config.code_version == CODE_VERSION
+    data = load_dataset("digits")
+    train_run(config, tmp_path / "r", data=data, progress=False)
+    older = config.replace(code_version=f"{__version__}+train{TRAINING_CODE_VERSION - 1}")
+    assert older.run_key != config.run_key
+    with pytest.raises(CreditAuditError, match="differs in code_version"):
+        train_run(older, tmp_path / "r", data=data, progress=False)
