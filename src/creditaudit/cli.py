@@ -450,6 +450,22 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _knobs() -> str:
+    """The --option and --arch-option knobs of every built-in method and architecture, with their
+    defaults and one-line help (`Method.option_help`, `model.ARCH_OPTION_HELP`)."""
+    from .methods import METHODS
+    from .model import ARCH_OPTION_HELP, ARCH_OPTIONS
+    lines = ["method options (--option KEY=VALUE):"]
+    for name, cls in METHODS.items():
+        for key, value in cls.option_defaults.items():
+            lines.append(f"  {name}: {key}={value!r}  {cls.option_help.get(key, '')}".rstrip())
+    lines.append("architecture options (--arch-option KEY=VALUE):")
+    for arch, options in ARCH_OPTIONS.items():
+        for key, value in options.items():
+            lines.append(f"  {arch}: {key}={value!r}  {ARCH_OPTION_HELP[arch].get(key, '')}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
 def _sub(sub, name: str, helptext: str, examples: str, func) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=helptext, description=helptext,
                        epilog="examples:\n" + examples, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -469,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = _sub(sub, "train", "train one run into a run folder (resumes if interrupted)",
              "  creditaudit train --method dfa --dataset mnist1d --epochs 15\n"
-             "  creditaudit train --method dfa --dataset mnist1d --epochs 15 --frozen", _cmd_train)
+             "  creditaudit train --method dfa --dataset mnist1d --epochs 15 --frozen\n\n" + _knobs(), _cmd_train)
     _add_run_args(t)
     _add_where_args(t)
     t.add_argument("--out", metavar="DIR", help="run folder (default: runs/METHOD-DATASET-sSEED-KEY)")

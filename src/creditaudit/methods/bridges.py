@@ -85,7 +85,13 @@ class _Bridge(LocalMethod):
     option_ranges = {"hidden": (1, math.inf), "t_dim": (1, math.inf), "draws": (1, math.inf),
                      "noise": (0.0, math.inf), "tau": (1e-12, math.inf), "ema": (0.0, 1.0),
                      "lam": (0.0, math.inf)}
-    option_help = {"lam": "residual penalty λ in each block's local loss (the paper's SB/CB use 1e-2)"}
+    option_help = {"hidden": "hidden width of the probe MLP (G_ψ for sb, V_φ for cb)",
+                   "t_dim": "size of the learned depth embedding t_l",
+                   "draws": "cb: noise draws K of the soft-min bridge target",
+                   "noise": "cb: noise scale σ = noise · rms(h_{l+1}) of those draws",
+                   "tau": "cb: soft-min temperature τ",
+                   "ema": "cb: EMA rate of the target value net V̄",
+                   "lam": "residual penalty λ in each block's local loss (the paper's SB/CB use 1e-2)"}
 
     predicts_state = False          # G_ψ outputs a state (D values), V_φ's q_φ C values
 
