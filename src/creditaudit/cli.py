@@ -485,7 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = _sub(sub, "train", "train one run into a run folder (resumes if interrupted)",
              "  creditaudit train --method dfa --dataset mnist1d --epochs 15\n"
-             "  creditaudit train --method dfa --dataset mnist1d --epochs 15 --frozen\n\n" + _knobs(), _cmd_train)
+             "  creditaudit train --method dfa --dataset mnist1d --epochs 15 --frozen", _cmd_train)
+    t.epilog = _knobs() + "\n" + t.epilog
     _add_run_args(t)
     _add_where_args(t)
     t.add_argument("--out", metavar="DIR", help="run folder (default: runs/METHOD-DATASET-sSEED-KEY)")
