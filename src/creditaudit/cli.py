@@ -106,8 +106,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_where_args(p: argparse.ArgumentParser, threads: bool = True) -> None:
-    p.add_argument("--data-dir", default="data", help="where datasets live (default: data)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    from .config import AuditConfig, default, field_help
+    for name in ("data_dir", "device"):
+        p.add_argument(f"--{name.replace('_', '-')}", default=default(AuditConfig, name),
+                       help=f"{field_help(AuditConfig, name)} (default: {default(AuditConfig, name)})")
     if threads:
         p.add_argument("--threads", type=int, metavar="N",
                        help="CPU threads (default: the idle cores, 1 to 4)")
@@ -236,7 +238,8 @@ def _cmd_check(args) -> int:
 def _audit_raw(args) -> dict:
     """The audit's settings: preset or TOML file, then command-line overrides."""
     from .config import load_audit_toml
-    raw = load_audit_toml(args.config) if args.config else {"preset": args.preset or "quick"}
+    from .config import PRESET_NAMES
+    raw = load_audit_toml(args.config) if args.config else {"preset": args.preset or PRESET_NAMES[0]}
     if args.config and args.preset:
         raw["preset"] = args.preset
     for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor",
@@ -295,6 +298,7 @@ def _experiment_config(args, methods: list[str] | None = None):
 
 
 def _cmd_ladder(args) -> int:
+    from .config import EXPERIMENT_OUT
     from .experiments import ladder
     from .experiments.audit import execution_of
     from .experiments.lock import audit_lock
@@ -302,7 +306,7 @@ def _cmd_ladder(args) -> int:
     from .report.tables import ladder_table
     from .verdict import Thresholds
     config = _experiment_config(args)
-    out = Path(args.out or "audits/ladder")
+    out = Path(args.out or EXPERIMENT_OUT["ladder"])
     bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
     with audit_lock(out):
         result = ladder(bases, out, execution=execution_of(config), thresholds=Thresholds(**config.thresholds),
@@ -314,6 +318,7 @@ def _cmd_ladder(args) -> int:
 
 
 def _cmd_penalty(args) -> int:
+    from .config import EXPERIMENT_OUT
     from .experiments import penalty_sweep
     from .experiments.audit import execution_of
     from .experiments.lock import audit_lock
@@ -328,7 +333,7 @@ def _cmd_penalty(args) -> int:
                                f"of {_choices(sweeps)}")
     lambdas = args.lambdas or list(sweeps[method][1])
     config = _experiment_config(args, [method])
-    out = Path(args.out or "audits/penalty_sweep")
+    out = Path(args.out or EXPERIMENT_OUT["penalty-sweep"])
     bases = [config.base_config(method, s) for s in config.seeds]
     with audit_lock(out):
         result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config),
@@ -410,9 +415,11 @@ def _add_user_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
-    from .config import AuditConfig, EXECUTORS, PRESET_NAMES, default, field_help
+    from .config import AuditConfig, EXECUTORS, PRESET_NAMES, RunConfig, default, field_help
     from .data import DATASET_NAMES
+    from .methods import METHODS
     from .model import ARCHITECTURES
+    from .stacked import STACKABLE_ARCHS, STACKABLE_METHODS
     h = lambda name: f"{field_help(AuditConfig, name)} (default: from the preset or config file)"
     p.add_argument("--preset", choices=PRESET_NAMES,
                    help="quick: MNIST-1D, no download, 15 epochs; paper: CIFAR-10, 100 epochs "
@@ -422,10 +429,10 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     p.add_argument("--dataset", choices=DATASET_NAMES, metavar="NAME",
                    help=f"{h('dataset')}; one of {_choices(DATASET_NAMES)}")
     p.add_argument("--arch", choices=ARCHITECTURES, metavar="NAME",
-                   help=f"architecture, one of {_choices(ARCHITECTURES)} (default: resmlp)")
+                   help=f"architecture, one of {_choices(ARCHITECTURES)} (default: {default(RunConfig, 'arch')})")
     if methods:
         p.add_argument("--methods", nargs="+", metavar="NAME",
-                       help="methods to audit, e.g. --methods bp dfa, or PKG.MODULE:CLASS "
+                       help=f"methods to audit: some of {_choices(METHODS)}, or PKG.MODULE:CLASS "
                             "(default: from the preset: all built-in methods)")
     p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help=h("seeds"))
     p.add_argument("--epochs", type=int, help=h("epochs"))
@@ -443,8 +450,9 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
                    help=f"{field_help(AuditConfig, 'max_retries')} (default: {default(AuditConfig, 'max_retries')})")
     stacking = p.add_mutually_exclusive_group()
     stacking.add_argument("--stack", dest="stack", action="store_const", const=True,
-                          help="train runs of one model shape as one batched stack (bp, fa, dfa, "
-                               "dfa-penalty on resmlp) (default: on CUDA only, where it pays)")
+                          help=f"train runs of one model shape as one batched stack "
+                               f"({', '.join(STACKABLE_METHODS)} on {', '.join(STACKABLE_ARCHS)}) "
+                               "(default: on CUDA only, where it pays)")
     stacking.add_argument("--no-stack", dest="stack", action="store_const", const=False,
                           help="train every run on its own, to compare (default: on CUDA only)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -473,7 +481,18 @@ def _sub(sub, name: str, helptext: str, examples: str, func) -> argparse.Argumen
     return p
 
 
+def _param_default(fn, name: str):
+    """The default of keyword `name` of `fn`: a measurement's knob has its one default where it is
+    measured (e.g. protocol.diagnose's null_k), and --help shows that one."""
+    import inspect
+    return inspect.signature(fn).parameters[name].default
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .config import AuditConfig, RunConfig, default, field_help
+    from .data import DATASET_NAMES
+    from .model import ARCHITECTURES
+    from .protocol import diagnose
     p = _Parser(
         prog="creditaudit",
         description="Train non-backprop credit-assignment methods and audit whether their accuracy "
@@ -504,8 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "diagnose":
             _add_user_model_args(d)
         d.add_argument("--json", action="store_true", help="print the report as JSON")
-        d.add_argument("--eval-batches", type=int, default=8,
-                       help="disjoint test batches; ≥ 8 for stability (c) (default: 8)")
+        d.add_argument("--eval-batches", type=int, default=default(AuditConfig, "eval_batches"),
+                       help=f"{field_help(AuditConfig, 'eval_batches')} "
+                            f"(default: {default(AuditConfig, 'eval_batches')})")
         _add_where_args(d)
         if name == "diagnose":
             d.add_argument("--frozen-control", metavar="RUN_DIR|FILE",
@@ -514,7 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(default: none, so the verdict is at best incomplete)")
             d.add_argument("--rho", action="store_true", help="also measure ρ at layers 1…L")
         else:
-            d.add_argument("--null-draws", type=int, default=20, help="fresh feedback draws (default: 20)")
+            null_k = _param_default(diagnose, "null_k")
+            d.add_argument("--null-draws", type=int, default=null_k,
+                           help=f"fresh feedback draws of Γ's null (default: {null_k})")
 
     c = _sub(sub, "check", "verdict gate for CI: exit 0 trustworthy, 1 walk back, 3 incomplete, 2 error",
              "  creditaudit check audits/quick\n"
@@ -525,7 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_user_model_args(c)
     c.add_argument("--frozen-control", metavar="FILE",
                    help="with --model: the frozen control's weights (default: none)")
-    c.add_argument("--eval-batches", type=int, default=8, help="with --model: eval batches (default: 8)")
+    c.add_argument("--eval-batches", type=int, default=default(AuditConfig, "eval_batches"),
+                   help=f"with --model: eval batches (default: {default(AuditConfig, 'eval_batches')})")
     _add_where_args(c)
     c.set_defaults(run_dir=None)
 
@@ -548,21 +571,25 @@ def build_parser() -> argparse.ArgumentParser:
     pen.add_argument("--lambdas", nargs="+", type=_finite_float, metavar="λ",
                      help="λ values (default: the method's own sweep, 0 1e-4 1e-3 1e-2 1e-1)")
 
-    from .config import RunConfig, default
-    from .data import DATASET_NAMES
-    from .model import ARCHITECTURES
+    from .config import EXPERIMENT_OUT
+    from .model import ACTIVATIONS
     ident = _sub(sub, "identity-check", "how close a fresh residual stack is to the identity, over seeds",
                  "  creditaudit identity-check --dataset mnist1d --seeds 42 123 456", _cmd_identity)
-    ident.add_argument("--dataset", default="mnist1d", choices=DATASET_NAMES, metavar="NAME",
-                       help=f"inputs to measure on; one of {_choices(DATASET_NAMES)} (default: mnist1d)")
-    ident.add_argument("--arch", default=default(RunConfig, "arch"), choices=ARCHITECTURES, metavar="NAME",
-                       help=f"one of {_choices(ARCHITECTURES)} (default: resmlp)")
-    ident.add_argument("--seeds", nargs="+", type=int, default=[42, 123, 456], help="(default: 42 123 456)")
-    ident.add_argument("--width", type=int, default=default(RunConfig, "width"), help="(default: 256)")
-    ident.add_argument("--blocks", type=int, default=default(RunConfig, "blocks"), help="(default: 4)")
-    ident.add_argument("--activation", default=default(RunConfig, "activation"), help="(default: gelu)")
-    ident.add_argument("--w2-std", type=_finite_float, default=default(RunConfig, "w2_std"), help="(default: 0.01)")
-    ident.add_argument("--out", default="audits/identity_check", help="(default: audits/identity_check)")
+    r = lambda name: default(RunConfig, name)
+    ident.add_argument("--dataset", default=r("dataset"), choices=DATASET_NAMES, metavar="NAME",
+                       help=f"inputs to measure on; one of {_choices(DATASET_NAMES)} (default: {r('dataset')})")
+    ident.add_argument("--arch", default=r("arch"), choices=ARCHITECTURES, metavar="NAME",
+                       help=f"one of {_choices(ARCHITECTURES)} (default: {r('arch')})")
+    seeds = list(default(AuditConfig, "seeds"))
+    ident.add_argument("--seeds", nargs="+", type=int, default=seeds,
+                       help=f"(default: {' '.join(map(str, seeds))})")
+    ident.add_argument("--width", type=int, default=r("width"), help=f"(default: {r('width')})")
+    ident.add_argument("--blocks", type=int, default=r("blocks"), help=f"(default: {r('blocks')})")
+    ident.add_argument("--activation", default=r("activation"), choices=list(ACTIVATIONS), metavar="NAME",
+                       help=f"one of {_choices(ACTIVATIONS)} (default: {r('activation')})")
+    ident.add_argument("--w2-std", type=_finite_float, default=r("w2_std"), help=f"(default: {r('w2_std')})")
+    ident.add_argument("--out", default=EXPERIMENT_OUT["identity-check"],
+                       help=f"(default: {EXPERIMENT_OUT['identity-check']})")
     _add_where_args(ident)
 
     th = _sub(sub, "thresholds", "threshold sensitivity over an audit's runs",

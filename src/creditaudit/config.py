@@ -73,7 +73,7 @@ class RunConfig:
     activation: str = field(default="gelu", metadata=_help("block activation (resmlp)"))
     w2_std: float = field(default=0.01, metadata=_help("init std of each block's last layer"))
     clip: float = field(default=1.0, metadata=_help(
-        "gradient-norm clip per block for the local methods (dfa, sb, cb …)"))
+        "gradient-norm clip per block for the methods that clip (the local-credit methods)"))
     trainable_blocks: int | None = None
     stop_when_flagged: int | None = None
     stop_thresholds: dict[str, float] = field(default_factory=dict)
@@ -325,7 +325,10 @@ def presets() -> dict[str, dict[str, Any]]:
     }
 
 
-PRESET_NAMES = ("quick", "paper")
+PRESET_NAMES = ("quick", "paper")             # the first is the default
+# where the experiments other than `audit` write when no --out is given
+EXPERIMENT_OUT = {"ladder": "audits/ladder", "penalty-sweep": "audits/penalty_sweep",
+                  "identity-check": "audits/identity_check"}
 TOP_KEYS = ("preset", "dataset", "data_dir", "methods", "seeds", "epochs", "out", "device", "jobs",
             "controls", "eval_batches", "executor", "address", "max_retries", "stack")
 

@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import store
-from ..config import RunConfig
+from ..config import AuditConfig, RunConfig, default
 from ..data import ArrayDataset, load_dataset
 from ..errors import CreditAuditError
 from ..metrics import accuracy
@@ -94,7 +94,7 @@ def train_job(job: Job) -> dict[str, Any]:
 @dataclass
 class DiagnoseJob(Job):
     frozen_acc: float | None = None
-    n_eval: int = 8
+    n_eval: int = default(AuditConfig, "eval_batches")
     rho: bool = True
 
 
@@ -114,10 +114,11 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
 
 
 def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: float | None = None,
-                 thresholds: Thresholds = Thresholds(), rho: bool = False, null_k: int = 20,
+                 thresholds: Thresholds = Thresholds(), rho: bool = False, null_k: int | None = None,
                  run_data: ArrayDataset | None = None):
     """`protocol.diagnose` of a run read from its folder: its method, history and status, and the
-    accuracy of its frozen control (`control`, already checked to match; or `frozen_acc`)."""
+    accuracy of its frozen control (`control`, already checked to match; or `frozen_acc`). The run
+    must have trained on `run_data` (its data digest), else the diagnosis is refused."""
     if run_data is not None:       # measured on other data than it trained on, nothing it says holds
         run.config.bind_data(run_data.digest)
     if control is not None:
@@ -127,8 +128,8 @@ def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: f
                 "epochs_completed": run.epochs_completed, "epochs_planned": run.config.epochs}
     report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
                       test_acc=run.test_acc, thresholds=thresholds, monitor_history=run.history,
-                      rho=rho, null_k=null_k, label=run.config.label, diverged=diverged,
-                      training=training)
+                      rho=rho, label=run.config.label, diverged=diverged, training=training,
+                      **({} if null_k is None else {"null_k": null_k}))   # None: diagnose's own default
     recomputed = accuracy(run.model, run_data.eval_batches("test", 1000)) if run_data is not None else None
     if recomputed is not None and run.test_acc is not None and abs(recomputed - run.test_acc) > 0.005:
         report.notes.append(f"the recorded test accuracy {run.test_acc:.4f} and the one recomputed "
@@ -184,19 +185,20 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Execution:
-    """Where and how runs execute (from the audit settings)."""
+    """Where and how runs execute (from the audit settings, whose defaults these are)."""
 
-    data_dir: str = "data"
-    device: str = "auto"
-    jobs: int = 0
-    executor: str = "local"
-    address: str | None = None
-    max_retries: int = 3
-    stack: bool | None = None      # train runs of one shape as one stack; None = where it pays
+    data_dir: str = default(AuditConfig, "data_dir")
+    device: str = default(AuditConfig, "device")
+    jobs: int = default(AuditConfig, "jobs")
+    executor: str = default(AuditConfig, "executor")
+    address: str | None = default(AuditConfig, "address")
+    max_retries: int = default(AuditConfig, "max_retries")
+    stack: bool | None = default(AuditConfig, "stack")   # one stack per model shape; None = where it pays
 
 
 def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = Execution(),
-            thresholds: Thresholds = Thresholds(), n_eval: int = 8, rho: bool = True,
+            thresholds: Thresholds = Thresholds(), n_eval: int = default(AuditConfig, "eval_batches"),
+            rho: bool = True,
             frozen_of: Callable[[RunConfig], RunConfig | None] | None = None,
             progress: bool = True) -> list[Outcome]:
     """Train every config (reusing finished runs), then diagnose each run that ended.

@@ -6,14 +6,14 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import __version__, store
-from ..config import RunConfig
+from ..config import AuditConfig, RunConfig, default
 from ..store import json_number as _num
 from ..verdict import Thresholds
 from .common import Execution, mean_std, median_of, run_all
 
 
 def ladder(base: Sequence[RunConfig], out: Path, *, execution: Execution = Execution(),
-           thresholds: Thresholds = Thresholds(), n_eval: int = 8, progress: bool = True) -> dict:
+           thresholds: Thresholds = Thresholds(), n_eval: int = default(AuditConfig, "eval_batches"), progress: bool = True) -> dict:
     """Every base config at k = 0 … L trainable blocks, diagnosed on `n_eval` eval batches."""
     configs = [c.replace(trainable_blocks=k) for c in base for k in range(c.blocks + 1)]
     outcomes = run_all(configs, out, execution=execution, thresholds=thresholds, n_eval=n_eval,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import __version__, store
-from ..config import PENALTY_OPTION, RunConfig
+from ..config import PENALTY_OPTION, AuditConfig, RunConfig, default
 from ..verdict import Thresholds
 from .audit import frozen_control_of, summarize_method
 from .common import Execution, run_all
@@ -15,7 +15,7 @@ from .common import Execution, run_all
 
 def penalty_sweep(base: Sequence[RunConfig], out: Path, *, lambdas: Sequence[float],
                   execution: Execution = Execution(), thresholds: Thresholds = Thresholds(),
-                  n_eval: int = 8, progress: bool = True) -> dict:
+                  n_eval: int = default(AuditConfig, "eval_batches"), progress: bool = True) -> dict:
     """`base`: one config per seed of the swept method (its schedule, model and other options)."""
     mains = [c.replace(options={**c.options, PENALTY_OPTION: float(lam)}) for c in base for lam in lambdas]
     configs = []

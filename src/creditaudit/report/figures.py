@@ -312,7 +312,7 @@ def penalty_figure(result: dict, path: Path) -> Path:
         ax.set_xticks(x, labels)
         ax.set_xlabel("λ")
         ax.grid(alpha=0.3)
-    fig.suptitle("dfa-penalty sweep")
+    fig.suptitle(f"{rows[0]['method']} sweep" if rows else "penalty sweep")
     return _save_png(fig, path)
 
 
