@@ -211,7 +211,9 @@ def test_shipped_preset_files_are_valid_and_match_the_presets():
         (preset.dataset, preset.methods, preset.seeds, preset.epochs)
     paper = audit_config_from_dict(load_audit_toml(root / "paper.toml"))
     assert paper.dataset == "cifar10" and paper.epochs == 100 and paper.seeds == (42, 123, 456)
-    assert len(quick.run_configs()) == 7 * 3 * 3
+    from creditaudit.methods import METHODS
+    assert quick.methods == tuple(METHODS)                # the shipped file lists every built-in method
+    assert len(quick.run_configs()) == len(METHODS) * 3 * 3
     # the audit's λ goes to every method that declares it, as its `lam` option
     lams = {c.method: c.lam for c in quick.run_configs() if c.control == "none"}
     assert lams["dfa-penalty"] == lams["sb"] == lams["cb"] == 1e-2

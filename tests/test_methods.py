@@ -307,6 +307,7 @@ def test_state_round_trip(name):
 # dfa-penalty (λ=1e-3) 0.33/0.40/0.36, sb 0.89/0.88/0.88, cb 0.85/0.87/0.84. Each bar sits clearly
 # above chance and several points below the lowest measured value.
 MIN_ACC = {"bp": 0.85, "fa": 0.8, "ep": 0.85, "dfa": 0.25, "dfa-penalty": 0.25, "sb": 0.75, "cb": 0.7}
+GENERIC_MIN_ACC = 0.2   # a method without a measured bar yet must still clear chance (0.1) by far
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -321,7 +322,7 @@ def test_learns_digits(name, digits):
     assert losses[-1] < losses[0]
     with torch.no_grad():
         acc = float((model(digits.prepare(digits.x_test)).argmax(-1) == digits.y_test).float().mean())
-    assert acc > MIN_ACC[name], acc
+    assert acc > MIN_ACC.get(name, GENERIC_MIN_ACC), acc
     x, y = digits.eval_batch(0)
     credit = method.credit(x, y)
     assert len(credit) == model.n_blocks + 1
