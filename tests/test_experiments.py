@@ -211,3 +211,13 @@ def test_a_folder_of_another_code_version_is_refused_and_audits_key_by_it(tmp_pa
     assert older.run_key != config.run_key
     with pytest.raises(CreditAuditError, match="differs in code_version"):
         train_run(older, tmp_path / "r", data=data, progress=False)
+
+
+@pytest.mark.parametrize("command", [["ladder", "--methods", "bp"], ["penalty-sweep"]])
+def test_too_many_eval_batches_are_refused_before_training(command, tmp_path, capsys):
+    """ladder and penalty-sweep honour --eval-batches, and refuse a value the test set cannot fill
+    before any run trains, as audit does."""
+    assert cli_main([*command, *SMALL, "--eval-batches", "100000", "--out", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "too small for 100000 eval batches" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()

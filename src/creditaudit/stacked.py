@@ -357,8 +357,9 @@ def train_stack(configs: Sequence[RunConfig], out_dirs: Sequence[str | Path],
             members_at.append(i)
     try:
         if members_at or any(r is None for r in results):
-            data = (data if data is not None else load_dataset(configs[0].dataset, data_dir, dev)).to(dev)
+            data = data if data is not None else load_dataset(configs[0].dataset, data_dir, dev)
             configs = [c.bind_data(data.digest) for c in configs]   # refuses other data than bound
+            data = data.to(dev)
     except Exception as err:  # noqa: BLE001
         return [r if r is not None else _failure(o, err, t0) for r, o in zip(results, outs)]
     if len(members_at) == 1:  # a stack of one is the serial run

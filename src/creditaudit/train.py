@@ -54,8 +54,9 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
         config = config.bind_data(data.digest)
     if existing_run_is_done(out, config):
         return load_run(out, dev)
-    data = (data if data is not None else load_dataset(config.dataset, data_dir, dev)).to(dev)
-    config.bind_data(data.digest)       # a config bound to other data is refused, not trained
+    data = data if data is not None else load_dataset(config.dataset, data_dir, dev)
+    config.bind_data(data.digest)       # other data than the config's are refused, not trained on;
+    data = data.to(dev)                 # digested before the move: cached on the caller's object
     try:                # after the data loaded: a refused dataset leaves no half-made run folder
         out.mkdir(parents=True, exist_ok=True)
         store.atomic_write_json(out / "config.json", config.to_dict())
