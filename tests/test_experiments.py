@@ -221,3 +221,27 @@ def test_too_many_eval_batches_are_refused_before_training(command, tmp_path, ca
     err = capsys.readouterr().err
     assert "too small for 100000 eval batches" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_data_digest_follows_the_contents_and_is_computed_once(tmp_path, monkeypatch):
+    """ArrayDataset.digest: equal for equal contents (a reload, generated data too, another device
+    copy), different when one value changes; hashed once per load, not once per use."""
+    import hashlib
+    from creditaudit.data import load_dataset
+    from test_data import write_cifar10
+    write_cifar10(tmp_path / "a", seed=0)
+    first = load_dataset("cifar10", tmp_path / "a", download=False)
+    assert first.digest == load_dataset("cifar10", tmp_path / "a", download=False).digest
+    assert load_dataset("synthetic").digest == load_dataset("synthetic").digest != first.digest
+    changed = first.to("cpu")
+    changed.x_test = changed.x_test.clone()
+    changed.x_test[0, 0, 0, 0] ^= 1
+    changed._digest = None
+    assert changed.digest != first.digest
+    calls = []
+    real = hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda *a: calls.append(1) or real(*a))
+    fresh = load_dataset("synthetic")
+    for _ in range(3):
+        fresh.to("cpu").digest
+    assert len(calls) == 1

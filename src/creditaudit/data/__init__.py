@@ -30,11 +30,14 @@ DATASET_NAMES = tuple(LOADERS)     # --help, validation and the docs take the na
 
 def load_dataset(name: str, data_dir: str | Path | None = None, device: str | torch.device = "cpu",
                  download: bool = True) -> ArrayDataset:
-    """Load a dataset by name onto `device`; user-fixable problems raise CreditAuditError."""
+    """Load a dataset by name onto `device`; user-fixable problems raise CreditAuditError.
+    Its content digest (part of every run's key) is computed here, once, on the CPU copy."""
     if name not in LOADERS:
         raise CreditAuditError(
             f"unknown dataset {name!r}; choose one of: {', '.join(DATASET_NAMES)}")
-    return LOADERS[name](Path(data_dir) if data_dir else DEFAULT_DATA_DIR, download=download).to(device)
+    data = LOADERS[name](Path(data_dir) if data_dir else DEFAULT_DATA_DIR, download=download)
+    data.digest                     # cached on the object; `to` carries it to every device copy
+    return data.to(device)
 
 
 __all__ = ["ArrayDataset", "DATASET_NAMES", "LOADERS", "DEFAULT_DATA_DIR", "load_dataset", "random_crop_flip"]
