@@ -245,3 +245,21 @@ def test_the_data_digest_follows_the_contents_and_is_computed_once(tmp_path, mon
     for _ in range(3):
         fresh.to("cpu").digest
     assert len(calls) == 1
+
+
+def test_the_stop_thresholds_are_exactly_those_the_stop_rule_reads():
+    """STOP_THRESHOLD_KEYS (what a run with --stop-when-flagged records in its key) is the set of
+    thresholds the early-stop rule depends on: moving any of them to an extreme can change the rule's
+    decision on a monitor history, moving any other threshold never does."""
+    import dataclasses
+    from creditaudit.config import STOP_THRESHOLD_KEYS
+    from creditaudit.verdict import Thresholds, stop_rule
+    history = [{"epoch": 0, "h_norms": [1.0, 1.0], "g_norms": [1.0, 1.0], "max_growth": 1.0, "gain": 0.5,
+                "test_acc": 0.5},
+               {"epoch": 1, "h_norms": [1.0, 2.0], "g_norms": [1.0, 1.0], "max_growth": 2.0, "gain": 0.5,
+                "test_acc": 0.5}]
+    decide = lambda **t: stop_rule(1, dataclasses.replace(Thresholds(), **t))(history) is not None
+    assert decide() is False
+    for f in dataclasses.fields(Thresholds):
+        changes = {decide(**{f.name: extreme}) for extreme in (0.0, 1e30)}
+        assert (changes != {False}) == (f.name in STOP_THRESHOLD_KEYS), f.name
