@@ -237,8 +237,7 @@ def _cmd_check(args) -> int:
 # -- audit and the other experiments --------------------------------------------------------------
 def _audit_raw(args) -> dict:
     """The audit's settings: preset or TOML file, then command-line overrides."""
-    from .config import load_audit_toml
-    from .config import PRESET_NAMES
+    from .config import PRESET_NAMES, load_audit_toml
     raw = load_audit_toml(args.config) if args.config else {"preset": args.preset or PRESET_NAMES[0]}
     if args.config and args.preset:
         raw["preset"] = args.preset
