@@ -182,8 +182,10 @@ def test_experiment_defaults_are_the_audit_defaults():
     import inspect
     from creditaudit.config import AuditConfig, default
     from creditaudit.experiments import Execution, ladder, penalty_sweep, run_all
-    for f in dataclasses.fields(Execution):
-        assert getattr(Execution(), f.name) == default(AuditConfig, f.name), f.name
+    shared = {f.name for f in dataclasses.fields(Execution)} & {f.name for f in dataclasses.fields(AuditConfig)}
+    assert {"data_dir", "device", "jobs", "executor", "address", "max_retries", "stack"} <= shared
+    for name in shared:
+        assert getattr(Execution(), name) == default(AuditConfig, name), name
     for fn in (run_all, ladder, penalty_sweep):
         assert inspect.signature(fn).parameters["n_eval"].default == default(AuditConfig, "eval_batches")
 
