@@ -12,6 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "creditaudit"
 # lower number = lower layer; a module may import only modules of a lower or equal-rank sibling
 RANK = {"__init__": 10, "errors": 0, "seeding": 0, "store": 0, "data": 1, "model": 1, "metrics": 2, "methods": 3,
         "verdict": 3, "protocol": 4, "config": 4, "runs": 5, "train": 6, "stacked": 6, "usermodel": 6, "runner": 6,
+        "adapter": 2, "trackers": 4, "monitor": 6, "lightning": 7,
         "experiments": 7, "report": 7, "check": 8, "lint": 8, "cli": 9, "__main__": 10}
 
 
