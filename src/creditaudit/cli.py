@@ -201,7 +201,15 @@ def _diagnosis(args):
 
 
 def _cmd_diagnose(args) -> int:
-    report = _diagnosis(args)
+    from .monitor import is_user_loop_run, stored_diagnosis
+    if args.run_dir and not args.model and is_user_loop_run(args.run_dir):
+        if args.frozen_control:    # its model cannot be rebuilt here: (d) is judged in the user's loop
+            raise CreditAuditError(f"{args.run_dir} comes from your own loop and was diagnosed at "
+                                   "finish(); give the control to Monitor(frozen_control=...) or "
+                                   "judge runs and controls with creditaudit.audit_own_runs")
+        report = stored_diagnosis(args.run_dir)
+    else:
+        report = _diagnosis(args)
     print(report.to_json(indent=2) if args.json else report)
     return 0
 

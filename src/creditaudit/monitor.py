@@ -293,12 +293,14 @@ class Monitor:
             message = (f"non-finite values at epoch {k} (train loss {train_loss}, ‖h_l‖ "
                        f"{bad['h_norms']}); kept the checkpoint of epoch {k - 1}")
             self._seal(DIVERGED, message, record["wall_time"])
+            self.finish()
             warnings.warn(FlagFired(f"{self.label}: training diverged — {message}"), stacklevel=2)
             raise StopRun(DIVERGED, f"{self.label}: {message}")
         self._append(record)
         message = self._stop(self.history) if self._stop is not None else None
         if message:
             self._seal(STOPPED, message)
+            self.finish()
             raise StopRun(STOPPED, f"{self.label}: {message}")
         return record
 
@@ -492,3 +494,49 @@ def control_accuracy(control_dir: str | Path, init_sha256: str) -> float | None:
         raise CreditAuditError(f"the frozen control {control_dir} starts from other initial weights "
                                "than this run; it is the control of another run")
     return run.test_acc if run.finished else None
+
+
+class StoredDiagnosis:
+    """The diagnosis a Monitor wrote at `finish()`, for `creditaudit diagnose RUN_DIR`: the model
+    of a user's loop cannot be rebuilt from its folder, so its diagnosis is read, not recomputed."""
+
+    def __init__(self, run: MonitoredRun):
+        self.run = run
+        self.report = run.diagnosis
+
+    def to_dict(self) -> dict:
+        return self.report
+
+    def to_json(self, **kwargs) -> str:
+        import json
+        return json.dumps(self.report, allow_nan=False, **kwargs)
+
+    def __str__(self) -> str:
+        r, s = self.report, self.run.status
+        num = lambda v, spec: "—" if v is None else (v if isinstance(v, str) else format(v, spec))
+        title = f"creditaudit report — {r.get('label')} (your own loop, diagnosed at finish())"
+        lines = [title, "=" * len(title),
+                 f"verdict (project, uses b′): {r['verdict']}",
+                 f"verdict (paper, uses b):    {r['paper_verdict']}",
+                 f"training: {s.get('status', 'unfinished')}, {self.run.epochs_completed}/"
+                 f"{self.run.info.get('epochs')} epochs; test acc {num(self.run.test_acc, '.4f')}",
+                 f"‖h_l‖: {', '.join(num(v, '.3g') for v in r['residual_norms'])}",
+                 f"‖g_l‖: {', '.join(num(v, '.3g') for v in r['bp_grad_norms'])}",
+                 f"(a) max growth {num(r['max_growth'], '.4g')}; (a′) since init "
+                 f"{num(r['init_growth'], '.4g')}, ‖h_L‖/‖h_0‖ {num(r['stack_growth'], '.4g')}; "
+                 f"(b′) readout gain {num(r['readout_gain'], '.3e')}"]
+        if r.get("first_fire"):
+            lines.append("first fired during training: " + ", ".join(
+                f"{FLAG_NAMES[k].split()[0]} {'never' if v is None else f'epoch {v}'}"
+                for k, v in r["first_fire"].items()))
+        lines += [f"- {x}" for x in (r.get("reasons") or []) + (r.get("notes") or [])]
+        return "\n".join(lines)
+
+
+def stored_diagnosis(run_dir: str | Path) -> StoredDiagnosis:
+    """The sealed diagnosis of a monitored run folder; one line when there is none yet."""
+    run = load_monitored(run_dir)
+    if run.diagnosis is None:
+        raise CreditAuditError(f"{run_dir} has no diagnosis: its Monitor never reached finish() "
+                               f"(status {run.status.get('status', 'none: still training or killed')})")
+    return StoredDiagnosis(run)
