@@ -136,8 +136,16 @@ def _cmd_train(args) -> int:
     config = _run_config(args)
     _set_threads(args)
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
-    run = train_run(config, out, data_dir=args.data_dir, device=args.device, progress=not args.quiet,
-                    stop_rule=stop_rule(config.stop_when_flagged, Thresholds()))
+    tensorboard = None
+    if args.tensorboard:
+        from .trackers import TensorBoardLog
+        tensorboard = TensorBoardLog(args.tensorboard)
+    try:
+        run = train_run(config, out, data_dir=args.data_dir, device=args.device, progress=not args.quiet,
+                        stop_rule=stop_rule(config.stop_when_flagged, Thresholds()), on_epoch=tensorboard)
+    finally:
+        if tensorboard is not None:
+            tensorboard.close()
     last = run.history[-1]
     fired = first_fire_epochs(run.history, Thresholds())
     print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
@@ -262,6 +270,7 @@ def _cmd_audit(args) -> int:
     from .experiments import audit
     from .experiments.lock import audit_lock
     from .report import compact_table, write_report
+    from .verdict import Thresholds
     config = audit_config_from_dict(_audit_raw(args), where=args.config or "the audit settings")
     n_runs = len(config.run_configs())
     print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
@@ -269,6 +278,9 @@ def _cmd_audit(args) -> int:
     with audit_lock(Path(config.out)):
         result = audit(config, progress=not args.quiet)
         files = write_report(result, Path(config.out))
+    if args.tensorboard:              # every run's monitor history, one log folder per run
+        from .trackers import log_runs
+        log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))
     print()
     print(compact_table(result))
     failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
@@ -475,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_where_args(t)
     t.add_argument("--out", metavar="DIR", help="run folder (default: runs/METHOD-DATASET-sSEED-KEY)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--tensorboard", metavar="DIR",
+                   help="also log every monitor scalar and flag to TensorBoard in DIR (the "
+                        "[tensorboard] extra) (default: none)")
 
     for name, func, helptext, example in (
             ("diagnose", _cmd_diagnose, "audit one run: diagnostics (a)–(d), Γ, verdict",
@@ -517,6 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
              "  creditaudit audit --preset quick\n"
              "  creditaudit audit --config examples/quick.toml --methods bp dfa --seeds 42", _cmd_audit)
     _add_audit_args(a)
+    a.add_argument("--tensorboard", metavar="DIR",
+                   help="also log every run's monitor scalars and flags to TensorBoard, one "
+                        "subfolder of DIR per run (the [tensorboard] extra) (default: none)")
 
     lad = _sub(sub, "ladder", "accuracy vs number of trainable blocks k = 0…L (default out: audits/ladder)",
                "  creditaudit ladder --methods bp dfa --seeds 42 --epochs 15", _cmd_ladder)

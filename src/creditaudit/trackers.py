@@ -95,3 +95,16 @@ def log_history(history: Sequence[dict], log_dir: str | Path, thresholds: Thresh
         log.log(history)
     finally:
         log.close()
+
+
+def log_runs(runs: Sequence[dict], log_dir: str | Path, thresholds: Thresholds = Thresholds()) -> None:
+    """Every run of an audit (audit.json's "runs") to `log_dir/<run folder name>`, from each run
+    folder's metrics.jsonl (every field of every epoch; runs that never trained are skipped)."""
+    import json
+    for run in runs:
+        metrics = Path(run["run_dir"]) / "metrics.jsonl"
+        if not metrics.exists():
+            continue
+        history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        if history:
+            log_history(history, Path(log_dir) / Path(run["run_dir"]).name, thresholds)
