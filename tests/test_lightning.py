@@ -75,6 +75,8 @@ def test_callback_in_a_real_trainer(tmp_path):
                             if k.startswith("net.blocks.")}.items())
     audit = creditaudit.audit_own_runs([tmp_path / "run"], [tmp_path / "ctrl"], out=tmp_path / "audit",
                                        method="lightning-bp")
+    gap = load_monitored(tmp_path / "run").diagnosis["depth"]["gap"]   # (d) once the control finished
+    assert gap == pytest.approx(run.test_acc - load_monitored(tmp_path / "ctrl").test_acc)
     row = audit["methods"][0]
     assert row["n_paired_with_frozen"] == 1
     assert row["depth_gap"] == pytest.approx(run.test_acc - load_monitored(tmp_path / "ctrl").test_acc)

@@ -79,7 +79,13 @@ def test_doc_example_matches_creditaudit_audit(tmp_path, monkeypatch, capsys):
     # the CLI reads the folders like a trained run's and an audit's
     from creditaudit.check import exit_code
     assert main(["check", "audits/mine"]) == exit_code([a["verdict"]])
-    assert main(["check", "runs/dfa-s42"]) == 3                       # no (d) for the run alone
+    # each run's own diagnosis gained (d) when its control finished: as `diagnose RUN --frozen-control`
+    for r in ref["runs"]:
+        if r["control"] == "none":
+            mine_diag = load_monitored(tmp_path / "runs" / f"dfa-s{r['seed']}").diagnosis
+            assert mine_diag["verdict"] == r["report"]["verdict"]
+            assert mine_diag["depth"]["gap"] == pytest.approx(r["report"]["depth"]["gap"], abs=1e-12)
+    assert main(["check", "runs/dfa-s42"]) == exit_code([ref_runs[(42, "none")]["report"]["verdict"]])
     assert main(["diagnose", "runs/dfa-s42"]) == 0
     assert "your own loop" in capsys.readouterr().out
     assert (tmp_path / "audits" / "mine" / "audit.md").exists()

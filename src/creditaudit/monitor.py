@@ -70,7 +70,8 @@ class StopRun(CreditAuditError):
 
 
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """A copy of every parameter and buffer, kept in host memory (not the accelerator's)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def state_sha256(state: dict[str, torch.Tensor]) -> str:
@@ -158,7 +159,7 @@ class Monitor:
                                    "another out= or delete that folder (nothing in it was changed)")
         self.init = _state(model)
         self.init_sha256 = state_sha256(self.init)
-        self.control_of = None
+        self.control_of, self._main = None, None
         if control_of is not None:
             self.control_of = self._check_control(control_of)
         self.label = label or self.out.name
@@ -195,12 +196,11 @@ class Monitor:
         """The main run this control belongs to, after checking that this model is that run's
         init with its blocks frozen."""
         if isinstance(main, Monitor):
-            main_dir, main_init, main_sha = main.out, main.init, main.init_sha256
+            main_dir, main_sha = main.out, main.init_sha256
+            self._main = main
         else:
             main_dir = Path(main)
-            info = read_run_info(main_dir)
-            main_init = store.load_checkpoint(main_dir)[1]["init"]
-            main_sha = info["init_sha256"]
+            main_sha = read_run_info(main_dir)["init_sha256"]
         if main_sha != self.init_sha256:
             raise CreditAuditError(f"this model does not start from the initial weights of {main_dir}; "
                                    "build the control with that Monitor's frozen_control()")
@@ -209,7 +209,6 @@ class Monitor:
         if trainable:
             raise CreditAuditError("the frozen control's blocks still require grad; build it with "
                                    "mon.frozen_control(), which freezes them")
-        del main_init
         return str(main_dir)
 
     def frozen_control(self) -> torch.nn.Module:
@@ -304,19 +303,27 @@ class Monitor:
             raise StopRun(STOPPED, f"{self.label}: {message}")
         return record
 
-    def finish(self):
+    def finish(self, frozen_control: str | Path | None = None):
         """Seal the run ("finished" after all planned epochs, else "ended-early") and diagnose it
         (protocol.diagnose on `diagnose_batches`, with the monitor history for first fires and
-        (a′), and the frozen control's accuracy for (d) when `frozen_control` was given).
-        Writes diagnosis.json and returns the Report. Idempotent."""
+        (a′), and the frozen control's accuracy for (d) when a control folder was given here or
+        to the Monitor). Writes diagnosis.json and returns the Report. Called again with a
+        control, it re-diagnoses the run's last checkpoint with (d). A control monitored with
+        `control_of=` this Monitor calls that itself when it finishes."""
         if not self.status:
             done = self.epochs_completed
             if done >= self.epochs:
                 self._seal(FINISHED, f"trained {self.epochs} epochs in the user's loop")
             else:
                 self._seal(ENDED_EARLY, f"finish() after {done} of {self.epochs} planned epochs")
-        if self.report is None:
-            self.report = self._diagnose()
+        again = frozen_control is not None and self.report is not None
+        if frozen_control is not None:
+            self.frozen_control_dir = Path(frozen_control)
+        if self.report is None or again:
+            self.report = self._diagnose(from_checkpoint=again)
+            main = self._main
+            if main is not None and self.status["status"] == FINISHED and main.report is not None:
+                main.finish(frozen_control=self.out)     # the run this controls gains its (d)
         return self.report
 
     # -- internals -----------------------------------------------------------------------------
@@ -398,7 +405,7 @@ class Monitor:
         if self._tb is not None:
             self._tb.close()
 
-    def _diagnose(self):
+    def _diagnose(self, from_checkpoint: bool = False):
         from .protocol import diagnose
         batches = self.diagnose_batches or [(self.x, self.y)]
         dev = _device_of(self.model)
@@ -408,7 +415,9 @@ class Monitor:
             frozen_acc = control_accuracy(self.frozen_control_dir, self.init_sha256)
         status = self.status["status"]
         model = self.model
-        if status == DIVERGED:    # the last finite checkpoint, as the trainer's run folder keeps it
+        if status == DIVERGED or from_checkpoint:
+            # the last (finite) checkpoint, as the trainer's run folder keeps it; the model in
+            # memory may have changed since the run was sealed
             model = copy.deepcopy(self.model)
             model.load_state_dict(store.load_checkpoint(self.out)[1]["model"])
         stream = stream_of(model, self.adapter)
