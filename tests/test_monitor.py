@@ -154,6 +154,10 @@ def test_foreign_model_through_adapter_and_frozen_control(tmp_path, digits):
                                control_of=tmp_path / "run", seed=0,
                                test_batches=[digits.eval_batch(0, 360)])
     assert ctrl.info["control"] == "frozen" and ctrl.info["control_of"] == str(tmp_path / "run")
+    with pytest.raises(CreditAuditError, match="is a control; pass it in controls="):
+        creditaudit.audit_own_runs([tmp_path / "ctrl"], out=tmp_path / "audit")
+    with pytest.raises(CreditAuditError, match="is not a frozen control"):
+        creditaudit.audit_own_runs([tmp_path / "run"], [tmp_path / "run"], out=tmp_path / "audit")
     with pytest.raises(CreditAuditError, match="does not start from the initial weights"):
         creditaudit.Monitor(model, (x, y), tmp_path / "bad", epochs=1, adapter=ADAPTER,
                             control_of=mon)
@@ -256,3 +260,38 @@ def test_first_fire_warns_calls_back_and_stop_rule_stops(tmp_path, digits):
     assert run.status["status"] == "stopped" and run.epochs_completed == 2
     assert run.diagnosis["verdict"].startswith("walk back") and "(a) EXPLODED" in run.diagnosis["verdict"]
     assert run.diagnosis["first_fire"]["a"] == 1
+
+
+class _NoSync(torch.Tensor):
+    """A loss that fails the test if anything reads it back to the host while armed."""
+
+    armed = False
+
+    def _read(self):
+        if _NoSync.armed:
+            raise AssertionError("Monitor.step read the loss on the host")
+
+    def item(self):
+        self._read()
+        return super().item()
+
+    def __float__(self):
+        self._read()
+        return super().__float__()
+
+    def tolist(self):
+        self._read()
+        return super().tolist()
+
+
+def test_step_never_reads_the_loss_back(tmp_path, digits):
+    model = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
+    mon = creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "run", epochs=1)
+    _NoSync.armed = True
+    try:
+        for value, n in ((2.0, 3), (1.0, 1)):
+            mon.step(torch.Tensor._make_subclass(_NoSync, torch.tensor(value)), n)
+    finally:
+        _NoSync.armed = False
+    record = mon.epoch_end(test_acc=0.5)                  # the epoch's one host read
+    assert record["train_loss"] == pytest.approx((2.0 * 3 + 1.0) / 4)

@@ -143,6 +143,8 @@ def _cmd_train(args) -> int:
     try:
         run = train_run(config, out, data_dir=args.data_dir, device=args.device, progress=not args.quiet,
                         stop_rule=stop_rule(config.stop_when_flagged, Thresholds()), on_epoch=tensorboard)
+        if tensorboard is not None:
+            tensorboard.log(run.history)     # a run found finished is logged whole
     finally:
         if tensorboard is not None:
             tensorboard.close()

@@ -10,7 +10,7 @@ judged here.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -73,6 +73,9 @@ def audit_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     ctrls = [load_monitored(c) for c in controls]
     seen: dict[str, Path] = {}
     for run in mains:
+        if run.info.get("thresholds") != asdict(thresholds):
+            raise CreditAuditError(f"{run.run_dir} was diagnosed with other thresholds "
+                                   f"({run.info.get('thresholds')}); pass the same thresholds= here")
         if run.info.get("control") != "none":
             raise CreditAuditError(f"{run.run_dir} is a control; pass it in controls=, not runs=")
         if run.diagnosis is None and run.status.get("status") in (FINISHED, "stopped", "diverged"):
@@ -114,7 +117,7 @@ def audit_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
                    f"controls: {'frozen' if ctrls else 'none'}"),
         "config": {"methods": [method], "seeds": sorted(seeds.values()),
                    "runs": [str(r) for r in runs], "controls": [str(c) for c in controls]},
-        "thresholds": store.json_safe(thresholds.__dict__),
+        "thresholds": asdict(thresholds),
         "wall_time": time.perf_counter() - t0,
         "runs_trained_now": 0,
         "strategies": list(STRATEGIES),
