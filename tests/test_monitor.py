@@ -3,7 +3,6 @@ folder reads like a trained run's, flags warn / stop, and bad use is one line wi
 from __future__ import annotations
 
 import json
-import math
 import re
 import warnings
 from pathlib import Path

@@ -139,7 +139,9 @@ class Monitor:
         self.model, self.adapter, self.out = model, adapter, Path(out)
         self.epochs, self.thresholds, self.on_flag, self.credit = epochs, thresholds, on_flag, credit
         self.x, self.y = _batch(eval_batch, "eval_batch")
-        self.test_batches = test_batches
+        # a one-shot iterator would be empty from the second epoch on: keep its batches
+        self.test_batches = list(test_batches) if test_batches is not None and \
+            iter(test_batches) is test_batches else test_batches
         self.diagnose_batches = [_batch(b, "each of diagnose_batches") for b in diagnose_batches] \
             if diagnose_batches is not None else None
         self.stream = stream_of(model, adapter)
