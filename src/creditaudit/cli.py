@@ -215,8 +215,9 @@ def _cmd_diagnose(args) -> int:
     if args.run_dir and not args.model and is_user_loop_run(args.run_dir):
         if args.frozen_control:    # its model cannot be rebuilt here: (d) is judged in the user's loop
             raise CreditAuditError(f"{args.run_dir} comes from your own loop and was diagnosed at "
-                                   "finish(); give the control to Monitor(frozen_control=...) or "
-                                   "judge runs and controls with creditaudit.audit_own_runs")
+                                   "finish(), with (d) once a control monitored with control_of= "
+                                   "finished; drop --frozen-control, or call "
+                                   "mon.finish(frozen_control=DIR) / creditaudit.audit_own_runs")
         report = stored_diagnosis(args.run_dir)
     else:
         report = _diagnosis(args)
