@@ -1,8 +1,24 @@
 """creditaudit: train non-backprop credit-assignment methods on one pre-LN residual architecture
 and audit whether their reported numbers (accuracy, gradient cosine Γ) mean anything."""
-from .errors import CreditAuditError
-from .model import ResidualMLP, ResidualStream, as_stream
-
 __version__ = "0.1.0"
 
-__all__ = ["CreditAuditError", "ResidualMLP", "ResidualStream", "as_stream", "__version__"]
+from .errors import CreditAuditError, CreditAuditWarning
+from .model import ResidualMLP, ResidualStream, as_stream
+
+# The monitor for a user's own loop (docs/YOUR_OWN_LOOP.md), imported on first use so that
+# `import creditaudit` stays light: name → module that defines it.
+_LAZY = {"Monitor": "monitor", "StopRun": "monitor", "FlagFired": "monitor",
+         "load_monitored": "monitor", "Adapter": "adapter",
+         "audit_own_runs": "api"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'creditaudit' has no attribute {name!r}")
+
+
+__all__ = ["Adapter", "CreditAuditError", "CreditAuditWarning", "FlagFired", "Monitor",
+           "ResidualMLP", "ResidualStream", "StopRun", "__version__", "as_stream",
+           "audit_own_runs", "load_monitored"]

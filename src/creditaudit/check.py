@@ -39,6 +39,12 @@ def check_path(path: Path) -> tuple[list[str], int, dict]:
     elif (path / "diagnosis.json").exists():
         report = store.read_sealed_json(path / "diagnosis.json", "run's diagnosis")
         rows = [(str(report.get("label") or path.name), report["verdict"])]
+    elif (path / "run.json").exists():     # a Monitor's folder whose loop never reached finish()
+        from .monitor import load_monitored
+        run = load_monitored(path)
+        rows = [(str(run.info.get("label") or path.name),
+                 f"incomplete: the run was not finished (status {run.status.get('status', 'none')}, "
+                 f"{run.epochs_completed}/{run.info.get('epochs')} epochs)")]
     elif (path / "config.json").exists():
         raise CreditAuditError(f"{path} has no diagnosis yet; run `creditaudit diagnose {path} "
                                "--frozen-control CONTROL_DIR --json`, or audit it")

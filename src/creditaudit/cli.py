@@ -142,8 +142,19 @@ def _cmd_train(args) -> int:
     data = load_dataset(config.dataset, args.data_dir, "cpu")
     config = config.bind_data(data.digest)      # the default folder's key names the data too
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
-    run = train_run(config, out, data=data, device=args.device, progress=not args.quiet,
-                    stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**config.stop_thresholds)))
+    tensorboard = None
+    if args.tensorboard:
+        from .trackers import TensorBoardLog
+        tensorboard = TensorBoardLog(args.tensorboard)
+    try:
+        run = train_run(config, out, data=data, device=args.device, progress=not args.quiet,
+                        stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**config.stop_thresholds)),
+                        on_epoch=tensorboard)
+        if tensorboard is not None:
+            tensorboard.log(run.history)     # a run found finished is logged whole
+    finally:
+        if tensorboard is not None:
+            tensorboard.close()
     last = run.history[-1]
     fired = first_fire_epochs(run.history, Thresholds())
     print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
@@ -207,7 +218,16 @@ def _diagnosis(args):
 
 
 def _cmd_diagnose(args) -> int:
-    report = _diagnosis(args)
+    from .monitor import is_user_loop_run, stored_diagnosis
+    if args.run_dir and not args.model and is_user_loop_run(args.run_dir):
+        if args.frozen_control:    # its model cannot be rebuilt here: (d) is judged in the user's loop
+            raise CreditAuditError(f"{args.run_dir} comes from your own loop and was diagnosed at "
+                                   "finish(), with (d) once a control monitored with control_of= "
+                                   "finished; drop --frozen-control, or call "
+                                   "mon.finish(frozen_control=DIR) / creditaudit.audit_own_runs")
+        report = stored_diagnosis(args.run_dir)
+    else:
+        report = _diagnosis(args)
     print(report.to_json(indent=2) if args.json else report)
     return 0
 
@@ -260,6 +280,7 @@ def _cmd_audit(args) -> int:
     from .experiments import audit
     from .experiments.lock import audit_lock
     from .report import compact_table, write_report
+    from .verdict import Thresholds
     config = audit_config_from_dict(_audit_raw(args), where=args.config or "the audit settings")
     n_runs = len(config.run_configs())
     print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
@@ -267,6 +288,9 @@ def _cmd_audit(args) -> int:
     with audit_lock(Path(config.out)):
         result = audit(config, progress=not args.quiet)
         files = write_report(result, Path(config.out))
+    if args.tensorboard:              # every run's monitor history, one log folder per run
+        from .trackers import log_runs
+        log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))
     print()
     print(compact_table(result))
     failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
@@ -509,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_where_args(t)
     t.add_argument("--out", metavar="DIR", help="run folder (default: runs/METHOD-DATASET-sSEED-KEY)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--tensorboard", metavar="DIR",
+                   help="also log every monitor scalar and flag to TensorBoard in DIR (the "
+                        "[tensorboard] extra) (default: none)")
 
     for name, func, helptext, example in (
             ("diagnose", _cmd_diagnose, "audit one run: diagnostics (a)–(d), Γ, verdict",
@@ -555,6 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
              "  creditaudit audit --preset quick\n"
              "  creditaudit audit --config examples/quick.toml --methods bp dfa --seeds 42", _cmd_audit)
     _add_audit_args(a)
+    a.add_argument("--tensorboard", metavar="DIR",
+                   help="also log every run's monitor scalars and flags to TensorBoard, one "
+                        "subfolder of DIR per run (the [tensorboard] extra) (default: none)")
 
     lad = _sub(sub, "ladder", "accuracy vs number of trainable blocks k = 0…L (default out: audits/ladder)",
                "  creditaudit ladder --methods bp dfa --seeds 42 --epochs 15", _cmd_ladder)

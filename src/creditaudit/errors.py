@@ -9,3 +9,8 @@ traceback.
 
 class CreditAuditError(Exception):
     """A user-fixable problem; the message says what is wrong and what to do."""
+
+
+class CreditAuditWarning(UserWarning):
+    """Something the user should see but that does not stop the program (e.g. a monitor flag
+    that fired during training); filter it with the `warnings` module like any other warning."""

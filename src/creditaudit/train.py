@@ -36,7 +36,8 @@ def _finite(x: float) -> bool:
 
 def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None = None,
               device: str | torch.device = "auto", data: ArrayDataset | None = None,
-              progress: bool = True, stop_rule: StopRule | None = None) -> Run:
+              progress: bool = True, stop_rule: StopRule | None = None,
+              on_epoch: Callable[[Sequence[dict]], None] | None = None) -> Run:
     """Train `config` into folder `out`, resuming from its checkpoint if one exists.
 
     A folder holding a different config (any field, the data digest and code version included) is
@@ -45,7 +46,8 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
     `Run`; its `status["status"]` is "finished", "diverged" (non-finite values: the last finite
     checkpoint and metrics are kept) or "stopped" (`stop_rule` returned a message).
     A failure to write (read-only folder, full disk) raises CreditAuditError; the last complete
-    checkpoint stays readable and the same call resumes from it.
+    checkpoint stays readable and the same call resumes from it. `on_epoch(history)`, when given,
+    sees the monitor history after each recorded epoch (e.g. trackers.TensorBoardLog).
     """
     out = Path(out)
     dev = resolve_device(device)
@@ -102,6 +104,8 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
     if not history:  # epoch 0: the model at init, the reference for every later growth figure
         history.append(_record(0, None, model, data, eval_x, eval_y, 0.0, {}))
         save(0)
+    if on_epoch is not None:
+        on_epoch(history)
     start = history[-1]["epoch"]
     bar = tqdm(range(start + 1, config.epochs + 1), desc=config.label, disable=not progress,
                initial=start, total=config.epochs, leave=False)
@@ -121,6 +125,8 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
                           record["wall_time"])
         history.append(record)
         save(epoch)
+        if on_epoch is not None:
+            on_epoch(history)
         bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{record['test_acc']:.3f}",
                         hL=f"{record['h_norms'][-1]:.2g}")
         message = stop_rule(history) if stop_rule is not None else None

@@ -1,0 +1,186 @@
+"""How the protocol reaches the residual stream of a model that is not a creditaudit class.
+
+The protocol measures a model only through its residual stream (model/stream.py):
+
+    h_0     = embed(x)
+    h_{l+1} = h_l + f_l(h_l)          f_l = blocks[l], the residual branch (skip=True)
+            = blocks[l](h_l)          (skip=False: the block module adds its own skip)
+    logits  = readout(h_L)            e.g. the terminal LayerNorm, then the head
+
+An `Adapter` names those parts on the user's model by attribute path (dotted, so a
+LightningModule wrapping a network says "net.blocks"):
+
+    Adapter(embed="embed", blocks="layers", readout=("norm", "head"))
+
+`embed` and `readout` may also be callables (module, tensor) ↦ tensor, for models whose forward
+does more than call one module (e.g. flattens the input first). A model that can build its own
+stream is reached by `Adapter(stream=lambda m: ResidualStream(...), blocks="layers")`; `blocks`
+is always needed, because the frozen-blocks control freezes exactly those parameters.
+A model with a `.stream()` method (every creditaudit architecture) needs no adapter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence, Union
+
+import torch
+import torch.nn as nn
+
+from .errors import CreditAuditError
+from .model import ResidualStream
+
+Part = Union[str, Sequence[str], Callable[[nn.Module, torch.Tensor], torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """Which modules of a model are the embedding, the residual blocks and the readout.
+
+    blocks:  attribute path of a ModuleList/Sequential of the blocks, or a list of paths, one per block.
+    embed:   x ↦ h_0: an attribute path, a list of paths applied in order, or fn(model, x).
+    readout: h_L ↦ logits: an attribute path, a list of paths applied in order, or fn(model, h).
+    skip:    True when each block module is the branch f_l alone and the adapter adds h + f_l(h);
+             False when the block module returns h_{l+1} itself.
+    stream:  instead of embed/readout, fn(model) ↦ ResidualStream.
+    """
+
+    blocks: str | Sequence[str]
+    embed: Part | None = None
+    readout: Part | None = None
+    skip: bool = True
+    stream: Callable[[nn.Module], ResidualStream] | None = None
+
+    def describe(self) -> dict:
+        """A JSON record of the adapter (callables by their qualified name)."""
+        name = lambda p: (p if isinstance(p, str) or p is None else
+                          list(p) if isinstance(p, (list, tuple)) else
+                          f"{getattr(p, '__module__', '?')}:{getattr(p, '__qualname__', repr(p))}")
+        return {"blocks": name(self.blocks), "embed": name(self.embed), "readout": name(self.readout),
+                "skip": self.skip, "stream": name(self.stream)}
+
+
+def _module(model: nn.Module, path: str) -> nn.Module:
+    """model.<path> for a dotted attribute path; a missing one is one clear line naming it."""
+    obj = model
+    for i, part in enumerate(path.split(".")):
+        if not hasattr(obj, part):
+            have = ", ".join(name for name, _ in obj.named_children()) if isinstance(obj, nn.Module) else ""
+            where = ".".join(path.split(".")[:i]) or type(model).__name__
+            raise CreditAuditError(f"the adapter names {path!r}, but {where} has no attribute {part!r}"
+                                   f"{' (its submodules: ' + have + ')' if have else ''}; fix the "
+                                   "Adapter's attribute paths")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise CreditAuditError(f"the adapter names {path!r}, which is a {type(obj).__name__}, not a "
+                               "module; name the module that computes that part")
+    return obj
+
+
+def _part(model: nn.Module, spec: Part, what: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if spec is None:
+        raise CreditAuditError(f"the adapter gives no {what}: set Adapter({what}=...) or Adapter(stream=...)")
+    if isinstance(spec, str):
+        return _module(model, spec)
+    if isinstance(spec, (list, tuple)):
+        mods = [_module(model, p) for p in spec]
+
+        def chain(t: torch.Tensor) -> torch.Tensor:
+            for m in mods:
+                t = m(t)
+            return t
+        return chain
+    if callable(spec):
+        return lambda t: spec(model, t)
+    raise CreditAuditError(f"Adapter {what} must be an attribute path, a list of paths or a "
+                           f"function (model, tensor) -> tensor; got {type(spec).__name__}")
+
+
+def block_modules(model: nn.Module, adapter: Adapter | None) -> list[nn.Module]:
+    """The residual block modules of `model`, whose parameters the frozen control freezes."""
+    if adapter is None:
+        blocks = getattr(model, "blocks", None)
+        if not isinstance(blocks, (nn.ModuleList, nn.Sequential)):
+            raise CreditAuditError(f"cannot tell which modules of {type(model).__name__} are its "
+                                   "residual blocks; pass adapter=creditaudit.Adapter(blocks=...)")
+        return list(blocks)
+    if isinstance(adapter.blocks, str):
+        found = _module(model, adapter.blocks)
+        if not isinstance(found, (nn.ModuleList, nn.Sequential)):
+            raise CreditAuditError(f"the adapter's blocks={adapter.blocks!r} is a "
+                                   f"{type(found).__name__}, not a ModuleList/Sequential of blocks; "
+                                   "name the container, or list one path per block")
+        return list(found)
+    return [_module(model, p) for p in adapter.blocks]
+
+
+class _Step:
+    """h ↦ h + f(h) (skip added) or h ↦ block(h) (the block adds its own)."""
+
+    def __init__(self, block: nn.Module, skip: bool):
+        self.block, self.skip = block, skip
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.block(h) if self.skip else self.block(h)
+
+
+def stream_of(model, adapter: Adapter | None = None) -> ResidualStream:
+    """The model's residual stream: its own `.stream()`, or the one `adapter` describes."""
+    if adapter is None:
+        if isinstance(model, ResidualStream):
+            return model
+        if callable(getattr(model, "stream", None)):
+            stream = model.stream()
+            if isinstance(stream, ResidualStream):
+                return stream
+        raise CreditAuditError(
+            f"a {type(model).__name__} exposes no residual stream: pass adapter=creditaudit.Adapter("
+            "embed=..., blocks=..., readout=...) naming its modules (docs/YOUR_OWN_LOOP.md)")
+    if not isinstance(adapter, Adapter):
+        raise CreditAuditError(f"adapter must be a creditaudit.Adapter, got {type(adapter).__name__}")
+    blocks = block_modules(model, adapter)
+    if not blocks:
+        raise CreditAuditError("the adapter's blocks are empty: a model without residual blocks "
+                               "has no depth to audit")
+    if adapter.stream is not None:
+        stream = adapter.stream(model)
+        if not isinstance(stream, ResidualStream):
+            raise CreditAuditError(f"Adapter(stream=...) must return a creditaudit.ResidualStream, "
+                                   f"got {type(stream).__name__}")
+        return stream
+    return ResidualStream(embed=_part(model, adapter.embed, "embed"),
+                          steps=[_Step(b, adapter.skip) for b in blocks],
+                          readout=_part(model, adapter.readout, "readout"),
+                          branches=list(blocks) if adapter.skip else None)
+
+
+@torch.no_grad()
+def check_residual(stream: ResidualStream, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Refuse, with one line, a stream the protocol cannot measure: blocks that change the
+    stream's shape (not residual), or a readout that does not give one logit row per sample."""
+    try:
+        h = stream.embed(x)
+    except Exception as err:  # noqa: BLE001 — the user's module failing on its own input is theirs to fix
+        raise CreditAuditError(f"the embedding failed on the eval batch ({type(err).__name__}: {err}); "
+                               "check the adapter's embed and the eval batch's shape") from None
+    shape = tuple(h.shape)
+    for l, step in enumerate(stream.steps):
+        try:
+            nxt = step(h)
+        except Exception as err:  # noqa: BLE001
+            raise CreditAuditError(f"residual block {l} failed on h_{l} of shape {shape} "
+                                   f"({type(err).__name__}: {err}); a residual block must map the "
+                                   "stream to a tensor of the same shape — the model is not residual "
+                                   "there, or the adapter names the wrong modules") from None
+        if tuple(nxt.shape) != shape:
+            raise CreditAuditError(f"block {l} changes the residual stream's shape from {shape} to "
+                                   f"{tuple(nxt.shape)}: the protocol needs h_{{l+1}} = h_l + f_l(h_l) "
+                                   "of one shape — the model is not residual there, or the adapter "
+                                   "names the wrong modules")
+        h = nxt
+    logits = stream.readout(h)
+    if logits.dim() != 2 or logits.shape[0] != len(y):
+        raise CreditAuditError(f"the readout gives shape {tuple(logits.shape)} for {len(y)} samples; "
+                               "it must give logits (N, C) — check the adapter's readout")
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= logits.shape[1]):
+        raise CreditAuditError(f"eval labels range over {int(y.min())}…{int(y.max())} but the model "
+                               f"has {logits.shape[1]} classes")

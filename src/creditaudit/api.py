@@ -1,0 +1,28 @@
+"""Python entry points that, like the command line, run an experiment and write its report.
+
+`audit_own_runs` judges the runs of a researcher's own training loop (docs/YOUR_OWN_LOOP.md): the
+verdict comes from `experiments.own_runs`, the report from `report` — this module only joins them,
+as `cli.py` does for `creditaudit audit`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from .experiments.own_runs import judge_own_runs
+from .report import write_report
+from .verdict import Thresholds
+
+
+def audit_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = (), *,
+                   out: str | Path, method: str = "my-method",
+                   thresholds: Thresholds = Thresholds()) -> dict:
+    """Judge the user's monitored runs (one per seed) with their frozen controls, like an audit.
+
+    Writes <out>/audit.json (sealed) plus audit.md, report.html and the figures, and returns the
+    audit as read back; `creditaudit check OUT` then gives the verdict as an exit code. A run
+    without a finished control of its own keeps the verdict from "trustworthy".
+    """
+    audit = judge_own_runs(runs, controls, out=out, method=method, thresholds=thresholds)
+    write_report(audit, Path(out))
+    return audit

@@ -1,0 +1,100 @@
+"""The Monitor as a PyTorch Lightning callback (the `[lightning]` extra).
+
+    cb = CreditAuditCallback(eval_batch, out="runs/mine", adapter=Adapter(...), test_batches=test)
+    lightning.Trainer(max_epochs=E, callbacks=[cb]).fit(module, loader)
+    cb.report                       # the diagnosis made when fitting ended
+
+When fitting starts the callback builds a `Monitor` on the LightningModule (planned epochs =
+`trainer.max_epochs`; the module's weights then are the run's initialisation); after each training
+batch it counts the step's loss (`training_step` returning the loss, or a dict with "loss"); at each
+training epoch's end it records the monitor line, with the test accuracy from `test_batches` or
+from the logged metric `test_acc_key`; when fitting ends it seals the run. A StopRun (a flag held
+`stop_when_flagged` epochs, or divergence) sets `trainer.should_stop`; an exception seals the run
+"interrupted". `frozen_control()` gives the (d) control module, fitted under
+`CreditAuditCallback(..., control_of=this_callback)`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CreditAuditError
+from .monitor import Monitor, StopRun
+
+try:
+    import lightning as L
+except ImportError:  # pragma: no cover — the extra is not installed
+    raise CreditAuditError("the Lightning callback needs the lightning package: "
+                           "pip install \"creditaudit[lightning]\"") from None
+
+
+class CreditAuditCallback(L.Callback):
+    """Run a creditaudit `Monitor` inside `lightning.Trainer.fit` (see the module docstring).
+
+    eval_batch, out and every keyword of `Monitor` (adapter, test_batches, diagnose_batches, seed,
+    label, frozen_control, credit, thresholds, stop_when_flagged, on_flag, tensorboard) are passed
+    on; control_of may be another CreditAuditCallback. test_acc_key: the name of a logged metric
+    holding the test accuracy (a fraction), used when no test_batches are given.
+    """
+
+    def __init__(self, eval_batch, out: str | Path, *, test_acc_key: str | None = None,
+                 control_of: "CreditAuditCallback | Monitor | str | Path | None" = None, **monitor: Any):
+        super().__init__()
+        self.eval_batch, self.out, self.test_acc_key = eval_batch, Path(out), test_acc_key
+        self.control_of, self.kwargs = control_of, monitor
+        self.monitor: Monitor | None = None
+
+    @property
+    def report(self):
+        return None if self.monitor is None else self.monitor.report
+
+    def frozen_control(self) -> torch.nn.Module:
+        if self.monitor is None:
+            raise CreditAuditError("frozen_control() needs the run's initial weights: fit the run first")
+        return self.monitor.frozen_control()
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if self.monitor is not None:
+            raise CreditAuditError(f"this callback already monitored a run into {self.out}; use a "
+                                   "new CreditAuditCallback (with another out=) for each fit")
+        epochs = trainer.max_epochs
+        if epochs is None or epochs < 1:
+            raise CreditAuditError("CreditAuditCallback needs Trainer(max_epochs=N): the planned "
+                                   "epochs decide whether the run finished")
+        control_of = self.control_of.monitor if isinstance(self.control_of, CreditAuditCallback) \
+            else self.control_of
+        self.monitor = Monitor(pl_module, self.eval_batch, self.out, epochs=epochs,
+                               control_of=control_of, **self.kwargs)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is None:
+            raise CreditAuditError("training_step must return the loss (or a dict with \"loss\") "
+                                   "for CreditAuditCallback to record it")
+        n = len(batch[1]) if isinstance(batch, (tuple, list)) and len(batch) == 2 else None
+        self.monitor.step(loss, n)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self.monitor.status:
+            return
+        test_acc = None
+        if self.monitor.test_batches is None:
+            if self.test_acc_key is None or self.test_acc_key not in trainer.callback_metrics:
+                raise CreditAuditError(f"no test accuracy for epoch {trainer.current_epoch}: give "
+                                       "CreditAuditCallback test_batches=, or log it and name it "
+                                       "with test_acc_key=")
+            test_acc = float(trainer.callback_metrics[self.test_acc_key])
+        try:
+            self.monitor.epoch_end(trainer.current_epoch, test_acc=test_acc)
+        except StopRun:
+            trainer.should_stop = True          # the folder is sealed; Lightning ends the fit
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self.monitor is not None:
+            self.monitor.finish()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.monitor is not None:
+            self.monitor.__exit__(type(exception), exception, None)

@@ -1,0 +1,553 @@
+"""The audit protocol inside the researcher's own training loop.
+
+    mon = creditaudit.Monitor(model, eval_batch, out="runs/mine", epochs=E)   # snapshots the init
+    for epoch in range(E):
+        for x, y in loader:
+            ...; opt.step()
+            mon.step(loss, len(y))          # a device-side running sum: no host sync
+        mon.epoch_end(test_acc=acc)          # the monitor line: (a), (a′), (b), (b′), accuracy
+    report = mon.finish()                    # seals the run folder and diagnoses the model
+
+Every epoch the Monitor records exactly the line `creditaudit train` records (metrics.monitor_snapshot
+on one fixed eval batch, the same fields), checkpoints the model beside its initial weights, and
+reports a flag's first fire as a `FlagFired` warning (and to `on_flag`). With
+`stop_when_flagged=N` it ends the run once a flag held N epochs (verdict.stop_rule) by raising
+`StopRun`; a non-finite loss or stream ends it as "diverged" the same way. Inside a `with` block
+a StopRun ends the block quietly (the folder is sealed); any other exception seals the run as
+"interrupted".
+
+The run folder has the store's format (checkpoint.json + tensors, metrics.jsonl, sealed
+status.json and diagnosis.json) with run.json in place of config.json: it records that the run
+came from the user's own loop (source "user-loop"), its planned epochs, label, seed, adapter and
+the sha256 of its initial weights (which pairs a run with its frozen control). A run that was not
+`finish`ed after all its planned epochs is never "trustworthy": status "ended-early",
+"interrupted", or none at all (still training, or the script died).
+
+The frozen control: `mon.frozen_control()` is the model at its recorded init with every block
+parameter frozen; the user trains it with their own code under `Monitor(..., control_of=mon)`.
+`audit_own_runs` then judges the runs and controls over the user's seeds with the audit's own
+rules (verdict.method_verdict, experiments.audit.summarize_method) and writes the audit's report.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from . import __version__, store
+from .adapter import Adapter, block_modules, check_residual, stream_of
+from .errors import CreditAuditError, CreditAuditWarning
+from .metrics import accuracy, monitor_snapshot
+from .runs import read_status
+from .verdict import FLAG_NAMES, Thresholds, first_fire_epochs, stop_rule
+
+SOURCE = "user-loop"
+RUN_FILE = "run.json"
+RUN_FILES = ("run.json", "config.json", "checkpoint.json", "status.json", "metrics.jsonl")
+FINISHED, ENDED_EARLY, INTERRUPTED, STOPPED, DIVERGED = (
+    "finished", "ended-early", "interrupted", "stopped", "diverged")
+
+
+class FlagFired(CreditAuditWarning):
+    """A monitor flag ((a), (a′), (b) or (b′)) fired for the first time in this run."""
+
+
+class StopRun(CreditAuditError):
+    """The monitored run has ended: a flag held `stop_when_flagged` epochs (status "stopped") or
+    the loss/stream went non-finite (status "diverged"). The folder is already sealed; stop
+    training. `status` and `message` say which."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of every parameter and buffer, kept in host memory (not the accelerator's)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def state_sha256(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over a state dict's names, dtypes, shapes and bytes (identifies an initialisation)."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _batch(batch, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+            and all(isinstance(t, torch.Tensor) for t in batch)):
+        raise CreditAuditError(f"{what} must be a pair of tensors (x, y), got {type(batch).__name__}")
+    x, y = batch
+    if len(x) != len(y) or len(y) == 0:
+        raise CreditAuditError(f"{what}: x has {len(x)} samples and y {len(y)}; give one label per sample")
+    return x, y
+
+
+class Monitor:
+    """The training-time monitor for a user's own loop, writing a sealed creditaudit run folder.
+
+    model:            the network being trained (its initial weights are snapshot now).
+    eval_batch:       (x, y), the fixed batch of the monitor; use 128 held-out samples (the (b)
+                      floor assumes a mean over 128), e.g. `data.eval_batch(0)`.
+    out:              the run folder (refused if it holds a run already).
+    epochs:           how many epochs the loop will train; fewer by `finish()` = "ended-early".
+    adapter:          how to reach the residual stream of a model that is not a creditaudit class.
+    test_batches:     iterable of (x, y) for the test accuracy when `epoch_end` is not given one.
+    diagnose_batches: eval batches of the final diagnosis (the protocol wants K ≥ 8 disjoint
+                      batches of 128); default [eval_batch].
+    seed, label:      recorded; the label names the run in reports.
+    control_of:       this run is the frozen control of that Monitor (or its run folder).
+    frozen_control:   a finished control's run folder, so `finish` can judge (d).
+    credit:           fn(x, y) -> [a_0 … a_L], the method's credit, for Γ in the diagnosis.
+    stop_when_flagged: end the run (StopRun) once (a), (a′) or (b′) held this many epochs.
+    on_flag:          callback(flag, epoch, record) at each flag's first fire.
+    tensorboard:      a log folder: every monitor scalar and flag, per epoch (trackers.py).
+    """
+
+    def __init__(self, model: torch.nn.Module, eval_batch, out: str | Path, *, epochs: int,
+                 adapter: Adapter | None = None, test_batches: Iterable | None = None,
+                 diagnose_batches: Sequence | None = None, seed: int | None = None,
+                 label: str | None = None, control_of: "Monitor | str | Path | None" = None,
+                 frozen_control: str | Path | None = None,
+                 credit: Callable | None = None, thresholds: Thresholds = Thresholds(),
+                 stop_when_flagged: int | None = None,
+                 on_flag: Callable[[str, int, dict], None] | None = None,
+                 tensorboard: str | Path | None = None):
+        if not isinstance(model, torch.nn.Module):
+            raise CreditAuditError(f"Monitor needs a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise CreditAuditError(f"epochs must be the number of epochs your loop trains (≥ 1), got {epochs!r}")
+        if stop_when_flagged is not None and (isinstance(stop_when_flagged, bool) or
+                                              not isinstance(stop_when_flagged, int) or stop_when_flagged < 1):
+            raise CreditAuditError(f"stop_when_flagged must be ≥ 1 epoch, got {stop_when_flagged!r}")
+        self.model, self.adapter, self.out = model, adapter, Path(out)
+        self.epochs, self.thresholds, self.on_flag, self.credit = epochs, thresholds, on_flag, credit
+        self.x, self.y = _batch(eval_batch, "eval_batch")
+        # a one-shot iterator would be empty from the second epoch on: keep its batches
+        self.test_batches = list(test_batches) if test_batches is not None and \
+            iter(test_batches) is test_batches else test_batches
+        self.diagnose_batches = [_batch(b, "each of diagnose_batches") for b in diagnose_batches] \
+            if diagnose_batches is not None else None
+        self.stream = stream_of(model, adapter)
+        dev = _device_of(model)
+        was_training = model.training
+        model.eval()
+        try:
+            check_residual(self.stream, self.x.to(dev), self.y.to(dev))
+        finally:
+            model.train(was_training)
+        self._stop = stop_rule(stop_when_flagged, thresholds)
+        self.frozen_control_dir = Path(frozen_control) if frozen_control is not None else None
+
+        existing = [n for n in RUN_FILES if (self.out / n).exists()]
+        if existing:
+            raise CreditAuditError(f"{self.out} already holds a run ({', '.join(existing)}); choose "
+                                   "another out= or delete that folder (nothing in it was changed)")
+        self.init = _state(model)
+        self.init_sha256 = state_sha256(self.init)
+        self.control_of, self._main = None, None
+        if control_of is not None:
+            self.control_of = self._check_control(control_of)
+        self.label = label or self.out.name
+        self.info = {"source": SOURCE, "creditaudit_version": __version__, "label": self.label,
+                     "seed": seed, "epochs": epochs, "model": type(model).__name__,
+                     "adapter": adapter.describe() if adapter is not None else None,
+                     "n_blocks": self.stream.n_blocks, "init_sha256": self.init_sha256,
+                     "control": "frozen" if self.control_of else "none",
+                     "control_of": self.control_of,
+                     "stop_when_flagged": stop_when_flagged, "thresholds": asdict(thresholds)}
+        self.history: list[dict] = []
+        self.status: dict[str, Any] = {}
+        self.report = None
+        self._epoch_offset: int | None = None
+        self._steps = 0
+        self._loss_sum: torch.Tensor | None = None
+        self._count = 0
+        self._fired: dict[str, int | None] = {}
+        self._t0 = time.perf_counter()
+        self._tb = None
+        if tensorboard is not None:
+            from .trackers import TensorBoardLog
+            self._tb = TensorBoardLog(tensorboard, thresholds)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            store.atomic_write_json(self.out / RUN_FILE, self.info)
+        except OSError as err:
+            raise CreditAuditError(f"cannot write to {self.out} ({err.strerror or err}); choose a "
+                                   "writable out=") from None
+        self._append(self._record(0, None, None, {}))
+
+    # -- the frozen control ------------------------------------------------------------------
+    def _check_control(self, main: "Monitor | str | Path") -> str:
+        """The main run this control belongs to, after checking that this model is that run's
+        init with its blocks frozen."""
+        if isinstance(main, Monitor):
+            main_dir, main_sha = main.out, main.init_sha256
+            self._main = main
+        else:
+            main_dir = Path(main)
+            main_sha = read_run_info(main_dir)["init_sha256"]
+        if main_sha != self.init_sha256:
+            raise CreditAuditError(f"this model does not start from the initial weights of {main_dir}; "
+                                   "build the control with that Monitor's frozen_control()")
+        trainable = [n for b in block_modules(self.model, self.adapter) for n, p in b.named_parameters()
+                     if p.requires_grad]
+        if trainable:
+            raise CreditAuditError("the frozen control's blocks still require grad; build it with "
+                                   "mon.frozen_control(), which freezes them")
+        return str(main_dir)
+
+    def frozen_control(self) -> torch.nn.Module:
+        """A copy of the model at this run's initial weights (every parameter and buffer) with
+        every block parameter frozen (requires_grad False): the (d) control, trained like the run
+        by the user's own code under `Monitor(control, ..., control_of=this_monitor)`. Build its
+        optimizer from the parameters that require grad."""
+        control = copy.deepcopy(self.model)
+        control.load_state_dict(self.init)
+        for block in block_modules(control, self.adapter):
+            for p in block.parameters():
+                p.requires_grad_(False)
+        return control
+
+    # -- the loop ------------------------------------------------------------------------------
+    def __enter__(self) -> "Monitor":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None:
+            if not self.status:
+                self.finish()
+            return False
+        if isinstance(exc, StopRun) and self.status:
+            return True                     # the run ended on purpose; its folder is sealed
+        if not self.status:
+            self._seal(INTERRUPTED, f"the training loop raised {exc_type.__name__} at epoch "
+                                    f"{self.epochs_completed}")
+        return False
+
+    @property
+    def epochs_completed(self) -> int:
+        return int(self.history[-1]["epoch"]) if self.history else 0
+
+    def step(self, loss, n: int | None = None) -> None:
+        """Count one training step. `loss` is the batch's mean loss (a tensor is kept on its
+        device: no host sync); `n` its number of samples, so the epoch's train loss is the
+        per-sample mean exactly as `creditaudit train` records it."""
+        self._check_open()
+        weight = 1 if n is None else int(n)
+        value = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+        if self._loss_sum is None:
+            self._loss_sum = torch.zeros((), device=value.device, dtype=value.dtype)
+        self._loss_sum += value * weight
+        self._count += weight
+        self._steps += 1
+
+    def epoch_end(self, epoch: int | None = None, test_acc: float | None = None,
+                  **logs: float) -> dict:
+        """Record the monitor line of the epoch that just ended; returns it.
+
+        epoch:    your loop's epoch index, 0- or 1-based (checked for skips and repeats); None =
+                  counted here. test_acc: the headline accuracy as a fraction (or computed on
+                  `test_batches`). logs: extra numbers for the line (plain floats).
+        Raises StopRun when the run ended here (diverged, or a flag held `stop_when_flagged`).
+        """
+        self._check_open()
+        k = self.epochs_completed + 1
+        if self._steps == 0:
+            raise CreditAuditError(f"epoch_end() for epoch {k} came before any step(): call "
+                                   "mon.step(loss) after each optimizer step of the epoch")
+        if epoch is not None:
+            if self._epoch_offset is None:
+                if epoch not in (k - 1, k):
+                    raise CreditAuditError(f"epoch_end(epoch={epoch}) but this is the monitor's "
+                                           f"epoch {k}; pass your loop's epoch counter (0- or 1-based)")
+                self._epoch_offset = k - epoch
+            if epoch + self._epoch_offset != k:
+                raise CreditAuditError(f"epoch_end(epoch={epoch}) does not follow epoch "
+                                       f"{k - 1 - self._epoch_offset}: call epoch_end once per epoch")
+        if k > self.epochs:
+            raise CreditAuditError(f"epoch {k} is beyond the epochs={self.epochs} this Monitor was "
+                                   "told; pass the loop's real epoch count (the run so far is kept)")
+        test_acc = self._test_acc(test_acc)
+        train_loss = float(self._loss_sum) / max(self._count, 1)   # the epoch's one host sync
+        self._steps, self._loss_sum, self._count = 0, None, 0
+        record = self._record(k, train_loss, test_acc, logs)
+        finite = lambda v: isinstance(v, (int, float)) and math.isfinite(v)
+        if not (finite(train_loss) and all(finite(v) for v in record["h_norms"])):
+            bad = store.json_safe(record)
+            message = (f"non-finite values at epoch {k} (train loss {train_loss}, ‖h_l‖ "
+                       f"{bad['h_norms']}); kept the checkpoint of epoch {k - 1}")
+            self._seal(DIVERGED, message, record["wall_time"])
+            self.finish()
+            warnings.warn(FlagFired(f"{self.label}: training diverged — {message}"), stacklevel=2)
+            raise StopRun(DIVERGED, f"{self.label}: {message}")
+        self._append(record)
+        message = self._stop(self.history) if self._stop is not None else None
+        if message:
+            self._seal(STOPPED, message)
+            self.finish()
+            raise StopRun(STOPPED, f"{self.label}: {message}")
+        return record
+
+    def finish(self, frozen_control: str | Path | None = None):
+        """Seal the run ("finished" after all planned epochs, else "ended-early") and diagnose it
+        (protocol.diagnose on `diagnose_batches`, with the monitor history for first fires and
+        (a′), and the frozen control's accuracy for (d) when a control folder was given here or
+        to the Monitor). Writes diagnosis.json and returns the Report. Called again with a
+        control, it re-diagnoses the run's last checkpoint with (d). A control monitored with
+        `control_of=` this Monitor calls that itself when it finishes."""
+        if not self.status:
+            done = self.epochs_completed
+            if done >= self.epochs:
+                self._seal(FINISHED, f"trained {self.epochs} epochs in the user's loop")
+            else:
+                self._seal(ENDED_EARLY, f"finish() after {done} of {self.epochs} planned epochs")
+        again = frozen_control is not None and self.report is not None
+        if frozen_control is not None:
+            self.frozen_control_dir = Path(frozen_control)
+        if self.report is None or again:
+            self.report = self._diagnose(from_checkpoint=again)
+            main = self._main
+            if main is not None and self.status["status"] == FINISHED and main.report is not None:
+                main.finish(frozen_control=self.out)     # the run this controls gains its (d)
+        return self.report
+
+    # -- internals -----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.status:
+            raise CreditAuditError(f"the run in {self.out} has ended ({self.status['status']}); "
+                                   "start a new Monitor with another out= to train further")
+
+    def _test_acc(self, test_acc) -> float:
+        if test_acc is None:
+            if self.test_batches is None:
+                raise CreditAuditError("epoch_end() needs the test accuracy: pass test_acc=... "
+                                       "or give the Monitor test_batches=")
+            was = self.model.training
+            self.model.eval()
+            dev = _device_of(self.model)
+            try:
+                test_acc = accuracy(self.model, ((x.to(dev), y.to(dev)) for x, y in self.test_batches))
+            finally:
+                self.model.train(was)
+        if isinstance(test_acc, torch.Tensor):
+            test_acc = float(test_acc)
+        if isinstance(test_acc, bool) or not isinstance(test_acc, (int, float)) or not 0 <= test_acc <= 1:
+            raise CreditAuditError(f"test_acc must be a fraction in [0, 1], got {test_acc!r}")
+        return float(test_acc)
+
+    def _record(self, epoch: int, train_loss, test_acc, logs: dict) -> dict:
+        """The trainer's metrics line (train._record's fields) for the user's model."""
+        was = self.model.training
+        self.model.eval()
+        dev = _device_of(self.model)
+        try:
+            snap = monitor_snapshot(self.stream, self.x.to(dev), self.y.to(dev))
+        finally:
+            self.model.train(was)
+        if epoch == 0 and test_acc is None and self.test_batches is not None:
+            test_acc = self._test_acc(None)
+        return {"epoch": epoch, "train_loss": train_loss, "test_acc": test_acc, **snap.to_dict(),
+                **{k: float(v) for k, v in logs.items()}, "wall_time": time.perf_counter() - self._t0}
+
+    def _append(self, record: dict) -> None:
+        self.history.append(record)
+        try:
+            store.save_checkpoint(self.out, record["epoch"], {
+                "model": self.model.state_dict(), "init": self.init, "history": self.history},
+                {"label": self.label, "source": SOURCE}, self.info)
+            store.write_metrics(self.out, self.history)
+        except OSError as err:
+            kept = record["epoch"] - 1
+            raise CreditAuditError(f"cannot write to {self.out} ({err.strerror or err}); the "
+                                   f"checkpoint of epoch {kept} is kept") from None
+        if self._tb is not None:
+            self._tb.log(self.history)
+        self._report_first_fires(record)
+
+    def _report_first_fires(self, record: dict) -> None:
+        fired = first_fire_epochs(self.history, self.thresholds)
+        for key, epoch in fired.items():
+            if epoch is not None and self._fired.get(key) is None:
+                warnings.warn(FlagFired(f"{self.label}: {FLAG_NAMES[key]} fired at epoch {epoch} "
+                                        f"(‖h_L‖ {record['h_norms'][-1]:.3g}, ‖g_L‖ "
+                                        f"{record['g_norms'][-1]:.3g}, gain {record['gain']:.3g})"),
+                              stacklevel=4)
+                if self.on_flag is not None:
+                    self.on_flag(key, epoch, record)
+        self._fired = fired
+
+    def _seal(self, status: str, message: str, wall: float | None = None) -> None:
+        last = self.history[-1]
+        self.status = {"status": status, "message": message, "epochs_completed": last["epoch"],
+                       "epochs_planned": self.epochs, "test_acc": last["test_acc"],
+                       "wall_time": last["wall_time"] if wall is None else wall,
+                       "source": SOURCE, "checkpoint": store.checkpoint_digest(self.out)}
+        try:
+            store.write_sealed_json(self.out / "status.json", store.json_safe(self.status))
+        except OSError as err:
+            raise CreditAuditError(f"cannot write {self.out / 'status.json'} ({err.strerror or err}); "
+                                   "the checkpoint is kept") from None
+        if self._tb is not None:
+            self._tb.close()
+
+    def _diagnose(self, from_checkpoint: bool = False):
+        from .protocol import diagnose
+        batches = self.diagnose_batches or [(self.x, self.y)]
+        dev = _device_of(self.model)
+        batches = [(x.to(dev), y.to(dev)) for x, y in batches]
+        frozen_acc = None
+        if self.frozen_control_dir is not None:
+            frozen_acc = control_accuracy(self.frozen_control_dir, self.init_sha256)
+        status = self.status["status"]
+        model = self.model
+        if status == DIVERGED or from_checkpoint:
+            # the last (finite) checkpoint, as the trainer's run folder keeps it; the model in
+            # memory may have changed since the run was sealed
+            model = copy.deepcopy(self.model)
+            model.load_state_dict(store.load_checkpoint(self.out)[1]["model"])
+        stream = stream_of(model, self.adapter)
+        was = model.training
+        model.eval()
+        try:
+            report = diagnose(stream, batches, method=self.credit, frozen_acc=frozen_acc,
+                              test_acc=self.history[-1]["test_acc"], thresholds=self.thresholds,
+                              monitor_history=self.history, label=self.label,
+                              diverged=self.status["message"] if status == DIVERGED else None,
+                              training={"status": status, "epochs_completed": self.epochs_completed,
+                                        "epochs_planned": self.epochs})
+        finally:
+            model.train(was)
+        store.write_sealed_json(self.out / "diagnosis.json", report.to_dict())
+        return report
+
+
+# -- reading monitored run folders --------------------------------------------------------------
+def is_user_loop_run(run_dir: str | Path) -> bool:
+    """Whether `run_dir` was written by a Monitor (a user's own loop)."""
+    return (Path(run_dir) / RUN_FILE).exists()
+
+
+def read_run_info(run_dir: str | Path) -> dict:
+    """run.json of a monitored run, checked against the copy sealed in its checkpoint."""
+    run_dir = Path(run_dir)
+    info = store.read_json(run_dir / RUN_FILE, "monitored run folder (Monitor)")
+    if not isinstance(info, dict) or info.get("source") != SOURCE:
+        raise CreditAuditError(f"{run_dir / RUN_FILE} is not a monitored run's record")
+    meta, _ = store.load_checkpoint(run_dir)
+    if meta.get("config") != info:
+        raise CreditAuditError(f"{run_dir / RUN_FILE} does not match the record sealed in its "
+                               "checkpoint (it was edited); restore it")
+    return info
+
+
+@dataclass
+class MonitoredRun:
+    """A monitored run folder read back: its record, history, status and diagnosis."""
+
+    run_dir: Path
+    info: dict
+    history: list[dict]
+    status: dict
+    diagnosis: dict | None
+
+    @property
+    def test_acc(self) -> float | None:
+        return self.history[-1]["test_acc"] if self.history else None
+
+    @property
+    def finished(self) -> bool:
+        return self.status.get("status") == FINISHED
+
+    @property
+    def epochs_completed(self) -> int:
+        return int(self.history[-1]["epoch"]) if self.history else 0
+
+
+def load_monitored(run_dir: str | Path) -> MonitoredRun:
+    """Read a monitored run folder (every record integrity-checked; nothing unpickled)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CreditAuditError(f"run folder {run_dir} does not exist")
+    info = read_run_info(run_dir)
+    _, state = store.load_checkpoint(run_dir)
+    status = read_status(run_dir)
+    path = run_dir / "diagnosis.json"
+    diagnosis = store.read_sealed_json(path, "run's diagnosis") if path.exists() else None
+    return MonitoredRun(run_dir, info, state["history"], status, diagnosis)
+
+
+def control_accuracy(control_dir: str | Path, init_sha256: str) -> float | None:
+    """The test accuracy of a finished frozen control of the run with initial weights
+    `init_sha256` (None while the control is unfinished); a folder that is not such a control is
+    refused with one line."""
+    run = load_monitored(control_dir)
+    if run.info.get("control") != "frozen":
+        raise CreditAuditError(f"{control_dir} is not a frozen control (train it under "
+                               "Monitor(mon.frozen_control(), ..., control_of=mon))")
+    if run.info.get("init_sha256") != init_sha256:
+        raise CreditAuditError(f"the frozen control {control_dir} starts from other initial weights "
+                               "than this run; it is the control of another run")
+    return run.test_acc if run.finished else None
+
+
+class StoredDiagnosis:
+    """The diagnosis a Monitor wrote at `finish()`, for `creditaudit diagnose RUN_DIR`: the model
+    of a user's loop cannot be rebuilt from its folder, so its diagnosis is read, not recomputed."""
+
+    def __init__(self, run: MonitoredRun):
+        self.run = run
+        self.report = run.diagnosis
+
+    def to_dict(self) -> dict:
+        return self.report
+
+    def to_json(self, **kwargs) -> str:
+        import json
+        return json.dumps(self.report, allow_nan=False, **kwargs)
+
+    def __str__(self) -> str:
+        r, s = self.report, self.run.status
+        num = lambda v, spec: "—" if v is None else (v if isinstance(v, str) else format(v, spec))
+        title = f"creditaudit report — {r.get('label')} (your own loop, diagnosed at finish())"
+        lines = [title, "=" * len(title),
+                 f"verdict (project, uses b′): {r['verdict']}",
+                 f"verdict (paper, uses b):    {r['paper_verdict']}",
+                 f"training: {s.get('status', 'unfinished')}, {self.run.epochs_completed}/"
+                 f"{self.run.info.get('epochs')} epochs; test acc {num(self.run.test_acc, '.4f')}",
+                 f"‖h_l‖: {', '.join(num(v, '.3g') for v in r['residual_norms'])}",
+                 f"‖g_l‖: {', '.join(num(v, '.3g') for v in r['bp_grad_norms'])}",
+                 f"(a) max growth {num(r['max_growth'], '.4g')}; (a′) since init "
+                 f"{num(r['init_growth'], '.4g')}, ‖h_L‖/‖h_0‖ {num(r['stack_growth'], '.4g')}; "
+                 f"(b′) readout gain {num(r['readout_gain'], '.3e')}"]
+        if r.get("first_fire"):
+            lines.append("first fired during training: " + ", ".join(
+                f"{FLAG_NAMES[k].split()[0]} {'never' if v is None else f'epoch {v}'}"
+                for k, v in r["first_fire"].items()))
+        lines += [f"- {x}" for x in (r.get("reasons") or []) + (r.get("notes") or [])]
+        return "\n".join(lines)
+
+
+def stored_diagnosis(run_dir: str | Path) -> StoredDiagnosis:
+    """The sealed diagnosis of a monitored run folder; one line when there is none yet."""
+    run = load_monitored(run_dir)
+    if run.diagnosis is None:
+        raise CreditAuditError(f"{run_dir} has no diagnosis: its Monitor never reached finish() "
+                               f"(status {run.status.get('status', 'none: still training or killed')})")
+    return StoredDiagnosis(run)

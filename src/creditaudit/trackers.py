@@ -1,0 +1,110 @@
+"""The training-time monitor, logged where researchers already look: TensorBoard.
+
+One scalar per monitor number and flag, per epoch (step = epoch; epoch 0 = at initialisation):
+
+    creditaudit/h_norm/l{l}        median ‖h_l‖, l = 0 … L                       (a)
+    creditaudit/grad_norm/l{l}     median ‖g_l‖ = ‖∂CE/∂h_l‖                     (b)
+    creditaudit/max_growth         max_l ‖h_{l+1}‖/‖h_l‖                          (a)
+    creditaudit/init_growth        max_l ‖h_l‖/‖h_l at epoch 0‖                   (a′)
+    creditaudit/stack_growth       ‖h_L‖/‖h_0‖                                    (a′)
+    creditaudit/gain               readout gain ‖g_L‖/‖∂CE/∂logits‖               (b′)
+    creditaudit/test_acc, creditaudit/train_loss, creditaudit/eval_batch_acc, creditaudit/eval_batch_loss
+    creditaudit/flag/{a,a_prime,b,b_prime}   1 while the flag holds at that epoch, else 0
+
+The flags are decided by verdict.py's rules, on the same record the verdict reads. Needs the
+`tensorboard` package (`pip install "creditaudit[tensorboard]"`); without it, asking for a log
+is one clear error.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+from .errors import CreditAuditError
+from .store import json_number as _num
+from .verdict import (Thresholds, fires_a, fires_a_prime, fires_b, fires_b_prime, growth_since_init,
+                      stack_growth)
+
+PREFIX = "creditaudit"
+MONITOR_FLAGS = ("a", "a_prime", "b", "b_prime")
+
+
+def epoch_flags(row: dict, init_h_norms: Sequence | None, t: Thresholds = Thresholds()) -> dict[str, bool]:
+    """Whether each monitor flag holds on one monitor record (the rules of verdict.py)."""
+    h = [_num(v) for v in row["h_norms"]]
+    init = [_num(v) for v in init_h_norms] if init_h_norms else None
+    return {"a": fires_a(row["max_growth"], t),
+            "a_prime": bool(fires_a_prime(growth_since_init(h, init), stack_growth(h), t)),
+            "b": fires_b(row["g_norms"][-1], t),
+            "b_prime": fires_b_prime(row["gain"], t)}
+
+
+def scalars(row: dict, init_h_norms: Sequence | None, t: Thresholds = Thresholds()) -> dict[str, float]:
+    """Every scalar of one monitor record under its TensorBoard name (non-finite values kept)."""
+    h = [_num(v) for v in row["h_norms"]]
+    out = {f"{PREFIX}/h_norm/l{l}": v for l, v in enumerate(h)}
+    out.update({f"{PREFIX}/grad_norm/l{l}": _num(v) for l, v in enumerate(row["g_norms"])})
+    out[f"{PREFIX}/max_growth"] = _num(row["max_growth"])
+    out[f"{PREFIX}/init_growth"] = growth_since_init(h, [_num(v) for v in init_h_norms] if init_h_norms else None)
+    out[f"{PREFIX}/stack_growth"] = stack_growth(h)
+    out[f"{PREFIX}/gain"] = _num(row["gain"])
+    for key in ("test_acc", "train_loss", "eval_batch_acc", "eval_batch_loss"):
+        if row.get(key) is not None:
+            out[f"{PREFIX}/{key}"] = _num(row[key])
+    out.update({f"{PREFIX}/flag/{k}": float(v) for k, v in epoch_flags(row, init_h_norms, t).items()})
+    return {k: v for k, v in out.items() if not math.isnan(v)}
+
+
+class TensorBoardLog:
+    """Writes monitor records to a TensorBoard log folder as they come (`log(history)` logs the
+    records it has not seen yet, so the trainer and the Monitor can hand it the whole history)."""
+
+    def __init__(self, log_dir: str | Path, thresholds: Thresholds = Thresholds()):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise CreditAuditError("TensorBoard logging needs the tensorboard package: "
+                                   "pip install \"creditaudit[tensorboard]\"") from None
+        self.log_dir = Path(log_dir)
+        self.thresholds = thresholds
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        self._logged = -1
+
+    def log(self, history: Sequence[dict]) -> None:
+        init = history[0]["h_norms"] if history and int(history[0]["epoch"]) == 0 else None
+        for row in history:
+            epoch = int(row["epoch"])
+            if epoch <= self._logged:
+                continue
+            for name, value in scalars(row, init, self.thresholds).items():
+                self.writer.add_scalar(name, value, epoch)
+            self._logged = epoch
+        self.writer.flush()
+
+    __call__ = log
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def log_history(history: Sequence[dict], log_dir: str | Path, thresholds: Thresholds = Thresholds()) -> None:
+    """Write a whole finished monitor history (e.g. a run folder's metrics) to `log_dir`."""
+    log = TensorBoardLog(log_dir, thresholds)
+    try:
+        log.log(history)
+    finally:
+        log.close()
+
+
+def log_runs(runs: Sequence[dict], log_dir: str | Path, thresholds: Thresholds = Thresholds()) -> None:
+    """Every run of an audit (audit.json's "runs") to `log_dir/<run folder name>`, from each run
+    folder's metrics.jsonl (every field of every epoch; runs that never trained are skipped)."""
+    import json
+    for run in runs:
+        metrics = Path(run["run_dir"]) / "metrics.jsonl"
+        if not metrics.exists():
+            continue
+        history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        if history:
+            log_history(history, Path(log_dir) / Path(run["run_dir"]).name, thresholds)

@@ -1,0 +1,82 @@
+"""CreditAuditCallback inside a real lightning.Trainer: a monitored run, its frozen control, the audit."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+L = pytest.importorskip("lightning")
+
+import creditaudit  # noqa: E402
+from creditaudit.data import load_dataset  # noqa: E402
+from creditaudit.lightning import CreditAuditCallback  # noqa: E402
+from creditaudit.metrics import monitor_snapshot  # noqa: E402
+from creditaudit.monitor import load_monitored  # noqa: E402
+
+
+class Classifier(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-2)
+
+
+ADAPTER = creditaudit.Adapter(embed=lambda m, x: m.net.embed_input(x), blocks="net.blocks",
+                              readout="net.readout")
+
+
+def _fit(module, callback, loader):
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")            # Lightning's advice about workers and logging
+        trainer.fit(module, loader)
+
+
+def test_callback_in_a_real_trainer(tmp_path):
+    data = load_dataset("digits")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.x_train, data.y_train),
+                                         batch_size=128, shuffle=True)
+    test = [data.eval_batch(0, 360)]
+    torch.manual_seed(0)
+    module = Classifier()
+    init = {k: v.clone() for k, v in module.state_dict().items()}
+    cb = CreditAuditCallback(data.eval_batch(0), tmp_path / "run", adapter=ADAPTER, test_batches=test,
+                             seed=0, diagnose_batches=[data.eval_batch(i, 45) for i in range(8)])
+    _fit(module, cb, loader)
+    run = load_monitored(tmp_path / "run")
+    assert run.status["status"] == "finished" and run.epochs_completed == 2
+    assert [r["epoch"] for r in run.history] == [0, 1, 2]
+    module.eval()
+    now = monitor_snapshot(module.net, *data.eval_batch(0))
+    assert run.history[-1]["h_norms"] == pytest.approx(now.h_norms, rel=1e-6)
+    assert run.history[-1]["gain"] == pytest.approx(now.gain, rel=1e-6)
+    assert 0.0 < run.history[-1]["train_loss"] < run.history[1]["train_loss"]   # it did learn
+    assert run.diagnosis["training"]["status"] == "finished"
+
+    control = cb.frozen_control()
+    assert all(torch.equal(control.state_dict()[k], v) for k, v in init.items())
+    ccb = CreditAuditCallback(data.eval_batch(0), tmp_path / "ctrl", adapter=ADAPTER, test_batches=test,
+                              seed=0, control_of=cb)
+    _fit(control, ccb, loader)
+    assert all(torch.equal(control.net.blocks.state_dict()[k], v)
+               for k, v in {k[len("net.blocks."):]: v for k, v in init.items()
+                            if k.startswith("net.blocks.")}.items())
+    audit = creditaudit.audit_own_runs([tmp_path / "run"], [tmp_path / "ctrl"], out=tmp_path / "audit",
+                                       method="lightning-bp")
+    gap = load_monitored(tmp_path / "run").diagnosis["depth"]["gap"]   # (d) once the control finished
+    assert gap == pytest.approx(run.test_acc - load_monitored(tmp_path / "ctrl").test_acc)
+    row = audit["methods"][0]
+    assert row["n_paired_with_frozen"] == 1
+    assert row["depth_gap"] == pytest.approx(run.test_acc - load_monitored(tmp_path / "ctrl").test_acc)

@@ -1,0 +1,296 @@
+"""The Monitor in a user's own loop: the docs' example reproduces `creditaudit audit`, the run
+folder reads like a trained run's, flags warn / stop, and bad use is one line with nothing lost."""
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import creditaudit
+from creditaudit import store
+from creditaudit.cli import main
+from creditaudit.data import load_dataset
+from creditaudit.errors import CreditAuditError
+from creditaudit.monitor import load_monitored
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "YOUR_OWN_LOOP.md"
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits")
+
+
+def _doc_example() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    assert len(blocks) == 1, "docs/YOUR_OWN_LOOP.md must hold exactly one runnable python block"
+    return blocks[0]
+
+
+def test_doc_example_matches_creditaudit_audit(tmp_path, monkeypatch, capsys):
+    """The hand-written DFA loop of the docs, monitored, gives the same runs (monitor lines,
+    accuracies) and the same method verdict as `creditaudit audit --methods dfa` on those seeds."""
+    from creditaudit.config import audit_config_from_dict
+    from creditaudit.experiments import audit
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", creditaudit.FlagFired)
+        exec(compile(_doc_example(), str(DOC), "exec"), scope)
+    mine = scope["audit"]
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert printed == mine["methods"][0]["verdict"]
+
+    cfg = audit_config_from_dict({"dataset": "digits", "methods": ["dfa"], "seeds": scope["SEEDS"],
+                                  "epochs": scope["EPOCHS"], "controls": ["frozen"],
+                                  "model": {"width": scope["WIDTH"], "blocks": scope["BLOCKS"]},
+                                  "out": str(tmp_path / "ref"), "jobs": 1, "device": "cpu",
+                                  "stack": False})
+    ref = audit(cfg, progress=False)
+    a, b = ref["methods"][0], mine["methods"][0]
+    assert b["verdict"] == a["verdict"] and b["paper_verdict"] == a["paper_verdict"]
+    assert b["flags"] == a["flags"] and b["first_fire"] == a["first_fire"]
+    for key in ("acc", "frozen_acc", "depth_gap", "h_L", "g_L", "gain", "max_growth", "init_growth",
+                "stack_growth"):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-9), key
+    # run by run, line by line: the monitor records what the trainer records
+    ref_runs = {(r["seed"], r["control"]): r for r in ref["runs"]}
+    for r in mine["runs"]:
+        other = ref_runs[(r["seed"], r["control"])]
+        assert r["test_acc"] == pytest.approx(other["test_acc"], abs=1e-9)
+        assert len(r["monitor"]) == len(other["monitor"]) == scope["EPOCHS"] + 1
+        for mine_row, ref_row in zip(r["monitor"], other["monitor"]):
+            assert set(mine_row) == set(ref_row)
+            for key in ("h_norms", "g_norms"):
+                assert mine_row[key] == pytest.approx(ref_row[key], rel=1e-5)
+            assert mine_row["gain"] == pytest.approx(ref_row["gain"], rel=1e-5)
+    trained = json.loads((tmp_path / "runs" / "dfa-s42" / "metrics.jsonl").read_text().splitlines()[1])
+    ref_dir = next(Path(r["run_dir"]) for r in ref["runs"] if r["seed"] == 42 and r["control"] == "none")
+    ref_line = json.loads((ref_dir / "metrics.jsonl").read_text().splitlines()[1])
+    assert set(trained) == set(ref_line)            # the same fields, so verdict code reads both
+
+    # the CLI reads the folders like a trained run's and an audit's
+    from creditaudit.check import exit_code
+    assert main(["check", "audits/mine"]) == exit_code([a["verdict"]])
+    # each run's own diagnosis gained (d) when its control finished: as `diagnose RUN --frozen-control`
+    for r in ref["runs"]:
+        if r["control"] == "none":
+            mine_diag = load_monitored(tmp_path / "runs" / f"dfa-s{r['seed']}").diagnosis
+            assert mine_diag["verdict"] == r["report"]["verdict"]
+            assert mine_diag["depth"]["gap"] == pytest.approx(r["report"]["depth"]["gap"], abs=1e-12)
+    assert main(["check", "runs/dfa-s42"]) == exit_code([ref_runs[(42, "none")]["report"]["verdict"]])
+    assert main(["diagnose", "runs/dfa-s42"]) == 0
+    assert "your own loop" in capsys.readouterr().out
+    assert (tmp_path / "audits" / "mine" / "audit.md").exists()
+
+
+class Foreign(nn.Module):
+    """A residual net that is not a creditaudit class: stem → layers (branches) → norm → head."""
+
+    def __init__(self, d_in=64, d=16, n=2, c=10):
+        super().__init__()
+        self.stem = nn.Linear(d_in, d)
+        self.layers = nn.ModuleList(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(),
+                                                  nn.Linear(d, d)) for _ in range(n))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, c)
+
+    def forward(self, x):
+        h = self.stem(x.flatten(1))
+        for f in self.layers:
+            h = h + f(h)
+        return self.head(self.norm(h))
+
+
+ADAPTER = creditaudit.Adapter(embed=lambda m, x: m.stem(x.flatten(1)), blocks="layers",
+                              readout=("norm", "head"))
+
+
+def _bp_epoch(model, data, mon, gen, opt, scale=None):
+    for x, y in data.train_batches(256, gen):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        mon.step(loss, len(y))
+    if scale is not None:           # a "method" whose blocks blow the stream up
+        with torch.no_grad():
+            for f in model.layers:
+                f[3].weight.mul_(scale)
+
+
+def test_foreign_model_through_adapter_and_frozen_control(tmp_path, digits):
+    torch.manual_seed(0)
+    model = Foreign()
+    x, y = digits.eval_batch(0)
+    mon = creditaudit.Monitor(model, (x, y), tmp_path / "run", epochs=1, adapter=ADAPTER, seed=0,
+                              test_batches=[digits.eval_batch(0, 360)])
+    median = lambda t: float(t.norm(dim=-1).double().quantile(0.5))   # numpy's even-count median
+    with torch.no_grad():
+        h = model.stem(x.flatten(1))
+        norms = [median(h)]
+        for f in model.layers:
+            h = h + f(h)
+            norms.append(median(h))
+    assert mon.history[0]["h_norms"] == pytest.approx(norms, rel=1e-6)
+    opt = torch.optim.AdamW(model.parameters(), 1e-2)
+    _bp_epoch(model, digits, mon, torch.Generator().manual_seed(0), opt)
+    mon.epoch_end()
+    mon.finish()
+
+    control = mon.frozen_control()
+    frozen = {n for n, p in control.named_parameters() if not p.requires_grad}
+    assert frozen == {n for n, _ in control.named_parameters() if n.startswith("layers.")}
+    init = store.load_checkpoint(tmp_path / "run")[1]["init"]
+    assert all(torch.equal(v, init[k]) for k, v in control.state_dict().items())
+    ctrl = creditaudit.Monitor(control, (x, y), tmp_path / "ctrl", epochs=1, adapter=ADAPTER,
+                               control_of=tmp_path / "run", seed=0,
+                               test_batches=[digits.eval_batch(0, 360)])
+    assert ctrl.info["control"] == "frozen" and ctrl.info["control_of"] == str(tmp_path / "run")
+    with pytest.raises(CreditAuditError, match="is a control; pass it in controls="):
+        creditaudit.audit_own_runs([tmp_path / "ctrl"], out=tmp_path / "audit")
+    with pytest.raises(CreditAuditError, match="is not a frozen control"):
+        creditaudit.audit_own_runs([tmp_path / "run"], [tmp_path / "run"], out=tmp_path / "audit")
+    with pytest.raises(CreditAuditError, match="does not start from the initial weights"):
+        creditaudit.Monitor(model, (x, y), tmp_path / "bad", epochs=1, adapter=ADAPTER,
+                            control_of=mon)
+
+
+def test_not_residual_and_bad_adapter_are_one_line(tmp_path, digits):
+    batch = digits.eval_batch(0)
+    with pytest.raises(CreditAuditError, match="exposes no residual stream"):
+        creditaudit.Monitor(Foreign(), batch, tmp_path / "a", epochs=1)
+    with pytest.raises(CreditAuditError, match="has no attribute 'blocks'.*stem, layers, norm, head"):
+        creditaudit.Monitor(Foreign(), batch, tmp_path / "b", epochs=1,
+                            adapter=creditaudit.Adapter(embed="stem", blocks="blocks", readout="head"))
+    narrowing = Foreign()
+    narrowing.layers[1][3] = nn.Linear(16, 8)
+    with pytest.raises(CreditAuditError, match="block 1 .*not residual"):
+        creditaudit.Monitor(narrowing, batch, tmp_path / "c", epochs=1, adapter=ADAPTER)
+    assert not any((tmp_path / n).exists() for n in "abc")    # nothing half-written
+
+
+def test_bad_use_is_one_line_and_loses_nothing(tmp_path, digits):
+    torch.manual_seed(0)
+    model = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
+    mon = creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "run", epochs=3)
+    with pytest.raises(CreditAuditError, match="before any step"):
+        mon.epoch_end(test_acc=0.5)
+    mon.step(torch.tensor(2.0), 10)
+    with pytest.raises(CreditAuditError, match="needs the test accuracy"):
+        mon.epoch_end()
+    with pytest.raises(CreditAuditError, match="fraction"):
+        mon.epoch_end(test_acc=93.0)
+    mon.epoch_end(0, test_acc=0.5)
+    mon.step(torch.tensor(1.0))
+    with pytest.raises(CreditAuditError, match="does not follow"):
+        mon.epoch_end(5, test_acc=0.5)
+    assert load_monitored(tmp_path / "run").epochs_completed == 1
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    with pytest.raises(CreditAuditError, match="already holds a run"):
+        creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "run", epochs=3)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
+    # stopped early by the user: never trustworthy
+    report = mon.finish()
+    assert load_monitored(tmp_path / "run").status["status"] == "ended-early"
+    assert report.verdict.startswith("incomplete") and "unfinished" in report.verdict
+    with pytest.raises(CreditAuditError, match="has ended"):
+        mon.step(torch.tensor(1.0))
+
+
+def test_nan_loss_is_recorded_as_diverged(tmp_path, digits):
+    torch.manual_seed(0)
+    model = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "run", epochs=3) as mon:
+            mon.step(torch.tensor(1.0), 4)
+            mon.epoch_end(test_acc=0.3)
+            mon.step(torch.tensor(float("nan")), 4)
+            mon.epoch_end(test_acc=0.3)
+            raise AssertionError("epoch_end must raise StopRun on a NaN loss")
+    run = load_monitored(tmp_path / "run")
+    assert run.status["status"] == "diverged" and "non-finite" in run.status["message"]
+    assert run.epochs_completed == 1                     # the last finite epoch is kept
+    assert run.diagnosis["verdict"].startswith("walk back") and run.diagnosis["diverged"]
+    assert any("diverged" in str(w.message) for w in caught)
+
+
+def test_interrupted_and_never_finished_runs_are_incomplete(tmp_path, digits):
+    model = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
+    with pytest.raises(KeyboardInterrupt):
+        with creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "int", epochs=2) as mon:
+            mon.step(torch.tensor(1.0))
+            mon.epoch_end(test_acc=0.2)
+            raise KeyboardInterrupt
+    assert load_monitored(tmp_path / "int").status["status"] == "interrupted"
+    assert main(["check", str(tmp_path / "int")]) == 3
+    mon = creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "open", epochs=2)
+    mon.step(torch.tensor(1.0))
+    mon.epoch_end(test_acc=0.2)
+    assert load_monitored(tmp_path / "open").status == {}
+    assert main(["check", str(tmp_path / "open")]) == 3
+
+
+def test_first_fire_warns_calls_back_and_stop_rule_stops(tmp_path, digits):
+    torch.manual_seed(0)
+    model = Foreign()
+    opt = torch.optim.SGD(model.parameters(), 0.0)
+    seen = []
+    gen = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "run", epochs=10,
+                                 adapter=ADAPTER, stop_when_flagged=2,
+                                 on_flag=lambda k, e, r: seen.append((k, e))) as mon:
+            for epoch in range(10):
+                _bp_epoch(model, digits, mon, gen, opt, scale=300.0)
+                mon.epoch_end(epoch, test_acc=0.1)
+    fired = [w for w in caught if issubclass(w.category, creditaudit.FlagFired)]
+    assert ("a", 1) in seen and ("b_prime", 1) in seen
+    assert len(fired) == len(seen) == len({k for k, _ in seen})       # once per flag
+    run = load_monitored(tmp_path / "run")
+    assert run.status["status"] == "stopped" and run.epochs_completed == 2
+    assert run.diagnosis["verdict"].startswith("walk back") and "(a) EXPLODED" in run.diagnosis["verdict"]
+    assert run.diagnosis["first_fire"]["a"] == 1
+
+
+class _NoSync(torch.Tensor):
+    """A loss that fails the test if anything reads it back to the host while armed."""
+
+    armed = False
+
+    def _read(self):
+        if _NoSync.armed:
+            raise AssertionError("Monitor.step read the loss on the host")
+
+    def item(self):
+        self._read()
+        return super().item()
+
+    def __float__(self):
+        self._read()
+        return super().__float__()
+
+    def tolist(self):
+        self._read()
+        return super().tolist()
+
+
+def test_step_never_reads_the_loss_back(tmp_path, digits):
+    model = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
+    mon = creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "run", epochs=1)
+    _NoSync.armed = True
+    try:
+        for value, n in ((2.0, 3), (1.0, 1)):
+            mon.step(torch.Tensor._make_subclass(_NoSync, torch.tensor(value)), n)
+    finally:
+        _NoSync.armed = False
+    record = mon.epoch_end(test_acc=0.5)                  # the epoch's one host read
+    assert record["train_loss"] == pytest.approx((2.0 * 3 + 1.0) / 4)
