@@ -150,6 +150,8 @@ ROWS.update({("train", k): v for k, v in {
     "--threads": Row(["--threads", "5"], lambda c: c["threads"][-1], 5),
     "--out": Row(["--out", "r2"], lambda c: Path(c.args("train_run")[1]), Path("r2")),
     "--quiet": Row(["--quiet"], lambda c: c.kw("train_run")["progress"], False, base=[]),
+    "--tensorboard": Row(["--tensorboard", "tb"],
+                         lambda c: getattr(c.kw("train_run").get("on_epoch"), "log_dir", None), Path("tb")),
 }.items()})
 for sub in ("diagnose", "calibrate"):
     ROWS.update({(sub, k): v for k, v in {
@@ -220,8 +222,12 @@ for sub in ("thresholds", "report"):
                                    replace=True)
 ROWS[("lint", "paths")] = Row(["b.py", "c/"], lambda c: c.args("run_lint")[0], ["b.py", "c/"], replace=True)
 
-# Output switches change what is printed, not what is computed; each is checked by its output.
-OUTPUT_SWITCHES = {("", "--version"), ("diagnose", "--json"), ("calibrate", "--json"), ("check", "--json")}
+ROWS[("audit", "--tensorboard")] = Row(["--tensorboard", "tb"], None, None)   # see below
+
+# Output switches change what is printed or logged, not what is computed; each is checked by its
+# output (the audit's TensorBoard log after its runs: tests/test_tensorboard.py reads it back).
+OUTPUT_SWITCHES = {("", "--version"), ("diagnose", "--json"), ("calibrate", "--json"), ("check", "--json"),
+                   ("audit", "--tensorboard")}
 
 
 def _options() -> set[tuple[str, str]]:
