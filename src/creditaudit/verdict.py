@@ -30,6 +30,7 @@ so the same rules apply to a fresh diagnosis, a monitor history and an audit.jso
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
@@ -604,6 +605,17 @@ class DepthDecision:
                     f"+{100 * self.margin:g}-point margin at 5 % error; {more}")
         return head
 
+    def short(self) -> str:
+        """One clause for the verdict line: "(d) undetermined: +5.3 points, one-sided 95 % bounds
+        [−2.5, +13.1] around the +2-point margin; ~10 seeds would likely decide it"."""
+        if self.outcome != "undetermined" or self.mean is None:
+            return f"(d) {self.outcome}"
+        bounds = "" if self.lower is None else f", one-sided 95 % bounds [{100 * self.lower:+.1f}, {100 * self.upper:+.1f}]"
+        more = ("no seed count is likely to decide it" if self.seeds_needed is None
+                else f"~{self.seeds_needed} seeds would likely decide it")
+        return (f"(d) undetermined: paired gap {100 * self.mean:+.1f} points over {self.n} seed"
+                f"{'s' if self.n != 1 else ''}{bounds} around the +{100 * self.margin:g}-point margin; {more}")
+
     def caveat(self) -> str | None:
         """What one seed can and cannot say (None with two seeds or more)."""
         if self.n != 1:
@@ -636,6 +648,7 @@ class DepthDecision:
                    paper_undercut=d.get("paper_undercut"))
 
 
+@functools.lru_cache(maxsize=4096)
 def _quantile(p: float, df: float) -> float:
     from scipy import stats
     return float(stats.norm.ppf(p) if math.isinf(df) else stats.t.ppf(p, df))
@@ -643,14 +656,21 @@ def _quantile(p: float, df: float) -> float:
 
 def _seeds_needed(distance: float, var: float, n: int, noise_df: int) -> int | None:
     """The smallest seed count at which a gap `distance` from the margin would be decided with
-    probability POWER: |distance| ≥ (t_{0.95,df'} + t_{POWER,df'})·√(var/n'), df' growing with n'."""
+    probability POWER: |distance| ≥ (t_{0.95,df'} + t_{POWER,df'})·√(var/n'), with df' growing by
+    one per added seed. The right side falls with n', so a bisection finds it; None beyond MAX_SEEDS."""
     if distance == 0 or var <= 0:
         return None
-    for n_new in range(n + 1, MAX_SEEDS + 1):
+
+    def decides(n_new: int) -> bool:
         df = noise_df + (n_new - n) if noise_df else n_new - 1
-        if abs(distance) >= (_quantile(1 - ERROR_RATE, df) + _quantile(POWER, df)) * math.sqrt(var / n_new):
-            return n_new
-    return None
+        return abs(distance) >= (_quantile(1 - ERROR_RATE, df) + _quantile(POWER, df)) * math.sqrt(var / n_new)
+    if not decides(MAX_SEEDS):
+        return None
+    lo, hi = n, MAX_SEEDS                # decides(hi) holds; decides(lo) is not known to
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decides(mid) else (mid, hi)
+    return hi
 
 
 def depth_decision(gaps: Sequence[PairedGap | float], t: Thresholds,
@@ -881,10 +901,8 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNois
         missing += [f"{s.label}: {gap}" for gap in training_gaps(s.report.get("training"))]
     if len(pairs) < len(seeds) and pairs:
         missing.append(f"(d) paired with a finished frozen control for only {len(pairs)}/{len(seeds)} seeds")
-    explained = ()
-    undetermined = [depth.explain()] if depth.outcome == "undetermined" else []
-    if undetermined:
-        explained = ("d",)
+    undetermined = depth.outcome == "undetermined"
+    explained = ("d",) if undetermined else ()
     out, notes = [], []
     for k in keys:
         if flags[k]:
@@ -896,7 +914,8 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNois
                    f"at 5 % error, so {FLAGS['d'].sentence}.")
     if depth.caveat():
         notes.append(depth.caveat())
-    project = decide(flags, "project", missing=missing + undetermined, explained=explained)
+    project = decide(flags, "project", missing=missing + ([depth.short()] if undetermined else []),
+                     explained=explained)
     paper = decide(paper_flags, "paper", missing=missing)
     return {"flags": flags, "paper_flags": paper_flags, "flag_counts": counts,
             "depth": depth.to_dict(), "depth_gap": depth.mean,
@@ -905,4 +924,5 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNois
             "n_paired_with_frozen": len(pairs),
             "verdicts": {"project": project.to_dict(), "paper": paper.to_dict()},
             "verdict": project.text, "paper_verdict": paper.text,
-            "missing": missing + undetermined, "reasons": out, "notes": notes}
+            "missing": missing + ([depth.explain()] if undetermined else []), "reasons": out,
+            "notes": notes}
