@@ -383,15 +383,23 @@ def compact_table(audit: dict, width: int = 120) -> str:
                      _sci(row.get("gain")), _g(row.get("max_growth")), gamma, _short_verdict(row)])
     if not rows:
         return "(no methods)"
+    # a narrow terminal drops the least needed columns first; the verdict column stays
+    for drop in ("growth", "gain", "‖h_L‖", "frozen %"):
+        widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
+        if sum(widths[:-1]) + 2 * (len(head) - 1) + 10 <= width:
+            break
+        j = head.index(drop)
+        head, rows = head[:j] + head[j + 1:], [r[:j] + r[j + 1:] for r in rows]
     widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
     room = width - sum(widths[:-1]) - 2 * (len(head) - 1)
     widths[-1] = max(10, min(widths[-1], room))
     fit = lambda text, w: text if len(text) <= w else text[:w - 1] + "…"
     line = lambda cells: "  ".join(fit(str(c), w).ljust(w) for c, w in zip(cells, widths)).rstrip()
-    out = [line(head), "  ".join("-" * w for w in widths), *(line(r) for r in rows), "",
-           fit("acc, frozen: mean ± std over seeds; (d) gap: mean paired gap, points; ‖h_L‖, gain, "
-               "growth: median over seeds", width), fit("(a reason quotes one named seed's value)", width), ""]
     wrap = lambda text: textwrap.wrap(text, width, subsequent_indent="    ", break_on_hyphens=False)
+    out = [line(head), "  ".join("-" * w for w in widths), *(line(r) for r in rows), ""]
+    out += wrap("acc, frozen: mean ± std over seeds; (d) gap: mean paired gap, points; ‖h_L‖, gain, "
+                "growth: median over seeds (a reason quotes one named seed's value).")
+    out.append("")
     for row in audit.get("methods") or []:
         out += wrap(f"{_method_name(row)}: {row.get('verdict') or '—'}")
         out += wrap(f"  paper's rule: {row.get('paper_verdict') or '—'}")
