@@ -280,3 +280,26 @@ def test_rows_that_print_the_same_get_a_note_with_the_full_precision_difference(
     twin["gamma_deep"] = bp["gamma_deep"] - 2e-3                  # visible at 3 decimals: no note
     assert "print the same" not in audit_table(audit)
     assert f"{bp['gamma_deep']:+.3f}" in md                        # Γ to 3 decimals
+
+
+def test_figures_keep_methods_apart_when_their_curves_coincide(audited):
+    """bp and a method whose monitor is identical to bp's (EP at a small nudge) get different line
+    styles, markers and x offsets in monitor.png; overlapping Γ null bands get different hatches."""
+    from creditaudit.report.figures import gamma_figure, monitor_figure
+    result, _, _ = audited
+    audit = store.json_safe(copy.deepcopy(result))
+    twin_runs = [dict(copy.deepcopy(r), method="twin") for r in audit["runs"]
+                 if r["method"] == "bp" and r["control"] == "none"]
+    audit["runs"] += twin_runs
+    dfa = _row(audit, "dfa")
+    audit["methods"].append(dict(copy.deepcopy(dfa), method="fa"))
+    audit["methods"].append(dict(copy.deepcopy(_row(audit, "bp")), method="twin"))
+    ax = monitor_figure(audit).axes[3]
+    lines = {}
+    for line in ax.get_lines():
+        lines.setdefault(line.get_color(), line)
+    styles = {(str(l.get_linestyle()), l.get_marker(), float(l.get_xdata()[0])) for l in lines.values()
+              if len(l.get_xdata()) > 1}
+    assert len(styles) == 3                        # bp, dfa and the twin: three distinct looks
+    bands = [c for c in gamma_figure(audit).axes[0].collections if c.get_hatch()]
+    assert len(bands) == 2 and bands[0].get_hatch() != bands[1].get_hatch()
