@@ -338,10 +338,11 @@ def penalty_table(result: dict) -> str:
     for r in result["rows"]:
         gamma, null = _gamma_cells(r)
         rows.append([f"{_f(r['lam']):g}", _pct(r["acc"], r["acc_std"]), _pct(r["frozen_acc"]),
-                     _sci(r["h_L"]), _sci(r["g_L"]), _sci(r["gain"]), gamma, null,
-                     _signed(r["rho_deep"]), r["verdict"]])
-    return _markdown(["λ", "test acc %", "frozen %", "‖h_L‖", "‖g_L‖", "gain", "deep Γ", "Γ null (z)",
-                      "deep ρ", "verdict"], rows)
+                     _gap_cell(r.get("depth")), _sci(r["h_L"]), _sci(r["g_L"]), _sci(r["gain"]), gamma,
+                     null, _signed(r["rho_deep"]), r["verdict"], str(r.get("paper_verdict") or "—")])
+    return _markdown(["λ", "test acc %", "frozen %", "(d) gap, points: per seed → mean [one-sided 95 %]",
+                      "‖h_L‖", "‖g_L‖", "gain", "deep Γ", "Γ null (z)", "deep ρ", "verdict",
+                      "paper's rule"], rows)
 
 
 def identity_table(result: dict) -> str:
