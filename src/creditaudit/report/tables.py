@@ -411,5 +411,6 @@ def sensitivity_table(sensitivity: dict) -> str:
     """`creditaudit thresholds`: per threshold, the interval over which every run's flag stays."""
     head, rows = _sensitivity_cells({"sensitivity": sensitivity})
     return (_markdown(head, rows) + "\n\nfired / spared: runs whose flag fires / does not fire at the "
-            "current threshold; unmeasured: runs without that statistic (a non-finite stream, or no "
-            "frozen control for depth_margin), which no threshold changes.")
+            "current threshold; unmeasured: runs without that statistic (a non-finite stream), which "
+            "no threshold changes. depth_margin counts methods: (d) undercut / clears / undetermined "
+            "or not evaluated, each re-decided across its seeds at every margin.")
