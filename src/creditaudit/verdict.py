@@ -451,7 +451,7 @@ def reasons_by_flag(r) -> dict[str, str]:
         out["b_prime"] = (f"(b′) ATTENUATED: the readout passes only {r.readout_gain:.3g} of the output "
                           f"error back into the residual stream (< {t.gain:g}): moving h_L changes the "
                           f"loss about {1 / max(r.readout_gain, 1e-300):.3g}× less than through a "
-                          f"healthy readout, so {FLAGS['b_prime'].sentence}.")
+                          f"healthy readout; {FLAGS['b_prime'].sentence}.")
     if f["c"]:
         out["c"] = (f"(c) DRIFT: s at layer {r.mid_layer} is {r.stability_mid:.3f} (> {t.drift:g}): "
                     f"{FLAGS['c'].sentence} (descriptive; it does not change the verdict).")
