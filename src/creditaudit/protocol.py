@@ -191,7 +191,8 @@ class Report:
         if self.depth is not None:
             lines.append(f"{'(d) acc − frozen':<17} {_fmt(self.depth.gap, '+11.4f')}  "
                          f"{'< ' + format(t.depth_margin, 'g'):>10}  {self._flag('d')}"
-                         f"   (acc {self.depth.acc:.4f} vs frozen {self.depth.frozen_acc:.4f})")
+                         f"   (acc {self.depth.acc:.4f} vs frozen {self.depth.frozen_acc:.4f}: this run "
+                         "alone, as measured; across seeds an audit decides (d) at 5 % error)")
         else:
             lines.append(f"{'(d) acc − frozen':<17} {'—':>11}  {'':>10}  not evaluated (no frozen control)")
         if self.training:
