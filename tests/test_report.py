@@ -131,6 +131,10 @@ def test_html_is_self_contained_with_tables_images_and_verdicts(audited):
         cls = ("ok " if row["verdict"] == "trustworthy" else
                "bad " if row["verdict"].startswith("walk back") else "")
         assert f'<td class="{cls}wrap">{html_escape(row["verdict"])}</td>' in page
+        for seed in row["per_seed"].values():               # per seed: coloured by the structured verdict
+            outcome = seed["verdicts"]["project"]["outcome"]
+            cls = {"trustworthy": "ok ", "walk back": "bad "}.get(outcome, "")
+            assert f'<td class="{cls}wrap">{html_escape(seed["verdict"])}</td>' in page
 
 
 def _degenerate(result):

@@ -78,7 +78,7 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
             "max_growth": r.get("max_growth"), "init_growth": r.get("init_growth"),
             "stack_growth": r.get("stack_growth"), "gamma_deep": deep_mean(r.get("gamma")),
             "rho_bp_model_precision": r.get("rho_bp_model_precision"),
-            "verdict": r.get("verdict", o.status)}
+            "verdict": r.get("verdict", o.status), "verdicts": r.get("verdicts")}
     return {
         "method": method, "lam": main[0].config.lam if main else 0.0,
         "n_seeds": len(main), "n_diagnosed": len(diagnosed),

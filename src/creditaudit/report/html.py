@@ -36,6 +36,7 @@ figcaption { color: #555; font-size: 12px; max-width: 1000px; }
 """
 
 
+# a verdict's outcome, or a reporting strategy's conclusion ("accept" / "walk back"), → cell colour
 _OUTCOME_CLASS = {"trustworthy": "ok", "accept": "ok", "walk back": "bad"}
 
 
@@ -53,14 +54,14 @@ def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]], total_last: 
                 classes: dict[tuple[int, int], str] | None = None) -> str:
     """An HTML table of escaped cells; `wrap` columns may wrap, `breaks` {column: (separator,
     its replacement with a <br>)} splits wide cells over lines, `classes` {(row, column): "ok" or
-    "bad"} colours a cell (a strategy's outcome word colours itself)."""
+    "bad"} colours a cell."""
     breaks, classes = breaks or {}, classes or {}
     out = [f'<table class="{css_class}">' if css_class else "<table>", "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for i, row in enumerate(rows):
         cls = ' class="total"' if total_last and i == len(rows) - 1 else ""
         cells = []
         for j, cell in enumerate(row):
-            klass = " ".join(c for c in (classes.get((i, j), _OUTCOME_CLASS.get(cell, "")),
+            klass = " ".join(c for c in (classes.get((i, j), ""),
                                          "wrap" if j in wrap else "",
                                          "left" if j in left else "") if c)
             cells.append(f'<td class="{klass}">' if klass else "<td>")
@@ -93,8 +94,11 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
         parts += [f"<h3>{e(title)}</h3>", '<div class="scroll">' + _html_table(
             head, cells, wrap=list(verdicts) + first, breaks={i: ("; ", "<br>") for i in first},
             left=first, css_class="audit", classes=classes) + "</div>" if cells else "<p>(no methods)</p>"]
+    seeds = [s for row in methods for s in (row.get("per_seed") or {}).values()]
+    last = len(PER_SEED_COLUMNS) - 1
     parts += ["<h3>Per seed</h3>", '<div class="scroll">' + _html_table(
-        PER_SEED_COLUMNS, _per_seed_cells(audit), wrap=[len(PER_SEED_COLUMNS) - 1]) + "</div>",
+        PER_SEED_COLUMNS, _per_seed_cells(audit), wrap=[last],
+        classes={(i, last): _verdict_class(s, "project") for i, s in enumerate(seeds)}) + "</div>",
         '<ul class="legend">' + "".join(f"<li>{e(line)}</li>" for line in _legend(audit))
         + "".join(f"<li><b>note</b>: {e(line)}</li>" for line in _same_rows(audit)) + "</ul>"]
     unfinished = _unfinished(audit)
@@ -107,7 +111,9 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
     parts += ["<h2>Reporting strategies</h2>",
               "<p>What each way of reporting concludes about a method: accuracy only accepts every "
               "result; accuracy + Γ accepts when the mean Γ is positive; the full protocol is the "
-              "project verdict.</p>", _html_table(head, rows, total_last=True)]
+              "project verdict.</p>", _html_table(head, rows, total_last=True, classes={
+                  (i, j): _OUTCOME_CLASS.get(cell, "") for i, row in enumerate(rows[:-1])
+                  for j, cell in enumerate(row)})]
     parts.append("<h2>Reasons</h2>")
     notes = _notes(audit)
     for row in audit.get("methods") or []:
