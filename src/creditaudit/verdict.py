@@ -100,6 +100,7 @@ class Statistic:
     of_monitor: Callable[[dict, dict | None], Any] | None = None   # (monitor row, epoch-0 row)
     nonfinite_fires: bool = False
     tolerance: float = 0.0
+    log_scale: bool = True                      # how a plot of it across runs reads best
 
     def fires(self, value: Any, t: Thresholds) -> bool | None:
         x, limit = _num(value), getattr(t, self.threshold)
@@ -188,7 +189,7 @@ FLAGS: dict[str, Flag] = {f.key: f for f in (
          ("project",), monitored=True, stops=True),
     Flag("c", "(c)", "DRIFT",
          (Statistic("cross-batch stability s_{L/2}", "stability_mid", "drift", ">",
-                    lambda d: d.get("stability_mid")),),
+                    lambda d: d.get("stability_mid"), log_scale=False),),
          "needs K ≥ 2 eval batches with non-zero gradients",
          "nothing (descriptive)",
          "one sample-invariant direction dominates the true gradient, so a high Γ there can come "
@@ -196,7 +197,7 @@ FLAGS: dict[str, Flag] = {f.key: f for f in (
          ()),
     Flag("d", "(d)", "UNDERCUT",
          (Statistic("accuracy − frozen-blocks control accuracy", "gap", "depth_margin", "<",
-                    lambda d: (d.get("depth") or {}).get("gap"), tolerance=1e-9),),
+                    lambda d: (d.get("depth") or {}).get("gap"), tolerance=1e-9, log_scale=False),),
          "needs the accuracy of a finished, matching frozen-blocks control; across seeds a one-sided "
          "5 % decision that may be undetermined (the paper's rule: the mean gap)",
          "the headline accuracy",

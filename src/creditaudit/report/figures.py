@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -366,16 +367,12 @@ def identity_figure(result: dict, path: Path) -> Path:
 def sensitivity_figure(reports: Sequence[dict], sensitivity: dict, path: Path) -> Path:
     """Each run's statistic for every thresholded flag, with the threshold (red) and the interval
     over which every verdict stays the same (green); one panel per threshold, run labels once."""
+    from ..verdict import FLAGS           # the statistics, their getters and scales: the flag table
     reports = store.json_safe(list(reports))
     sensitivity = store.json_safe(sensitivity)
-    stats = (("growth", "(a) max block growth", lambda r: r.get("max_growth"), True),
-             ("init_growth", "(a′) growth since init", lambda r: r.get("init_growth"), True),
-             ("stack_growth", "(a′) ‖h_L‖/‖h_0‖", lambda r: r.get("stack_growth"), True),
-             ("floor", "(b) ‖g_L‖", lambda r: (r.get("bp_grad_norms") or [None])[-1], True),
-             ("gain", "(b′) readout gain", lambda r: r.get("readout_gain"), True),
-             ("drift", "(c) s(L/2)", lambda r: r.get("stability_mid"), False),
-             ("depth_margin", "(d) acc − frozen", lambda r: (r.get("depth") or {}).get("gap"), False))
-    stats = [s for s in stats if s[0] in sensitivity]
+    stats = [(st.threshold, textwrap.shorten(f"{flag.label} {st.name}", 44, placeholder="…"),
+              st.of_report, st.log_scale)
+             for flag in FLAGS.values() for st in flag.statistics if st.threshold in sensitivity]
     labels = [r.get("label", "") for r in reports]
     ncols = 4
     nrows = math.ceil(len(stats) / ncols)
