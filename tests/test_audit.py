@@ -73,7 +73,9 @@ def test_audit_numbers_match_an_independent_cli_diagnose_of_the_same_run_folders
 
 
 def _row(method, verdict, gamma, acc=0.9):
-    return {"method": method, "verdict": verdict, "gamma_mean_all": gamma, "acc": acc}
+    structured = {"rule": "project", "outcome": verdict.split(":")[0]}   # the row as audit.json holds it
+    return {"method": method, "verdict": verdict, "verdicts": {"project": structured},
+            "gamma_mean_all": gamma, "acc": acc}
 
 
 def test_accuracy_only_accepts_what_the_protocol_walks_back_and_totals_count_walk_backs(
@@ -101,7 +103,7 @@ def test_accuracy_only_accepts_what_the_protocol_walks_back_and_totals_count_wal
     # the totals audit() writes, from these rows (training and diagnosis replaced)
     audit_module = importlib.import_module("creditaudit.experiments.audit")  # the module, not audit()
     monkeypatch.setattr(audit_module, "run_all", lambda *a, **k: [])
-    monkeypatch.setattr(audit_module, "summarize_method", lambda m, o, t: dict(rows[m]))
+    monkeypatch.setattr(audit_module, "summarize_method", lambda m, o, t, *noise: dict(rows[m]))
     result = audit(audit_config_from_dict({**TINY, "methods": list(rows), "seeds": [1],
                                            "out": str(tmp_path)}), progress=False)
     assert [r["strategies"] for r in result["methods"]] == \
@@ -228,7 +230,9 @@ def _audit_with(tmp_path, name, verdicts):
     folder = tmp_path / name
     folder.mkdir()
     store.write_sealed_json(folder / "audit.json", {"methods": [
-        {"method": m, "verdict": v, "lam": 0.0} for m, v in verdicts.items()]})
+        {"method": m, "verdict": v, "lam": 0.0,
+         "verdicts": {"project": {"rule": "project", "outcome": v.split(":")[0]}}}
+        for m, v in verdicts.items()]})
     return folder
 
 

@@ -44,7 +44,8 @@ def test_penalty_sweep_reports_null_and_rho_per_lambda(tmp_path):
         assert row["rho_bp"] > 0.95 and abs(row["rho_random"]) < 0.2
         # each λ is trained with its frozen control, so (d) is evaluated
         assert row["frozen_acc"] is not None and row["n_paired_with_frozen"] == 1
-        assert row["flags"]["d"] is not None and "(d) not evaluated" not in row["verdict"]
+        assert row["depth"]["outcome"] in ("clears", "undercut", "undetermined")   # decided or not: paired
+        assert "(d) not evaluated" not in row["verdict"]
     runs = result["runs"]
     assert sorted((r["lam"], r["control"]) for r in runs) == \
         [(0.0, "frozen"), (0.0, "none"), (0.1, "frozen"), (0.1, "none")]
@@ -66,10 +67,12 @@ def test_identity_check_grows_with_the_w2_init_scale(tmp_path):
 
 def test_thresholds_and_calibrate_on_an_audit(tmp_path, capsys):
     out = tmp_path / "a"
-    assert cli_main(["audit", "--methods", "bp", "dfa", *SMALL, "--out", str(out)]) == 0
+    # one seed on 360 test samples: a gap within test-set noise of the margin leaves (d)
+    # undetermined, so the audit may end "incomplete" (exit 3)
+    assert cli_main(["audit", "--methods", "bp", "dfa", *SMALL, "--out", str(out)]) in (0, 3)
     assert cli_main(["thresholds", str(out)]) == 0
     sens = json.loads((out / "thresholds.json").read_text())
-    for name in ("growth", "floor", "gain"):
+    for name in ("growth", "floor", "gain", "depth_margin"):
         lo, hi = (float(v) for v in sens[name]["interval"])
         assert lo <= sens[name]["current"] <= hi
     assert (out / "thresholds.png").exists()

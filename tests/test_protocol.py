@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from creditaudit import metrics as M
 from creditaudit.methods import MethodSettings
 from creditaudit.methods.bp import BP
 from creditaudit.model import ResidualMLP, ResidualStream
+from creditaudit.errors import CreditAuditError
 from creditaudit.protocol import Report, diagnose
 from creditaudit.verdict import (Thresholds, fires_a, fires_b, fires_b_prime, first_fire_epochs,
                                  threshold_sensitivity)
@@ -135,8 +137,7 @@ def test_b_and_b_prime_disagreement_is_explained(digits, batches, trained):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("test_acc, frozen_acc, fires", [
-    (0.306, 0.349, True), (0.36, 0.349, True), (0.369, 0.349, False), (0.615, 0.349, False),
-    (float("nan"), 0.349, True)])     # a non-finite accuracy certainly does not clear the control
+    (0.306, 0.349, True), (0.36, 0.349, True), (0.369, 0.349, False), (0.615, 0.349, False)])
 def test_d_fires_unless_two_points_clear(digits, batches, test_acc, frozen_acc, fires):
     torch.manual_seed(1)
     r = diagnose(ResidualMLP(digits.d_in, d=64, n_blocks=4), batches, test_acc=test_acc,
@@ -200,7 +201,7 @@ def test_report_dict_and_table(digits, batches, trained):
     assert all(x["bp"] > 0.95 and abs(x["random"]) < 0.05 for x in d["rho"])
     assert PAPER_KEYS(d["first_fire"]) == {"a": None, "b": None, "b_prime": None}
     table = str(r)
-    assert "bp seed 0" in table and "verdict (paper, uses b)" in table and "ρ bp" in table
+    assert "bp seed 0" in table and "verdict (paper's rule, uses b)" in table and "ρ bp" in table
     assert len({len(line) for line in table.splitlines()[6:12]}) == 1   # fixed-width rows
 
 
@@ -341,3 +342,89 @@ def test_diagnose_is_fast_on_the_default_model():
     r = diagnose(model, eval_batches)
     assert time.perf_counter() - start < 3.0
     assert not math.isnan(r.stability_mid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs a user can get wrong (issue 18): one clear error, or "not evaluated" — never "trustworthy"
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"test_acc": 97.5, "frozen_acc": 0.9}, "pass 0.975"),         # a percent
+    ({"test_acc": 0.9, "frozen_acc": 98.89}, "pass 0.9889"),
+    ({"test_acc": 1.5, "frozen_acc": 0.2}, "not an accuracy in [0, 1]"),
+    ({"test_acc": -0.1, "frozen_acc": 0.2}, "not an accuracy in [0, 1]"),
+    ({"test_acc": float("nan"), "frozen_acc": 0.2}, "test_acc is NaN"),
+    ({"frozen_acc": float("nan")}, "frozen_acc is NaN"),
+    ({"frozen_acc": "0.5"}, "is not a number"),
+    ({"frozen_acc": True}, "is not a number")])
+def test_accuracies_outside_zero_one_are_refused(batches, trained, kwargs, words):
+    with pytest.raises(CreditAuditError, match=re.escape(words)) as err:
+        diagnose(trained[0], batches, **kwargs)
+    assert "\n" not in str(err.value) and "fraction" in str(err.value)
+
+
+def test_malformed_batches_give_one_clear_error(batches, trained):
+    x, y = batches[0]
+    for bad in ([x], [(x,)], [(x, y, y)], [(x, y.float())], [(x, y[:5])], [{"x": x, "y": y}], 3, []):
+        with pytest.raises(CreditAuditError, match="eval") as err:
+            diagnose(trained[0], bad)
+        assert "(x, y)" in str(err.value)
+
+
+def test_credit_of_the_wrong_length_or_shape_is_an_error(batches, trained):
+    model, _ = trained
+    grads = lambda x, y: M.bp_gradients(model, x, y).grads
+    with pytest.raises(CreditAuditError, match="has 1 entries; it must be a list of 5 tensors"):
+        diagnose(model, batches[:2], method=lambda x, y: grads(x, y)[:1])
+    with pytest.raises(CreditAuditError, match="must have the shape of h_2"):
+        diagnose(model, batches[:2], method=lambda x, y: [*grads(x, y)[:2], torch.zeros(3), *grads(x, y)[3:]])
+    with pytest.raises(CreditAuditError, match="callable"):
+        diagnose(model, batches[:2], method=42)
+
+
+def test_non_finite_credit_leaves_gamma_not_evaluated_and_the_verdict_incomplete(batches, trained):
+    model, _ = trained
+    x, y = batches[0]
+
+    def nan_credit(x, y):
+        grads = M.bp_gradients(model, x, y).grads
+        return [g if l != 3 else torch.full_like(g, float("nan")) for l, g in enumerate(grads)]
+    full = dict(frozen_acc=0.0, monitor_history=history_of(model, x, y))
+    assert diagnose(model, batches[:2], method=lambda x, y: M.bp_gradients(model, x, y).grads,
+                    **full).trustworthy                               # the same model, a valid credit
+    r = diagnose(model, batches[:2], method=nan_credit, **full)
+    assert not r.trustworthy and r.project.outcome == "incomplete" and r.paper.outcome == "incomplete"
+    assert "Γ not evaluated" in r.verdict and "position(s) 3" in r.verdict
+    assert r.gamma_interpretable is False and math.isnan(r.gamma[3])
+    assert any("Γ not evaluated" in n for n in r.notes)
+
+
+def test_a_statistic_that_cannot_be_computed_leaves_its_flag_not_evaluated(batches, trained, monkeypatch):
+    """A finite model whose gain cannot be computed (NaN: e.g. no sample with a logit error) gets
+    (b′) "not evaluated" with the reason, not a pass and not a fire."""
+    model, _ = trained
+    x, y = batches[0]
+    monkeypatch.setattr(M, "readout_gain_from", lambda pooled: float("nan"))
+    r = diagnose(model, batches[:2], frozen_acc=0.0, monitor_history=history_of(model, x, y))
+    assert r.flags["b_prime"] is None and "could not be computed" in r.not_evaluated["b_prime"]
+    assert r.project.outcome == "incomplete" and "(b′) not evaluated" in r.verdict
+    assert r.paper.trustworthy                                        # the paper's verdict has no (b′)
+
+
+def test_missing_evidence_keeps_both_verdicts_from_trustworthy(batches, trained):
+    model, _ = trained
+    x, y = batches[0]
+    r = diagnose(model, batches[:2], frozen_acc=0.0, monitor_history=history_of(model, x, y),
+                 missing_evidence=["the frozen control is unverified (no --init-weights)"])
+    assert r.project.outcome == r.paper.outcome == "incomplete"
+    assert r.verdict == "incomplete: the frozen control is unverified (no --init-weights)"
+
+
+def test_verdict_is_structured_in_json(batches, trained):
+    from creditaudit.verdict import Verdict, verdict_of
+    r = diagnose(exploded(64), batches[:2], frozen_acc=0.9, test_acc=0.5)
+    d = json.loads(r.to_json())
+    project = verdict_of(d)
+    assert project == r.project and project.walks_back and set(project.fired) >= {"a", "d"}
+    assert Verdict.from_dict(d["verdicts"]["paper"]).text == d["paper_verdict"] == r.paper_verdict
+    assert d["reasons_by_flag"]["a"].startswith("(a) EXPLODED")

@@ -13,6 +13,7 @@ from creditaudit import store
 from creditaudit.config import audit_config_from_dict
 from creditaudit.experiments import audit as run_audit
 from creditaudit.report import audit_table, write_report
+from creditaudit.verdict import Verdict
 
 FILES = ("audit.md", "report.html", "norms.png", "monitor.png", "gamma.png", "rho.png")
 
@@ -130,16 +131,23 @@ def test_html_is_self_contained_with_tables_images_and_verdicts(audited):
         cls = ("ok " if row["verdict"] == "trustworthy" else
                "bad " if row["verdict"].startswith("walk back") else "")
         assert f'<td class="{cls}wrap">{html_escape(row["verdict"])}</td>' in page
+        for seed in row["per_seed"].values():               # per seed: coloured by the structured verdict
+            outcome = seed["verdicts"]["project"]["outcome"]
+            cls = {"trustworthy": "ok ", "walk back": "bad "}.get(outcome, "")
+            assert f'<td class="{cls}wrap">{html_escape(seed["verdict"])}</td>' in page
 
 
 def _degenerate(result):
     """The dfa row as an exploded run would give it (values from the paper's seed-42 DFA)."""
     audit = store.json_safe(copy.deepcopy(result))
     dfa = _row(audit, "dfa")
+    project = Verdict("project", "walk back", ("a", "b_prime", "d"))
+    paper = Verdict("paper", "walk back", ("a", "b", "d"))
     dfa.update(h_L=4e8, g_L=4.18e-9, gain=1.0e-4, max_growth="inf", gamma_interpretable=False,
                first_fire={"a": [8, None], "b": [3, 4], "b_prime": [2, 2]},
-               verdict="walk back: (a) EXPLODED, (b′) ATTENUATED, (d) UNDERCUT",
-               paper_verdict="walk back: (a) EXPLODED, (b) AT FLOOR, (d) UNDERCUT")
+               verdict=project.text, paper_verdict=paper.text,
+               verdicts={"project": project.to_dict(), "paper": paper.to_dict()})
+    assert dfa["verdict"] == "walk back: (a) EXPLODED, (b′) ATTENUATED, (d) UNDERCUT"
     for run in audit["runs"]:
         if run["method"] == "dfa" and run["control"] == "none":
             for r in run["monitor"]:
@@ -236,17 +244,66 @@ def html_escape(text):
 
 
 def test_compact_table_fits_a_terminal_and_names_each_method(audited):
+    """≤ 120 columns; the narrow verdict column may be cut, but each method's full verdicts — the
+    text that explains an "incomplete" — follow the table in full, wrapped, never cut."""
     from creditaudit.report import compact_table
     result, _, _ = audited
     text = compact_table(result)
     lines = text.splitlines()
-    assert len(lines) == 2 + len(result["methods"])
     assert all(len(line) <= 120 for line in lines)
-    for row, line in zip(result["methods"], lines[2:]):
+    table = lines[:2 + len(result["methods"])]
+    for row, line in zip(result["methods"], table[2:]):
         assert line.startswith(row["method"]) and f"{100 * row['acc']:.1f}" in line
+    below = " ".join(" ".join(line.split()) for line in lines[2 + len(result["methods"]):])
+    for row in result["methods"]:
+        assert f"{row['method']}: {' '.join(row['verdict'].split())}" in below
+        assert f"paper's rule: {' '.join(row['paper_verdict'].split())}" in below
+    assert "median over seeds" in below            # which cells are medians, and that reasons quote a seed
     wide = compact_table(_degenerate(result))
     assert "walk back: (a), (b′), (d)" in wide                  # flag names shortened to fit
     narrow = compact_table(_degenerate(result), width=80)
     assert all(len(line) <= 80 for line in narrow.splitlines())
     assert next(l for l in narrow.splitlines() if l.startswith("dfa")).endswith("…")
+    assert "dfa: walk back: (a) EXPLODED, (b′) ATTENUATED, (d) UNDERCUT" in narrow.replace("\n    ", " ")
     assert compact_table({}) == "(no methods)"
+
+
+def test_rows_that_print_the_same_get_a_note_with_the_full_precision_difference(audited):
+    """The table hides what it measures when two methods agree to the printed digits (EP at β = 1
+    on a mean CE against BP): a note says so, and gives the full-precision differences."""
+    result, _, _ = audited
+    audit = store.json_safe(copy.deepcopy(result))
+    bp = _row(audit, "bp")
+    twin = copy.deepcopy(bp)
+    twin.update(method="twin", acc=bp["acc"] + 1e-5, gamma_deep=bp["gamma_deep"] - 2e-4)
+    audit["methods"].append(twin)
+    md = audit_table(audit)
+    note = next(line for line in md.splitlines() if line.startswith("- note: bp and twin print the same"))
+    assert "accuracy 0.001 points" in note and "deep Γ 0.0002" in note
+    assert "- note: bp and dfa" not in md                         # rows that differ get none
+    twin["gamma_deep"] = bp["gamma_deep"] - 2e-3                  # visible at 3 decimals: no note
+    assert "print the same" not in audit_table(audit)
+    assert f"{bp['gamma_deep']:+.3f}" in md                        # Γ to 3 decimals
+
+
+def test_figures_keep_methods_apart_when_their_curves_coincide(audited):
+    """bp and a method whose monitor is identical to bp's (EP at a small nudge) get different line
+    styles, markers and x offsets in monitor.png; overlapping Γ null bands get different hatches."""
+    from creditaudit.report.figures import gamma_figure, monitor_figure
+    result, _, _ = audited
+    audit = store.json_safe(copy.deepcopy(result))
+    twin_runs = [dict(copy.deepcopy(r), method="twin") for r in audit["runs"]
+                 if r["method"] == "bp" and r["control"] == "none"]
+    audit["runs"] += twin_runs
+    dfa = _row(audit, "dfa")
+    audit["methods"].append(dict(copy.deepcopy(dfa), method="fa"))
+    audit["methods"].append(dict(copy.deepcopy(_row(audit, "bp")), method="twin"))
+    ax = monitor_figure(audit).axes[3]
+    lines = {}
+    for line in ax.get_lines():
+        lines.setdefault(line.get_color(), line)
+    styles = {(str(l.get_linestyle()), l.get_marker(), float(l.get_xdata()[0])) for l in lines.values()
+              if len(l.get_xdata()) > 1}
+    assert len(styles) == 3                        # bp, dfa and the twin: three distinct looks
+    bands = [c for c in gamma_figure(audit).axes[0].collections if c.get_hatch()]
+    assert len(bands) == 2 and bands[0].get_hatch() != bands[1].get_hatch()

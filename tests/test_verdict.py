@@ -20,8 +20,8 @@ from creditaudit.model import ResidualStream
 from creditaudit.protocol import diagnose
 from creditaudit.report import write_report
 from creditaudit.train import train_run
-from creditaudit.verdict import (SeedEvidence, Thresholds, depth_decision, interval,
-                                 method_verdict, verdict_string)
+from creditaudit.verdict import (SeedEvidence, Thresholds, decide, depth_decision, interval,
+                                 method_verdict)
 
 
 def _stream(embed_scale: float, step_gain: float, d_in: int = 16, d: int = 12, blocks: int = 3):
@@ -121,20 +121,24 @@ def test_trustworthy_needs_every_flag_on_a_finished_run():
     assert any("7/30" in n for n in undercut.notes)
 
 
-def test_verdict_string_rules():
+def test_decide_rules():
     keys = ("a", "a_prime", "b_prime", "d")
-    assert verdict_string(dict.fromkeys(keys, False), keys) == "trustworthy"
-    assert verdict_string({**dict.fromkeys(keys, False), "d": None}, keys) == "incomplete: (d) not evaluated"
-    assert verdict_string({**dict.fromkeys(keys, None), "a": True}, keys) == "walk back: (a) EXPLODED"
+    assert decide(dict.fromkeys(keys, False), "project").text == "trustworthy"
+    v = decide({**dict.fromkeys(keys, False), "d": None}, "project")
+    assert v.outcome == "incomplete" and v.text == "incomplete: (d) not evaluated"
+    v = decide({**dict.fromkeys(keys, None), "a": True}, "project")
+    assert v.walks_back and v.fired == ("a",) and v.text == "walk back: (a) EXPLODED"
+    assert decide({"a": False, "b": False, "d": False, "b_prime": True}, "paper").trustworthy  # (b′) is not the paper's
+    assert decide(dict.fromkeys(keys, False), "project", missing=["x"]).text == "incomplete: x"
 
 
-def test_depth_across_seeds_uses_the_paired_interval():
+def test_depth_across_seeds_is_a_one_sided_decision():
     t = Thresholds()
-    assert depth_decision([0.30, 0.31, 0.29], t)[0] is False          # clearly above the margin
-    assert depth_decision([-0.03, -0.04, -0.035], t)[0] is True       # clearly below
-    fires, iv, why = depth_decision([0.00, 0.06, 0.03], t)            # straddles +2 points
-    assert fires is None and "undetermined" in why and iv["t_interval"][0] < 0.02 < iv["t_interval"][1]
-    assert depth_decision([0.019], t)[0] is True and depth_decision([0.02], t)[0] is False
+    assert depth_decision([0.30, 0.31, 0.29], t).fires is False        # clearly above the margin
+    assert depth_decision([-0.03, -0.04, -0.035], t).fires is True     # clearly below
+    d = depth_decision([0.00, 0.06, 0.03], t)                           # straddles +2 points
+    assert d.fires is None and d.outcome == "undetermined" and d.lower < 0.02 < d.upper
+    assert "undetermined" in d.explain() and d.seeds_needed is None or d.seeds_needed > 3
     five = interval([0.30, 0.31, 0.29, 0.33, 0.28])
     lo, hi = five["bootstrap_interval"]
     assert lo < five["mean"] < hi and five["t_interval"][0] < lo       # BCa is tighter than t here
@@ -155,7 +159,9 @@ def test_method_verdict_over_seeds():
     failed = good[:2] + [_evidence("m/s2", "failed", None, 0.40)]
     assert method_verdict(failed, t)["verdict"].startswith("incomplete")
     no_control = [_evidence(f"m/s{s}", "finished", 0.70, None) for s in range(3)]
-    assert method_verdict(no_control, t)["verdict"] == "incomplete: (d) not evaluated"
+    judged = method_verdict(no_control, t)
+    assert judged["verdict"] == "incomplete: (d) not evaluated"
+    assert judged["verdicts"]["project"]["outcome"] == judged["verdicts"]["paper"]["outcome"] == "incomplete"
     exploded = failed[:1] + [_evidence("m/s1", "finished", 0.7, 0.4, {"a": True})] + failed[2:]
     assert method_verdict(exploded, t)["verdict"] == "walk back: (a) EXPLODED"
 

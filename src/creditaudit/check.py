@@ -10,22 +10,31 @@ from pathlib import Path
 
 from . import store
 from .errors import CreditAuditError
+from .verdict import Verdict, verdict_of
 
 TRUSTWORTHY, WALK_BACK, INCOMPLETE = 0, 1, 3
 
 
-def exit_code(verdicts: list[str]) -> int:
-    if any(v.startswith("walk back") for v in verdicts):
+def exit_code(verdicts: list[Verdict]) -> int:
+    if any(v.walks_back for v in verdicts):
         return WALK_BACK
-    if not verdicts or any(not v.startswith("trustworthy") for v in verdicts):
+    if not verdicts or not all(v.trustworthy for v in verdicts):
         return INCOMPLETE
     return TRUSTWORTHY
+
+
+def _verdict(result: dict, where: str) -> Verdict:
+    try:
+        return verdict_of(result)
+    except (ValueError, KeyError, TypeError):
+        raise CreditAuditError(f"{where} holds no structured verdict (written by an older creditaudit?); "
+                               "run the audit or diagnosis again to rewrite it") from None
 
 
 def check_report(report: dict) -> tuple[list[str], int, dict]:
     """(one line, exit code, payload) for one fresh diagnosis (e.g. of a user's model)."""
     name, verdict = str(report.get("label") or "model"), report["verdict"]
-    code = exit_code([verdict])
+    code = exit_code([_verdict(report, "the diagnosis")])
     return [f"{name}  {verdict}"], code, {"exit_code": code, "verdicts": [{"name": name, "verdict": verdict}]}
 
 
@@ -34,24 +43,31 @@ def check_path(path: Path) -> tuple[list[str], int, dict]:
     path = Path(path)
     if (path / "audit.json").exists():
         audit = store.read_sealed_json(path / "audit.json", "creditaudit audit (audit.json)")
+        results = audit.get("methods") or []
         rows = [(str(m["method"]) + (f" (λ={m['lam']:g})" if m.get("lam") else ""), m["verdict"])
-                for m in audit.get("methods") or []]
+                for m in results]
+        where = f"{path / 'audit.json'}"
     elif (path / "diagnosis.json").exists():
         report = store.read_sealed_json(path / "diagnosis.json", "run's diagnosis")
+        results = [report]
         rows = [(str(report.get("label") or path.name), report["verdict"])]
+        where = f"{path / 'diagnosis.json'}"
     elif (path / "run.json").exists():     # a Monitor's folder whose loop never reached finish()
         from .monitor import load_monitored
         run = load_monitored(path)
-        rows = [(str(run.info.get("label") or path.name),
-                 f"incomplete: the run was not finished (status {run.status.get('status', 'none')}, "
-                 f"{run.epochs_completed}/{run.info.get('epochs')} epochs)")]
+        unfinished = Verdict("project", "incomplete", missing=(
+            f"the run was not finished (status {run.status.get('status', 'none')}, "
+            f"{run.epochs_completed}/{run.info.get('epochs')} epochs)",))
+        results = [{"verdicts": {"project": unfinished.to_dict()}}]
+        rows = [(str(run.info.get("label") or path.name), unfinished.text)]
+        where = f"{path / 'run.json'}"
     elif (path / "config.json").exists():
         raise CreditAuditError(f"{path} has no diagnosis yet; run `creditaudit diagnose {path} "
                                "--frozen-control CONTROL_DIR --json`, or audit it")
     else:
         raise CreditAuditError(f"{path} is neither an audit folder (audit.json) nor a run folder; "
                                "point at the folder `creditaudit audit --out` wrote")
-    code = exit_code([v for _, v in rows])
+    code = exit_code([_verdict(r, where) for r in results])
     width = max(len(name) for name, _ in rows) if rows else 0
     lines = [f"{name:<{width}}  {verdict}" for name, verdict in rows]
     return lines, code, {"path": str(path), "exit_code": code,

@@ -280,7 +280,7 @@ def _cmd_audit(args) -> int:
     from .experiments import audit
     from .experiments.lock import audit_lock
     from .report import compact_table, write_report
-    from .verdict import Thresholds
+    from .verdict import Thresholds, verdict_of
     config = audit_config_from_dict(_audit_raw(args), where=args.config or "the audit settings")
     n_runs = len(config.run_configs())
     print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
@@ -294,7 +294,7 @@ def _cmd_audit(args) -> int:
     print()
     print(compact_table(result))
     failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
-    incomplete = [m["method"] for m in result["methods"] if m["verdict"].startswith("incomplete")]
+    incomplete = [m["method"] for m in result["methods"] if verdict_of(m).outcome == "incomplete"]
     print(f"\nfull table, per-seed values and reasons: {Path(config.out) / 'audit.md'}")
     print(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
           f"{result['runs_trained_now']} runs trained now, {result['wall_time']:.0f} s")
@@ -399,7 +399,8 @@ def _cmd_thresholds(args) -> int:
     reports = [r["report"] for r in result.get("runs") or [] if r.get("report") and r.get("control") == "none"]
     if not reports:
         raise CreditAuditError(f"{audit_dir}/audit.json holds no diagnosed runs; is it an audit folder?")
-    sensitivity, _ = threshold_sensitivity(reports, Thresholds(**result.get("thresholds", {})))
+    sensitivity, _ = threshold_sensitivity(reports, Thresholds(**result.get("thresholds", {})),
+                                           depth={m["method"]: m.get("depth") for m in result.get("methods") or []})
     write_sealed_json(audit_dir / "thresholds.json", sensitivity)
     sensitivity_figure(reports, sensitivity, audit_dir / "thresholds.png")
     print(sensitivity_table(sensitivity))

@@ -6,8 +6,9 @@
     (c)  DRIFT       cross-batch stability s_{L/2} > 0.30        descriptive: never changes a verdict
     (d)  UNDERCUT    test acc < frozen-blocks acc + 0.02         depth utility
 
-    project verdict = "trustworthy" if none of (a), (b′), (d) fires, else "walk back: <fired>"
-    paper verdict   = the same with (b) in place of (b′), shown beside it for comparability
+    project verdict: (a), (a′), (b′), (d)     paper verdict (the paper's rule): (a), (b), (d)
+    "walk back: <fired>" when one fired; "trustworthy" only when every one was evaluated on valid
+    evidence from a finished run; "incomplete: <what is missing>" otherwise (verdict.py decides).
 
 A residual stream (or readout) that goes non-finite counts as (a) fired ("non-finite residual
 stream"), and its (b)/(b′) as fired too: a NaN reference gradient is no reference.
@@ -16,24 +17,31 @@ stream"), and its (b)/(b′) as fired too: a NaN reference gradient is no refere
 protocol knows no training loop. Norms, gain, accuracy and Γ pool the samples of all batches (each
 batch's CE mean-reduced over that batch, the paper's convention — use batches of 128 so the floor
 threshold means what it says); s_l needs the batches separately.
+
+Inputs a user can get wrong (accuracies as percents, NaN, a credit list of the wrong length or
+shape, batches that are not (x, y) pairs) raise CreditAuditError with the fix; a statistic that
+cannot be computed (a non-finite credit, a gain with no logit error) leaves its flag "not
+evaluated", so the verdict is at best "incomplete", never "trustworthy".
 """
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from . import metrics as M
+from .errors import CreditAuditError
 from .model import as_stream
 from .seeding import derived_generator
 from .store import json_safe
 from .store import json_number as _num
-from .verdict import (FLAG_NAMES, PAPER_FLAGS, PROJECT_FLAGS, Thresholds, _fmt, disagreement,
-                      fires_a, fires_a_prime, fires_b, fires_b_prime, fires_c, fires_d,
-                      first_fire_epochs, growth_since_init, reasons, stack_growth, training_gaps,
-                      verdict_string)
+from .verdict import (FLAG_NAMES, FLAGS, Thresholds, Verdict, _fmt, decide, disagreement,
+                      first_fire_epochs, growth_since_init, reasons_by_flag, stack_growth,
+                      training_gaps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,9 +67,9 @@ class Report:
     nonfinite: bool
     stability: list[float]                    # (c) s_l, l = 0 … L
     mid_layer: int                            # L // 2
-    flags: dict[str, bool | None]             # a, b, b_prime, c, d
-    verdict: str
-    paper_verdict: str
+    flags: dict[str, bool | None]             # a, a_prime, b, b_prime, c, d (None: not evaluated)
+    project: Verdict                          # flags (a), (a′), (b′), (d)
+    paper: Verdict                            # the paper's rule: (a), (b), (d)
     reasons: list[str]                        # one sentence per fired flag
     notes: list[str] = field(default_factory=list)   # (b)/(b′) disagreement and other caveats
     gamma: list[float] | None = None          # Γ_l, l = 0 … L
@@ -77,6 +85,16 @@ class Report:
     not_evaluated: dict[str, str] = field(default_factory=dict)   # flag → why it could not be
     training: dict | None = None              # status, epochs_completed, epochs_planned
     nudge: list[M.NudgeResult] | None = None  # nudging test at the ρ layers (needs a method)
+    reasons_by_flag: dict[str, str] = field(default_factory=dict)   # the reasons, keyed by flag
+
+    @property
+    def verdict(self) -> str:
+        """The project verdict's text (decide on `project`, never on this string)."""
+        return self.project.text
+
+    @property
+    def paper_verdict(self) -> str:
+        return self.paper.text
 
     @property
     def rho_bp_model_precision(self) -> float | None:
@@ -90,12 +108,14 @@ class Report:
 
     @property
     def trustworthy(self) -> bool:
-        return self.verdict == "trustworthy"
+        return self.project.trustworthy
 
     def to_dict(self) -> dict:
         d = {
             "label": self.label, "verdict": self.verdict, "paper_verdict": self.paper_verdict,
-            "flags": self.flags, "reasons": self.reasons, "notes": self.notes,
+            "verdicts": {"project": self.project.to_dict(), "paper": self.paper.to_dict()},
+            "flags": self.flags, "reasons": self.reasons, "reasons_by_flag": self.reasons_by_flag,
+            "notes": self.notes,
             "nonfinite": self.nonfinite, "n_batches": self.n_batches, "n_samples": self.n_samples,
             "residual_norms": self.residual_norms, "bp_grad_norms": self.bp_grad_norms,
             "readout_gain": self.readout_gain, "max_growth": self.max_growth,
@@ -126,8 +146,8 @@ class Report:
         lines = [title, "=" * len(title),
                  f"eval: {self.n_batches} batches, {self.n_samples} samples; "
                  f"loss {_fmt(self.eval_loss, '.4g')}, acc {_fmt(self.eval_acc, '.4f')}",
-                 f"verdict (project, uses b′): {self.verdict}",
-                 f"verdict (paper, uses b):    {self.paper_verdict}", ""]
+                 f"verdict (project, uses a′, b′): {self.verdict}",
+                 f"verdict (paper's rule, uses b): {self.paper_verdict}", ""]
         rho_by_layer = {r.layer: r for r in self.rho or []}
         head = f"{'layer':>5}  {'‖h_l‖':>10}  {'‖g_l‖':>10}  {'s_l':>7}"
         if self.gamma is not None:
@@ -171,7 +191,8 @@ class Report:
         if self.depth is not None:
             lines.append(f"{'(d) acc − frozen':<17} {_fmt(self.depth.gap, '+11.4f')}  "
                          f"{'< ' + format(t.depth_margin, 'g'):>10}  {self._flag('d')}"
-                         f"   (acc {self.depth.acc:.4f} vs frozen {self.depth.frozen_acc:.4f})")
+                         f"   (acc {self.depth.acc:.4f} vs frozen {self.depth.frozen_acc:.4f}: this run "
+                         "alone, as measured; across seeds an audit decides (d) at 5 % error)")
         else:
             lines.append(f"{'(d) acc − frozen':<17} {'—':>11}  {'':>10}  not evaluated (no frozen control)")
         if self.training:
@@ -203,7 +224,65 @@ def _credit_fn(method) -> Callable | None:
         return method.credit
     if callable(method):
         return method
-    raise TypeError("method must be a creditaudit Method or a callable (x, y) -> [a_0, …, a_L]")
+    raise CreditAuditError("method must be a creditaudit Method or a callable (x, y) -> [a_0, …, a_L]; "
+                           f"got {type(method).__name__}")
+
+
+def _accuracy(name: str, value) -> float | None:
+    """An accuracy argument as a fraction in [0, 1]; percents, NaN and non-numbers are refused."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise CreditAuditError(f"diagnose: {name}={value!r} is not a number; pass the accuracy as a "
+                               "fraction in [0, 1] (e.g. 0.975)")
+    x = float(value)
+    if math.isnan(x):
+        raise CreditAuditError(f"diagnose: {name} is NaN; pass the measured accuracy as a fraction in "
+                               "[0, 1], or leave it out (None) if it was not measured")
+    if not 0.0 <= x <= 1.0:
+        hint = f" (a percent? pass {x / 100:g})" if 1.0 < x <= 100.0 else ""
+        raise CreditAuditError(f"diagnose: {name}={x:g} is not an accuracy in [0, 1]{hint}; "
+                               "accuracies are fractions")
+    return x
+
+
+def _batches(eval_batches) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The eval batches as a list of (x, y) tensor pairs with matching lengths, or one clear error."""
+    fix = "pass eval_batches as a list of (x, y) pairs: x a tensor of inputs, y a tensor of class indices"
+    try:
+        batches = list(eval_batches)
+    except TypeError:
+        raise CreditAuditError(f"diagnose: eval_batches is a {type(eval_batches).__name__}; {fix}") from None
+    if not batches:
+        raise CreditAuditError(f"diagnose needs at least one eval batch; {fix}")
+    for i, batch in enumerate(batches):
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+                and all(isinstance(v, torch.Tensor) for v in batch)):
+            raise CreditAuditError(f"diagnose: eval batch {i} is not an (x, y) pair of tensors; {fix}")
+        x, y = batch
+        if y.dim() != 1 or y.dtype.is_floating_point or y.dtype == torch.bool or len(x) != len(y) or not len(y):
+            raise CreditAuditError(f"diagnose: eval batch {i} has x of {len(x)} samples and y of shape "
+                                   f"{tuple(y.shape)}, dtype {y.dtype}; {fix} (one integer label per sample)")
+    return [(x, y) for x, y in batches]
+
+
+def _credits(credit_fn, batches, hidden_shapes: list[list[torch.Size]]) -> list[list[torch.Tensor]]:
+    """The credit a_0 … a_L of every batch, each shaped like its residual position; else one error."""
+    out = []
+    for i, ((x, y), shapes) in enumerate(zip(batches, hidden_shapes)):
+        credit = credit_fn(x, y)
+        if not isinstance(credit, (list, tuple)) or len(credit) != len(shapes):
+            n = len(credit) if isinstance(credit, (list, tuple)) else type(credit).__name__
+            raise CreditAuditError(f"diagnose: the method's credit for eval batch {i} has {n} entries; it "
+                                   f"must be a list of {len(shapes)} tensors a_0 … a_L, one per residual "
+                                   "position h_0 … h_L")
+        for l, (a, shape) in enumerate(zip(credit, shapes)):
+            if not isinstance(a, torch.Tensor) or a.shape != shape:
+                got = tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__
+                raise CreditAuditError(f"diagnose: the credit a_{l} for eval batch {i} is {got}; it must "
+                                       f"have the shape of h_{l}, {tuple(shape)}")
+        out.append([a.detach() for a in credit])
+    return out
 
 
 def _pooled_bp(bps: list[M.BPGradients]) -> M.BPGradients:
@@ -223,14 +302,18 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
              null: bool | None = None, null_k: int = 20, null_seed: int = 0,
              rho: bool | Sequence[int] = False, rho_m: int = 32, rho_eps: float = 1e-3,
              rho_seed: int = 0, label: str = "", diverged: str | None = None,
-             training: dict | None = None) -> Report:
+             training: dict | None = None, missing_evidence: Sequence[str] = ()) -> Report:
     """Run the docs/PROTOCOL.md protocol on `model` (a ResidualStream or a model with `.stream()`).
 
     eval_batches:    list of (x, y); protocol: K ≥ 8 disjoint batches of 128 (s_l needs K ≥ 2).
-    method:          a Method, or a callable (x, y) -> [a_0 … a_L]; gives Γ (and the null).
-    frozen_acc:      accuracy of the frozen-blocks control; without it (d) is None (not measured).
-    test_acc:        the headline accuracy for (d); defaults to the accuracy on the eval batches.
-    monitor_history: per-epoch monitor dicts → the epoch each of (a), (b), (b′) first fired.
+    method:          a Method, or a callable (x, y) -> [a_0 … a_L] (one tensor per residual position,
+                     shaped like it); gives Γ (and the null). A non-finite credit leaves Γ not
+                     evaluated and the verdict incomplete.
+    frozen_acc:      accuracy (fraction in [0, 1]) of the frozen-blocks control; without it (d) is
+                     None (not measured).
+    test_acc:        the headline accuracy (fraction in [0, 1]) for (d); defaults to the accuracy
+                     on the eval batches.
+    monitor_history: per-epoch monitor dicts → the epoch each of (a), (a′), (b), (b′) first fired.
     null:            Γ under `null_k` fresh feedback draws (seeded by `null_seed`); None = do it
                      when the method has random feedback. Needs `method.fresh_feedback_credit`
                      (or, for a plain callable method, that it accepts (x, y, gen)).
@@ -241,27 +324,53 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
     diverged:        the trainer's message when the run ended non-finite; (a) then fires
                      whatever the last finite checkpoint looks like.
     training:        {"status", "epochs_completed", "epochs_planned"} of the run; a run that did
-                     not finish makes the verdict at best "incomplete" (None: a model trained
-                     elsewhere, taken as final).
-    Never raises on a non-finite model: the report says so instead.
+                     not finish, or was stopped early, makes the verdict at best "incomplete"
+                     (None: a model trained elsewhere, taken as final).
+    missing_evidence: what the caller knows is missing or unchecked (e.g. "the frozen control
+                     could not be verified against the initialisation"); each keeps both verdicts
+                     from "trustworthy".
+    Never raises on a non-finite model: the report says so instead. Raises CreditAuditError for
+    inputs out of range (accuracies outside [0, 1] or NaN, malformed batches or credit).
     """
-    if not eval_batches:
-        raise ValueError("diagnose needs at least one eval batch")
+    frozen_acc = _accuracy("frozen_acc", frozen_acc)
+    test_acc = _accuracy("test_acc", test_acc)
+    batches = _batches(eval_batches)
     module = model if isinstance(model, torch.nn.Module) else None
     was_training = module.training if module is not None else False
     if module is not None:
         module.eval()                  # per-sample forward: BatchNorm/Dropout in eval mode
     try:
-        return _diagnose(model, list(eval_batches), method, frozen_acc, test_acc, thresholds,
+        return _diagnose(model, batches, method, frozen_acc, test_acc, thresholds,
                          monitor_history, null, null_k, null_seed, rho, rho_m, rho_eps, rho_seed,
-                         label, diverged, training)
+                         label, diverged, training, list(missing_evidence))
     finally:
         if module is not None:
             module.train(was_training)
 
 
+def _flags(values: dict, t: Thresholds, nonfinite: bool, diverged: str | None
+           ) -> tuple[dict[str, bool | None], dict[str, str]]:
+    """Every flag of the table on this run's statistics, and why any could not be evaluated.
+
+    A non-finite stream or a diverged run fires (a) and (a′). On a finite stream a statistic that
+    is still NaN could not be computed (e.g. no sample with a non-zero logit error for the gain):
+    its flag is not evaluated, never fired or cleared by default."""
+    flags = {k: f.fires(values, t) for k, f in FLAGS.items()}
+    why: dict[str, str] = {}
+    if diverged or nonfinite:
+        flags["a"] = flags["a_prime"] = True
+        return flags, why
+    for k, f in FLAGS.items():
+        lost = [st.name for st in f.statistics
+                if st.nonfinite_fires and math.isnan(_num(values.get(st.key)))]
+        if lost:
+            flags[k] = None
+            why[k] = f"its statistic ({', '.join(lost)}) could not be computed on these eval batches"
+    return flags, why
+
+
 def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, null_k, null_seed,
-              rho, rho_m, rho_eps, rho_seed, label, diverged, training) -> Report:
+              rho, rho_m, rho_eps, rho_seed, label, diverged, training, missing) -> Report:
     stream = as_stream(model)
     bps = [M.bp_gradients(stream, x, y) for x, y in batches]
     pooled = _pooled_bp(bps)
@@ -280,41 +389,33 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     if frozen_acc is not None:
         depth = M.depth_utility(eval_acc if test_acc is None else test_acc, frozen_acc,
                                 t.depth_margin)
-    if depth is not None:
-        depth.undercut = fires_d(depth.gap, t)
-        if depth.undercut is None:      # a non-finite accuracy: the network certainly does not clear it
-            depth.undercut = True
     monitor_now = [_num(v) for v in history[-1]["h_norms"]] if history else None
     monitor_init = ([_num(v) for v in history[0]["h_norms"]]
                     if history and int(history[0]["epoch"]) == 0 else None)
     init_growth = growth_since_init(monitor_now, monitor_init) if monitor_now else float("nan")
     stack = stack_growth(h_norms) if not nonfinite else float("nan")
-    flags = {"a": bool(diverged) or fires_a(growth, t),
-             "a_prime": True if (diverged or nonfinite) else fires_a_prime(init_growth, stack, t),
-             "b": fires_b(g_norms[-1], t), "b_prime": fires_b_prime(gain, t),
-             "c": fires_c(stability[mid], t), "d": None if depth is None else depth.undercut}
-    if training and training.get("status") == "stopped" and history:
-        # --stop-when-flagged ended the run: the monitor's flags that held are evidence too
-        last = history[-1]
-        flags["a"] = flags["a"] or fires_a(last["max_growth"], t)
-        flags["b_prime"] = flags["b_prime"] or fires_b_prime(last["gain"], t)
-        flags["a_prime"] = flags["a_prime"] or bool(fires_a_prime(init_growth, stack_growth(monitor_now), t))
-    not_evaluated = {}
-    if flags["a_prime"] is None:
+    values = {"max_growth": growth, "init_growth": init_growth, "stack_growth": stack,
+              "g_L": g_norms[-1], "readout_gain": gain, "stability_mid": stability[mid],
+              "gap": None if depth is None else depth.gap}
+    flags, not_evaluated = _flags(values, t, nonfinite, diverged)
+    if depth is not None:
+        depth.undercut = flags["d"]
+    if flags["a_prime"] is None and "a_prime" not in not_evaluated:
         not_evaluated["a_prime"] = ("no initialisation was recorded for this model, so only the "
                                     f"whole-stack ratio ‖h_L‖/‖h_0‖ = {stack:.3g} could be measured")
     if flags["d"] is None:
         not_evaluated["d"] = ("no accuracy of a matching, finished frozen-blocks control was given "
                               "(creditaudit diagnose --frozen-control RUN_DIR)")
-    missing = training_gaps(training)
+    if flags["c"] is None:
+        not_evaluated["c"] = "s_l needs at least two eval batches with non-zero BP gradients"
+    missing = training_gaps(training) + missing
 
     report = Report(label, len(batches), len(pooled.logits), t, h_norms, g_norms, gain, growth,
                     pooled.loss, eval_acc, M.median(M.per_sample_norm(pooled.logit_grad)),
-                    nonfinite, stability, mid, flags,
-                    verdict_string(flags, PROJECT_FLAGS, nonfinite, missing),
-                    verdict_string(flags, PAPER_FLAGS, nonfinite, missing), [], depth=depth,
-                    diverged=diverged, init_growth=init_growth, stack_growth=stack,
-                    not_evaluated=not_evaluated, training=training)
+                    nonfinite, stability, mid, flags, Verdict("project", "incomplete"),
+                    Verdict("paper", "incomplete"), [], depth=depth, diverged=diverged,
+                    init_growth=init_growth, stack_growth=stack, not_evaluated=not_evaluated,
+                    training=training)
     report.notes = disagreement(report)
     report.notes += [f"{FLAG_NAMES[k].split()[0]} not evaluated: {why}." for k, why in not_evaluated.items()]
     report.notes += [f"not a final result: {gap}." for gap in missing]
@@ -323,20 +424,28 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
                             "for K ≥ 8, so s_l is noisier than the paper's.")
 
     credit_fn = _credit_fn(method)
+    credits = None
     if credit_fn is not None:
-        credits = [credit_fn(x, y) for x, y in batches]
+        credits = _credits(credit_fn, batches, [[h.shape for h in b.hidden] for b in bps])
         report.gamma = M.gradient_cosine(M.pool_samples(credits), pooled.grads)
-        report.gamma_interpretable = not (flags["b"] or flags["b_prime"])
+        bad = [l for l, a in enumerate(M.pool_samples(credits)) if not bool(torch.isfinite(a).all())]
+        report.gamma_interpretable = not (flags["b"] or flags["b_prime"] or bad)
+        if bad:
+            # Γ is one of the two numbers the verdict vouches for: without it the verdict cannot
+            # say the reported numbers stand
+            missing.append(f"Γ not evaluated: the method's credit is non-finite at residual "
+                           f"position(s) {', '.join(map(str, bad))}")
+            report.notes.append(f"{missing[-1]}.")
         if null is None:
             null = bool(getattr(method, "random_feedback", False))
-        if null:
+        if null and not bad:
             report.null = M.null_calibration(method, stream, batches, None, k=null_k,
                                              seed=null_seed)
             report.gamma_z = report.null.z(report.gamma)
     if rho:
         layers = range(1, stream.n_blocks + 1) if rho is True else rho
         x0, y0 = batches[0]
-        a0 = credit_fn(x0, y0) if credit_fn is not None else None
+        a0 = credits[0] if credits is not None else None
         report.rho = [M.perturbation_with_controls(model, x0, y0, l, a0, m=rho_m, eps=rho_eps,
                                                    gen=derived_generator(rho_seed, f"rho:{l}"))
                       for l in layers]
@@ -344,7 +453,8 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
             report.nudge = [M.nudging_test(model, x0, y0, l, a0) for l in layers]
     if history is not None:
         report.first_fire = first_fire_epochs(history, t)
-    report.reasons = reasons(report)     # last: a reason may cite ρ_BP measured above
+    report.project = decide(flags, "project", nonfinite, missing)
+    report.paper = decide(flags, "paper", nonfinite, missing)
+    report.reasons_by_flag = reasons_by_flag(report)   # last: a reason may cite ρ_BP measured above
+    report.reasons = list(report.reasons_by_flag.values())
     return report
-
-

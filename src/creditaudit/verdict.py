@@ -1,6 +1,6 @@
-"""The verdict: thresholds, flags, verdict strings, reasons, first-fire epochs, the early-stop rule,
-method-level aggregation over seeds and threshold sensitivity. The only place a verdict is decided
-(docs/PROTOCOL.md states the rules in words).
+"""The verdict: the flag table, the verdict object, (d) across seeds, first-fire epochs, the early-stop
+rule, method-level aggregation over seeds and threshold sensitivity. The only place a verdict is
+decided (docs/PROTOCOL.md states the rules in words).
 
     (a)  EXPLODED    max_l ‖h_{l+1}‖/‖h_l‖ > 50                     scale stability (paper)
     (a′) GROWN       max_l ‖h_l‖/‖h_l at init‖ > 100, or ‖h_L‖/‖h_0‖ > 50   growth since init (project)
@@ -13,23 +13,36 @@ method-level aggregation over seeds and threshold sensitivity. The only place a 
     "walk back: <fired flags>"   when any of its flags fired (a fired flag is evidence enough)
     "trustworthy"                when every one of its flags was evaluated, on a finished run, and
                                  none fired
-    "incomplete: <what is missing>"  otherwise (a flag not evaluated, the run unfinished, (d)
-                                 undetermined across seeds)
+    "incomplete: <what is missing>"  otherwise (a flag not evaluated, the run unfinished or stopped
+                                 early, (d) undetermined across seeds)
 
-A residual stream (or readout) that goes non-finite counts as (a) fired ("non-finite residual
-stream"), and its (b)/(b′) as fired too: a NaN reference gradient is no reference.
-Every function here reads plain numbers (or their JSON-safe forms: None = NaN, "inf"), so the same
-rules apply to a fresh diagnosis, a monitor history and an audit.json read back.
+Each flag is one entry of `FLAGS` (statistic, threshold, direction, when it can be evaluated, its
+sentence, what it takes back, which verdicts use it); the verdict, the monitor's first-fire epochs,
+the early-stop rule, threshold sensitivity and the report all read that table. A verdict is a
+`Verdict` object (JSON via to_dict/from_dict); its text is for people, never parsed back.
+
+Across seeds (d) is a one-sided claim at 5 % error each way, with the noise pooled over every
+method of an audit (`SeedNoise`, `depth_decision`); the paper's own rule (mean gap < margin) is
+kept apart for the paper verdict. A residual stream (or readout) that goes non-finite counts as (a)
+fired ("non-finite residual stream"), and its (b)/(b′) as fired too: a NaN reference gradient is no
+reference. Every function here reads plain numbers (or their JSON-safe forms: None = NaN, "inf"),
+so the same rules apply to a fresh diagnosis, a monitor history and an audit.json read back.
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Iterable, Sequence
 
 from . import metrics as M
 from .store import json_number as _num, json_safe
+
+TRUSTWORTHY, WALK_BACK, INCOMPLETE = "trustworthy", "walk back", "incomplete"
+ERROR_RATE = 0.05          # each one-sided claim of (d) across seeds
+POWER = 0.80               # "seeds likely to decide it": the count that decides with this probability
+MAX_SEEDS = 1000
 
 
 @dataclass(frozen=True)
@@ -45,12 +58,6 @@ class Thresholds:
     depth_margin: float = 0.02
 
 
-FLAG_NAMES = {"a": "(a) EXPLODED", "a_prime": "(a′) GROWN", "b": "(b) AT FLOOR",
-              "b_prime": "(b′) ATTENUATED", "c": "(c) DRIFT", "d": "(d) UNDERCUT"}
-PROJECT_FLAGS = ("a", "a_prime", "b_prime", "d")
-PAPER_FLAGS = ("a", "b", "d")
-
-
 # ---------------------------------------------------------------------------------------------
 # Formatting
 # ---------------------------------------------------------------------------------------------
@@ -64,54 +71,186 @@ def _fmt(value: float | None, spec: str = ".3g") -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The flags, from the statistics 
+# The flag table
 # ---------------------------------------------------------------------------------------------
 
-# The fires_* functions accept floats or their JSON-safe forms (None = NaN, "inf"), so they work
-# on an in-memory monitor history and on one read back from metrics JSON alike.
+def _monitor_growth(row: dict, init: dict | None) -> Any:
+    return row["max_growth"] if "max_growth" in row else M.max_block_growth([_num(v) for v in row["h_norms"]])
+
+
+def _monitor_init_growth(row: dict, init: dict | None) -> float:
+    now = [_num(v) for v in row["h_norms"]]
+    return growth_since_init(now, None if init is None else [_num(v) for v in init["h_norms"]])
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """One thresholded statistic of a flag.
+
+    fires when `value <direction> threshold` (with `tolerance` in the flag's favour of not firing,
+    so float rounding cannot flip a gap of exactly the margin). A NaN value (or ±inf for a "<"
+    statistic) is a non-finite stream: it fires when `nonfinite_fires`, else the statistic is not
+    evaluated (None)."""
+
+    name: str                                   # what it is, in the paper's words
+    key: str                                    # its key in a diagnosis dict
+    threshold: str                              # the Thresholds field
+    direction: str                              # ">" or "<"
+    of_report: Callable[[dict], Any]
+    of_monitor: Callable[[dict, dict | None], Any] | None = None   # (monitor row, epoch-0 row)
+    nonfinite_fires: bool = False
+    tolerance: float = 0.0
+    log_scale: bool = True                      # how a plot of it across runs reads best
+
+    def fires(self, value: Any, t: Thresholds) -> bool | None:
+        x, limit = _num(value), getattr(t, self.threshold)
+        if math.isnan(x) or (self.direction == "<" and math.isinf(x)):
+            return True if self.nonfinite_fires else None
+        return x > limit if self.direction == ">" else x < limit - self.tolerance
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One diagnostic: its statistics, when it can be evaluated, what its firing takes back, which
+    verdicts use it, whether the training-time monitor watches it and whether it may stop a run."""
+
+    key: str
+    label: str                                  # "(a)"
+    word: str                                   # "EXPLODED"
+    statistics: tuple[Statistic, ...]
+    evaluable: str                              # when it can be evaluated
+    takes_back: str                             # the reported number it takes back
+    sentence: str                               # the plain sentence, without numbers
+    verdicts: tuple[str, ...]                   # "paper", "project"
+    monitored: bool = False                     # first-fire epoch from the monitor
+    stops: bool = False                         # counts toward --stop-when-flagged
+
+    @property
+    def name(self) -> str:
+        return f"{self.label} {self.word}"
+
+    def fires(self, values: dict[str, Any], t: Thresholds) -> bool | None:
+        """Fired when any statistic fires; else not evaluated (None) when any could not be; else False."""
+        each = [s.fires(values.get(s.key), t) for s in self.statistics]
+        return True if any(each) else None if any(e is None for e in each) else False
+
+    def fires_on_report(self, report: dict, t: Thresholds) -> bool | None:
+        return self.fires({s.key: s.of_report(report) for s in self.statistics}, t)
+
+    def fires_on_monitor(self, row: dict, init: dict | None, t: Thresholds) -> bool | None:
+        return self.fires({s.key: s.of_monitor(row, init) for s in self.statistics}, t)
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "name": self.name, "evaluable": self.evaluable,
+                "takes_back": self.takes_back, "sentence": self.sentence, "verdicts": list(self.verdicts),
+                "monitored": self.monitored, "stops": self.stops,
+                "statistics": [{"name": s.name, "key": s.key, "threshold": s.threshold,
+                                "fires_when": f"statistic {s.direction} threshold"} for s in self.statistics]}
+
+
+FLAGS: dict[str, Flag] = {f.key: f for f in (
+    Flag("a", "(a)", "EXPLODED",
+         (Statistic("largest single-block growth max_l ‖h_{l+1}‖/‖h_l‖", "max_growth", "growth", ">",
+                    lambda d: d.get("max_growth"), _monitor_growth, nonfinite_fires=True),),
+         "always (a non-finite stream fires it)",
+         "the headline accuracy",
+         "the headline accuracy is read through a terminal LayerNorm hiding an unstable stream and "
+         "does not show that the blocks learned a usable representation",
+         ("paper", "project"), monitored=True, stops=True),
+    Flag("a_prime", "(a′)", "GROWN",
+         (Statistic("growth since initialisation max_l ‖h_l‖/‖h_l at init‖", "init_growth",
+                    "init_growth", ">", lambda d: d.get("init_growth"), _monitor_init_growth),
+          Statistic("whole-stack amplification ‖h_L‖/‖h_0‖", "stack_growth", "stack_growth", ">",
+                    lambda d: d.get("stack_growth"),
+                    lambda r, i: stack_growth([_num(v) for v in r["h_norms"]]))),
+         "needs the run's initialisation (monitor epoch 0); without it only a firing whole-stack "
+         "ratio decides",
+         "the headline accuracy",
+         "the headline accuracy is read through a terminal normalisation of a stream whose scale the "
+         "method does not control",
+         ("project",), monitored=True, stops=True),
+    Flag("b", "(b)", "AT FLOOR",
+         (Statistic("BP gradient at the last position ‖g_L‖", "g_L", "floor", "<",
+                    lambda d: (d.get("bp_grad_norms") or [None])[-1],
+                    lambda r, i: (r.get("g_norms") or [None])[-1], nonfinite_fires=True),),
+         "always (a non-finite gradient fires it)",
+         "Γ",
+         "the reported Γ compares the credit with a gradient at the paper's floor, where float32 "
+         "rounding can dominate it",
+         ("paper",), monitored=True),
+    Flag("b_prime", "(b′)", "ATTENUATED",
+         (Statistic("readout gain ‖g_L‖/‖∂CE/∂logits‖", "readout_gain", "gain", "<",
+                    lambda d: d.get("readout_gain"), lambda r, i: r.get("gain"),
+                    nonfinite_fires=True),),
+         "needs a finite stream with some non-zero logit error (a non-finite stream fires it)",
+         "Γ and ρ at the blocks",
+         "the blocks' credit, aligned or not, barely moves the loss, so a reported Γ or ρ at the "
+         "blocks does not show that the blocks learn from it",
+         ("project",), monitored=True, stops=True),
+    Flag("c", "(c)", "DRIFT",
+         (Statistic("cross-batch stability s_{L/2}", "stability_mid", "drift", ">",
+                    lambda d: d.get("stability_mid"), log_scale=False),),
+         "needs K ≥ 2 eval batches with non-zero gradients",
+         "nothing (descriptive)",
+         "one sample-invariant direction dominates the true gradient, so a high Γ there can come "
+         "from matching that drift rather than per-sample credit",
+         ()),
+    Flag("d", "(d)", "UNDERCUT",
+         (Statistic("accuracy − frozen-blocks control accuracy", "gap", "depth_margin", "<",
+                    lambda d: (d.get("depth") or {}).get("gap"), tolerance=1e-9, log_scale=False),),
+         "needs the accuracy of a finished, matching frozen-blocks control; across seeds a one-sided "
+         "5 % decision that may be undetermined (the paper's rule: the mean gap)",
+         "the headline accuracy",
+         "the headline accuracy does not show that the trained blocks add anything",
+         ("paper", "project")),
+)}
+PROJECT_FLAGS = tuple(k for k, f in FLAGS.items() if "project" in f.verdicts)
+PAPER_FLAGS = tuple(k for k, f in FLAGS.items() if "paper" in f.verdicts)
+VERDICT_FLAGS = {"project": PROJECT_FLAGS, "paper": PAPER_FLAGS}
+FLAG_NAMES = {k: f.name for k, f in FLAGS.items()}
+
+
+def flag_table() -> list[dict]:
+    """The flag table as JSON (an audit stores it, so its report is a view of audit.json alone)."""
+    return [f.to_dict() for f in FLAGS.values()]
+
+
+# The fires_* functions accept floats or their JSON-safe forms (None = NaN, "inf"); each is the
+# flag table's rule for one statistic.
 
 def fires_a(max_growth: float | str | None, t: Thresholds) -> bool:
     """(a) fires above the threshold, and for a non-finite statistic (non-finite stream)."""
-    max_growth = _num(max_growth)
-    return not math.isfinite(max_growth) or max_growth > t.growth
+    return bool(FLAGS["a"].fires({"max_growth": max_growth}, t))
 
 
 def fires_b(g_last: float | str | None, t: Thresholds) -> bool:
     """(b) fires below the floor, and for a NaN/inf reference gradient."""
-    g_last = _num(g_last)
-    return not math.isfinite(g_last) or g_last < t.floor
+    return bool(FLAGS["b"].fires({"g_L": g_last}, t))
 
 
 def fires_b_prime(gain: float | str | None, t: Thresholds) -> bool:
     """(b′) fires below the gain threshold, and for a NaN/inf gain."""
-    gain = _num(gain)
-    return not math.isfinite(gain) or gain < t.gain
+    return bool(FLAGS["b_prime"].fires({"readout_gain": gain}, t))
 
 
 def fires_c(stability_mid: float | str | None, t: Thresholds) -> bool | None:
     """(c) fires above the drift threshold; None when s could not be measured."""
-    stability_mid = _num(stability_mid)
-    return None if math.isnan(stability_mid) else stability_mid > t.drift
+    return FLAGS["c"].fires({"stability_mid": stability_mid}, t)
 
 
 def fires_a_prime(init_growth: float | str | None, stack_growth: float | str | None,
                   t: Thresholds) -> bool | None:
     """(a′) fires when any ‖h_l‖ grew past `init_growth` × its value at initialisation, or when the
-    stack amplifies ‖h_0‖ past `stack_growth`; a non-finite statistic fires. None (not evaluated)
-    when there is no recorded initialisation and the whole-stack ratio alone does not fire."""
-    init_growth, stack_growth = _num(init_growth), _num(stack_growth)
-    stack = not math.isfinite(stack_growth) and not math.isnan(stack_growth) or stack_growth > t.stack_growth
-    if math.isnan(init_growth):
-        return True if stack else None
-    return not math.isfinite(init_growth) or init_growth > t.init_growth or stack
+    stack amplifies ‖h_0‖ past `stack_growth`. None (not evaluated) when a statistic could not be
+    measured (no recorded initialisation) and the other does not fire."""
+    return FLAGS["a_prime"].fires({"init_growth": init_growth, "stack_growth": stack_growth}, t)
 
 
 def fires_d(gap: float | str | None, t: Thresholds) -> bool | None:
-    """(d) fires when accuracy − frozen-control accuracy falls short of the margin (with a 1e-9
-    tolerance, so a gap of exactly the margin clears it despite float rounding); None when the
-    gap could not be measured."""
-    gap = _num(gap)
-    return None if math.isnan(gap) else gap < t.depth_margin - 1e-9
+    """(d) for one run: fires when accuracy − frozen-control accuracy falls short of the margin
+    (a gap within 1e-9 of the margin clears it despite float rounding); None when the gap could
+    not be measured."""
+    return FLAGS["d"].fires({"gap": gap}, t)
 
 
 def growth_since_init(h_norms: Sequence[float], init: Sequence[float] | None) -> float:
@@ -128,41 +267,42 @@ def stack_growth(h_norms: Sequence[float]) -> float:
     return hl / h0 if h0 > 0 else float("inf") if hl > 0 else float("nan")
 
 
+# ---------------------------------------------------------------------------------------------
+# The training-time monitor: first fire and the early-stop rule
+# ---------------------------------------------------------------------------------------------
+
+def _init_row(history: Sequence[dict]) -> dict | None:
+    return history[0] if history and int(history[0]["epoch"]) == 0 else None
+
+
 def first_fire_epochs(history: Sequence[dict], thresholds: Thresholds = Thresholds()
                       ) -> dict[str, int | None]:
-    """The first epoch at which (a), (b) and (b′) fired in a training-time monitor history.
+    """The first epoch at which each monitored flag ((a), (a′), (b), (b′)) fired in a monitor history.
 
     history: one dict per epoch with keys epoch, h_norms, g_norms, max_growth, gain (test_acc is
     ignored here). Values may be JSON-safe (None / "inf"). max_growth is recomputed from h_norms
-    when absent. Returns {"a": epoch | None, "b": …, "b_prime": …}; None = never fired.
+    when absent. Returns {"a": epoch | None, …}; None = never fired.
     """
-    first: dict[str, int | None] = {"a": None, "a_prime": None, "b": None, "b_prime": None}
-    init = [_num(v) for v in history[0]["h_norms"]] if history and int(history[0]["epoch"]) == 0 else None
+    monitored = [f for f in FLAGS.values() if f.monitored]
+    first: dict[str, int | None] = {f.key: None for f in monitored}
+    init = _init_row(history)
     for row in history:
-        h = [_num(v) for v in row["h_norms"]]
-        growth = row["max_growth"] if "max_growth" in row else M.max_block_growth(h)
-        fired = {"a": fires_a(growth, thresholds),
-                 "a_prime": bool(fires_a_prime(growth_since_init(h, init), stack_growth(h), thresholds)),
-                 "b": fires_b(row["g_norms"][-1], thresholds),
-                 "b_prime": fires_b_prime(row["gain"], thresholds)}
-        for key, on in fired.items():
-            if on and first[key] is None:
-                first[key] = int(row["epoch"])
+        for f in monitored:
+            if first[f.key] is None and f.fires_on_monitor(row, init, thresholds):
+                first[f.key] = int(row["epoch"])
     return first
 
 
 def flag_streak(history: Sequence[dict], thresholds: Thresholds) -> int:
-    """How many consecutive epochs, ending now, (a), (a′) or (b′) has held in a monitor history.
+    """How many consecutive epochs, ending now, a flag that may stop a run ((a), (a′), (b′)) has held.
 
     (b) alone does not count: it also fires on a healthy model that fits its eval batch (the
     confound (b′) removes), and stopping such a run early would only truncate a good result.
     """
-    streak = 0
-    for r in reversed(history):
-        h = [_num(v) for v in r["h_norms"]]
-        grown = fires_a_prime(growth_since_init(h, [_num(v) for v in history[0]["h_norms"]]),
-                              stack_growth(h), thresholds)
-        if not (fires_a(r["max_growth"], thresholds) or grown or fires_b_prime(r["gain"], thresholds)):
+    stoppers = [f for f in FLAGS.values() if f.stops]
+    init, streak = _init_row(history), 0
+    for row in reversed(history):
+        if not any(f.fires_on_monitor(row, init, thresholds) for f in stoppers):
             break
         streak += 1
     return streak
@@ -183,92 +323,153 @@ def stop_rule(epochs: int | None, thresholds: Thresholds) -> Callable[[Sequence[
     return rule
 
 
-def verdict_string(flags: dict[str, bool | None], keys: Sequence[str], nonfinite: bool = False,
-                   missing: Sequence[str] = ()) -> str:
-    """"walk back: …" if a flag of `keys` fired; else "incomplete: …" naming every flag that was not
-    evaluated (None) and every other missing piece of evidence (`missing`); else "trustworthy"."""
-    fired = []
-    for k in keys:
-        if flags.get(k):
-            name = FLAG_NAMES[k]
-            fired.append(f"{name} (non-finite residual stream)" if nonfinite and k == "a" else name)
+# ---------------------------------------------------------------------------------------------
+# The verdict object
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    """One verdict. rule: "project" or "paper"; outcome: "trustworthy", "walk back" or "incomplete";
+    fired: the flag keys that fired (a walk back); missing: what kept it from "trustworthy"
+    (an incomplete one, or the caveats of a walk back); `text` is the line people read."""
+
+    rule: str
+    outcome: str
+    fired: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    nonfinite: bool = False
+
+    @property
+    def trustworthy(self) -> bool:
+        return self.outcome == TRUSTWORTHY
+
+    @property
+    def walks_back(self) -> bool:
+        return self.outcome == WALK_BACK
+
+    @property
+    def text(self) -> str:
+        if self.outcome == WALK_BACK:
+            return "walk back: " + ", ".join(
+                f"{FLAG_NAMES[k]} (non-finite residual stream)" if self.nonfinite and k == "a"
+                else FLAG_NAMES[k] for k in self.fired)
+        if self.outcome == INCOMPLETE:
+            return "incomplete: " + "; ".join(self.missing)
+        return TRUSTWORTHY
+
+    def __str__(self) -> str:
+        return self.text
+
+    def to_dict(self) -> dict:
+        return {"rule": self.rule, "outcome": self.outcome, "fired": list(self.fired),
+                "missing": list(self.missing), "nonfinite": self.nonfinite, "text": self.text}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Verdict":
+        return cls(str(d["rule"]), str(d["outcome"]), tuple(d.get("fired") or ()),
+                   tuple(d.get("missing") or ()), bool(d.get("nonfinite")))
+
+
+def decide(flags: dict[str, bool | None], rule: str, nonfinite: bool = False,
+           missing: Sequence[str] = (), explained: Iterable[str] = ()) -> Verdict:
+    """The verdict of `rule` from its flags: walk back when one of them fired; else incomplete when
+    one was not evaluated (None) or other evidence is `missing`; else trustworthy. `explained`:
+    flags whose None a `missing` entry already explains (e.g. "(d) undetermined: …")."""
+    keys = VERDICT_FLAGS[rule]
+    fired = tuple(k for k in keys if flags.get(k))
+    explained = set(explained)
+    gaps = [f"{FLAGS[k].label} not evaluated" for k in keys
+            if flags.get(k) is None and k not in explained] + list(missing)
     if fired:
-        return "walk back: " + ", ".join(fired)
-    gaps = [f"{FLAG_NAMES[k].split()[0]} not evaluated" for k in keys if flags.get(k) is None
-            and not any(m.startswith(FLAG_NAMES[k].split()[0]) for m in missing)]
-    gaps += list(missing)
-    return "incomplete: " + "; ".join(gaps) if gaps else "trustworthy"
+        return Verdict(rule, WALK_BACK, fired, tuple(gaps), nonfinite)
+    return Verdict(rule, INCOMPLETE if gaps else TRUSTWORTHY, (), tuple(gaps), nonfinite)
+
+
+def verdict_of(d: dict, rule: str = "project") -> Verdict:
+    """The structured verdict stored in a diagnosis or audit-row dict (`d["verdicts"][rule]`)."""
+    stored = (d.get("verdicts") or {}).get(rule)
+    if not isinstance(stored, dict):
+        raise ValueError(f"no structured {rule} verdict in this result (written by an older creditaudit?)")
+    return Verdict.from_dict(stored)
 
 
 def training_gaps(training: dict | None) -> list[str]:
-    """What a run's training status leaves missing: a run that did not finish is no final result.
-    A run stopped by --stop-when-flagged or diverged is evidence of a flag, not a gap."""
+    """What a run's training status leaves missing. A run that did not finish — killed, or stopped
+    early by --stop-when-flagged — is no final result; a diverged run is evidence of (a), not a gap."""
     if training is None:
         return []
     status = training.get("status")
     done, planned = training.get("epochs_completed"), training.get("epochs_planned")
-    if status in ("finished", "stopped", "diverged"):
+    if status in ("finished", "diverged"):
         return []
+    if status == "stopped":
+        return [f"the run was stopped early by --stop-when-flagged at epoch {done} of {planned}, so "
+                "it is no final result (only a flag firing on its last checkpoint can decide it)"]
     return [f"the run is unfinished ({done}/{planned} epochs, status {status or 'unknown'})"]
 
 
-def reasons(r) -> list[str]:
-    t, f, out = r.thresholds, r.flags, []
+# ---------------------------------------------------------------------------------------------
+# Sentences: one per fired flag, with the numbers it rests on
+# ---------------------------------------------------------------------------------------------
+
+def reasons_by_flag(r) -> dict[str, str]:
+    """{flag key: its sentence} for every fired flag of a diagnosis `r` (a protocol.Report)."""
+    t, f, out = r.thresholds, r.flags, {}
     if f["a"]:
         if r.diverged:
-            out.append(f"(a) EXPLODED: training diverged ({r.diverged}); the figures here come "
-                       "from its last finite checkpoint, and no number of this run can be "
-                       "reported as the method's result.")
+            out["a"] = (f"(a) EXPLODED: training diverged ({r.diverged}); the figures here come "
+                        "from its last finite checkpoint, and no number of this run can be "
+                        "reported as the method's result.")
         elif r.nonfinite:
-            out.append("(a) EXPLODED: the residual stream (or its readout) is non-finite (inf/NaN) "
-                       "on the eval batches, so every number measured on it — accuracy, Γ, ρ — "
-                       "is invalid.")
+            out["a"] = ("(a) EXPLODED: the residual stream (or its readout) is non-finite (inf/NaN) "
+                        "on the eval batches, so every number measured on it — accuracy, Γ, ρ — "
+                        "is invalid.")
         else:
-            out.append(f"(a) EXPLODED: one block multiplies ‖h‖ by {r.max_growth:.3g} "
-                       f"(> {t.growth:g}; ‖h_L‖ = {r.residual_norms[-1]:.3g}), so the headline "
-                       "accuracy is read through a terminal LayerNorm hiding an unstable stream "
-                       "and does not show that the blocks learned a usable representation.")
+            out["a"] = (f"(a) EXPLODED: one block multiplies ‖h‖ by {r.max_growth:.3g} "
+                        f"(> {t.growth:g}; ‖h_L‖ = {r.residual_norms[-1]:.3g}), so "
+                        f"{FLAGS['a'].sentence}.")
     if f.get("a_prime") and not r.nonfinite and not r.diverged:
         since = ("" if math.isnan(_num(r.init_growth)) else
                  f"‖h_l‖ grew up to {_num(r.init_growth):.3g}× its value at initialisation "
                  f"(threshold {t.init_growth:g}) and ")
-        out.append(f"(a′) GROWN: {since}the stack amplifies ‖h_0‖ = {r.residual_norms[0]:.3g} "
-                   f"{_num(r.stack_growth):.3g}× to ‖h_L‖ = {r.residual_norms[-1]:.3g} (threshold "
-                   f"{t.stack_growth:g}), so the headline accuracy is read through a terminal "
-                   "normalisation of a stream whose scale the method does not control.")
+        out["a_prime"] = (f"(a′) GROWN: {since}the stack amplifies ‖h_0‖ = {r.residual_norms[0]:.3g} "
+                          f"{_num(r.stack_growth):.3g}× to ‖h_L‖ = {r.residual_norms[-1]:.3g} (threshold "
+                          f"{t.stack_growth:g}), so {FLAGS['a_prime'].sentence}.")
     rho_fp32 = getattr(r, "rho_bp_model_precision", None)
     if r.nonfinite:
-        out += [f"{FLAG_NAMES[k]}: the BP reference gradient is non-finite, so Γ has no reference "
-                "to be compared with." for k in ("b", "b_prime") if f[k]]
+        for k in ("b", "b_prime"):
+            if f[k]:
+                out[k] = (f"{FLAG_NAMES[k]}: the BP reference gradient is non-finite, so Γ has no "
+                          "reference to be compared with.")
     elif f["b"]:
         check = ("" if rho_fp32 is None else
                  f" In the model's own precision the reference still predicts the loss change with "
                  f"ρ_BP = {rho_fp32:.3f}" + (" (so it is numerically intact; see (b′) for what that "
                  "means)." if rho_fp32 > 0.9 else ", so it is numerically unreliable."))
-        out.append(f"(b) AT FLOOR: ‖g_L‖ = {r.bp_grad_norms[-1]:.3g} < {t.floor:g}: the reported "
-                   "Γ compares the credit with a gradient at the paper's floor, where float32 "
-                   f"rounding can dominate it.{check}")
+        out["b"] = (f"(b) AT FLOOR: ‖g_L‖ = {r.bp_grad_norms[-1]:.3g} < {t.floor:g}: "
+                    f"{FLAGS['b'].sentence}.{check}")
     if f["b_prime"] and not r.nonfinite:
-        out.append(f"(b′) ATTENUATED: the readout passes only {r.readout_gain:.3g} of the output "
-                   f"error back into the residual stream (< {t.gain:g}): moving h_L changes the "
-                   f"loss about {1 / max(r.readout_gain, 1e-300):.3g}× less than through a healthy "
-                   "readout, so the blocks' credit — aligned or not — barely moves the loss, and a "
-                   "reported Γ or ρ at the blocks does not show that the blocks learn from it.")
+        out["b_prime"] = (f"(b′) ATTENUATED: the readout passes only {r.readout_gain:.3g} of the output "
+                          f"error back into the residual stream (< {t.gain:g}): moving h_L changes the "
+                          f"loss about {1 / max(r.readout_gain, 1e-300):.3g}× less than through a "
+                          f"healthy readout; {FLAGS['b_prime'].sentence}.")
     if f["c"]:
-        out.append(f"(c) DRIFT: s at layer {r.mid_layer} is {r.stability_mid:.3f} (> {t.drift:g}): "
-                   "one sample-invariant direction dominates the true gradient, so a high Γ there "
-                   "can come from matching that drift rather than per-sample credit "
-                   "(descriptive; it does not change the verdict).")
+        out["c"] = (f"(c) DRIFT: s at layer {r.mid_layer} is {r.stability_mid:.3f} (> {t.drift:g}): "
+                    f"{FLAGS['c'].sentence} (descriptive; it does not change the verdict).")
     if f["d"] and r.depth is not None:
-        out.append(f"(d) UNDERCUT: accuracy {r.depth.acc:.4f} does not clear the frozen-blocks "
-                   f"control {r.depth.frozen_acc:.4f} by {100 * t.depth_margin:g} points, so the "
-                   "headline accuracy does not show that the trained blocks add anything.")
+        out["d"] = (f"(d) UNDERCUT: accuracy {r.depth.acc:.4f} does not clear the frozen-blocks "
+                    f"control {r.depth.frozen_acc:.4f} by {100 * t.depth_margin:g} points, so "
+                    f"{FLAGS['d'].sentence}.")
     return out
+
+
+def reasons(r) -> list[str]:
+    return list(reasons_by_flag(r).values())
 
 
 def disagreement(r) -> list[str]:
     """The sentence docs/PROTOCOL.md asks for when (b) and (b′) disagree."""
-    if r.nonfinite or r.flags["b"] == r.flags["b_prime"]:
+    if r.nonfinite or r.flags["b"] is None or r.flags["b_prime"] is None or r.flags["b"] == r.flags["b_prime"]:
         return []
     t = r.thresholds
     if r.flags["b"]:
@@ -284,57 +485,317 @@ def disagreement(r) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# (d) across seeds
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PairedGap:
+    """One seed's (d) evidence: the run's test accuracy and its frozen control's, both measured on
+    the same `n_test` test samples (None: unknown, no test-set floor)."""
+
+    label: str
+    acc: float
+    frozen_acc: float
+    n_test: int | None = None
+
+    @property
+    def gap(self) -> float:
+        return self.acc - self.frozen_acc
+
+    @property
+    def floor_var(self) -> float:
+        """Binomial test-set variance of the gap: p(1−p)/n + q(1−q)/n (0 when n is unknown)."""
+        if not self.n_test:
+            return 0.0
+        p, q = self.acc, self.frozen_acc
+        return (p * (1 - p) + q * (1 - q)) / self.n_test
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "acc": self.acc, "frozen_acc": self.frozen_acc,
+                "gap": self.gap, "n_test": self.n_test}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PairedGap":
+        return cls(str(d["label"]), float(d["acc"]), float(d["frozen_acc"]), d.get("n_test"))
+
+
+@dataclass(frozen=True)
+class SeedNoise:
+    """The seed-to-seed variance of a paired gap, pooled over groups (an audit's methods):
+
+        s_p² = Σ_m Σ_s (d_ms − d̄_m)² / Σ_m (n_m − 1),   df = Σ_m (n_m − 1)
+
+    var None (df 0) when no group has two seeds."""
+
+    var: float | None
+    df: int
+    groups: int
+
+    @classmethod
+    def pooled(cls, groups: Iterable[Sequence[float]]) -> "SeedNoise":
+        ss, df, used = 0.0, 0, 0
+        for gaps in groups:
+            gaps = [g for g in gaps if math.isfinite(g)]
+            if len(gaps) >= 2:
+                mean = statistics.fmean(gaps)
+                ss += sum((g - mean) ** 2 for g in gaps)
+                df += len(gaps) - 1
+                used += 1
+        return cls(ss / df if df else None, df, used)
+
+    def to_dict(self) -> dict:
+        return {"var": self.var, "df": self.df, "groups": self.groups}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SeedNoise":
+        return cls(None if d.get("var") is None else float(d["var"]), int(d["df"]), int(d["groups"]))
+
+
+@dataclass(frozen=True)
+class DepthDecision:
+    """(d) for one method over its seeds.
+
+    outcome: "clears" when the one-sided 95 % lower bound of the mean paired gap is at or above the
+    margin, "undercut" when the one-sided 95 % upper bound is below it, "undetermined" otherwise,
+    "not evaluated" without a paired seed. `paper_undercut` is the paper's rule: mean gap < margin.
+    lower/upper: mean ∓ q·se with q = t_{0.95, df}, se = √(var/n), var = max(pooled seed variance,
+    this method's own sample variance, mean binomial floor) — `var_source` names which.
+    """
+
+    outcome: str
+    margin: float
+    gaps: tuple[PairedGap, ...] = ()
+    noise: SeedNoise = SeedNoise(None, 0, 0)
+    mean: float | None = None
+    var: float | None = None
+    var_source: str = ""
+    df: float | None = None                     # math.inf: a normal quantile (test-set noise only)
+    lower: float | None = None
+    upper: float | None = None
+    seeds_needed: int | None = None
+    paper_undercut: bool | None = None
+
+    @property
+    def fires(self) -> bool | None:
+        return {"clears": False, "undercut": True}.get(self.outcome)
+
+    @property
+    def n(self) -> int:
+        return len(self.gaps)
+
+    @property
+    def se(self) -> float | None:
+        return None if self.var is None or not self.gaps else math.sqrt(self.var / self.n)
+
+    def explain(self) -> str:
+        """The sentence: the gap, its one-sided bounds, where the noise comes from, and the call."""
+        if self.outcome == "not evaluated":
+            return "(d) not evaluated: no seed has a finished frozen-blocks control"
+        seeds = f"{self.n} seed{'s' if self.n != 1 else ''}"
+        per = ", ".join(f"{100 * g.gap:+.1f}" for g in self.gaps)
+        bounds = ("" if self.lower is None else
+                  f"; one-sided 95 % bounds [{100 * self.lower:+.1f}, {100 * self.upper:+.1f}]")
+        noise = f" (noise: {self.var_source})" if self.var_source else ""
+        head = (f"the paired gap to the frozen control is {100 * self.mean:+.1f} points over {seeds} "
+                f"({per}){bounds}{noise}")
+        if self.outcome == "undetermined":
+            more = ("no number of seeds is likely to decide it (the mean gap sits on the margin)"
+                    if self.seeds_needed is None else
+                    f"about {self.seeds_needed} seeds would likely decide it ({POWER:.0%} chance)")
+            return (f"(d) undetermined: {head}, which neither clears nor falls below the "
+                    f"+{100 * self.margin:g}-point margin at 5 % error; {more}")
+        return head
+
+    def short(self) -> str:
+        """One clause for the verdict line: "(d) undetermined: +5.3 points, one-sided 95 % bounds
+        [−2.5, +13.1] around the +2-point margin; ~10 seeds would likely decide it"."""
+        if self.outcome != "undetermined" or self.mean is None:
+            return f"(d) {self.outcome}"
+        bounds = "" if self.lower is None else f", one-sided 95 % bounds [{100 * self.lower:+.1f}, {100 * self.upper:+.1f}]"
+        more = ("no seed count is likely to decide it" if self.seeds_needed is None
+                else f"~{self.seeds_needed} seeds would likely decide it")
+        return (f"(d) undetermined: paired gap {100 * self.mean:+.1f} points over {self.n} seed"
+                f"{'s' if self.n != 1 else ''}{bounds} around the +{100 * self.margin:g}-point margin; {more}")
+
+    def caveat(self) -> str | None:
+        """What one seed can and cannot say (None with two seeds or more)."""
+        if self.n != 1:
+            return None
+        g = self.gaps[0]
+        if self.noise.df == 0:
+            return (f"(d) rests on one seed ({g.label}) and no method of this audit has two, so the "
+                    "seed-to-seed spread is unmeasured: the call only says the gap of this run is "
+                    "beyond test-set sampling noise, not that another seed of the method would "
+                    "give the same; add a seed to make it a claim about the method")
+        return (f"(d) rests on one seed ({g.label}); its seed-to-seed spread is borrowed from the "
+                f"audit's other methods (pooled, {self.noise.df} degrees of freedom), which assumes "
+                "this method varies across seeds as much as they do")
+
+    def to_dict(self) -> dict:
+        return {"outcome": self.outcome, "fires": self.fires, "margin": self.margin,
+                "gaps": [g.to_dict() for g in self.gaps], "noise": self.noise.to_dict(),
+                "n": self.n, "mean": self.mean, "var": self.var, "var_source": self.var_source,
+                "se": self.se, "df": self.df, "lower": self.lower, "upper": self.upper,
+                "seeds_needed": self.seeds_needed, "paper_undercut": self.paper_undercut}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DepthDecision":
+        num = lambda k: None if d.get(k) is None else _num(d[k])
+        return cls(str(d["outcome"]), float(d["margin"]),
+                   tuple(PairedGap.from_dict(g) for g in d.get("gaps") or ()),
+                   SeedNoise.from_dict(d["noise"]), mean=num("mean"), var=num("var"),
+                   var_source=str(d.get("var_source") or ""), df=num("df"), lower=num("lower"),
+                   upper=num("upper"), seeds_needed=d.get("seeds_needed"),
+                   paper_undercut=d.get("paper_undercut"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantile(p: float, df: float) -> float:
+    from scipy import stats
+    return float(stats.norm.ppf(p) if math.isinf(df) else stats.t.ppf(p, df))
+
+
+def _seeds_needed(distance: float, var: float, n: int, noise_df: int) -> int | None:
+    """The smallest seed count at which a gap `distance` from the margin would be decided with
+    probability POWER: |distance| ≥ (t_{0.95,df'} + t_{POWER,df'})·√(var/n'), with df' growing by
+    one per added seed. The right side falls with n', so a bisection finds it; None beyond MAX_SEEDS."""
+    if distance == 0 or var <= 0:
+        return None
+
+    def decides(n_new: int) -> bool:
+        df = noise_df + (n_new - n) if noise_df else n_new - 1
+        return abs(distance) >= (_quantile(1 - ERROR_RATE, df) + _quantile(POWER, df)) * math.sqrt(var / n_new)
+    if not decides(MAX_SEEDS):
+        return None
+    lo, hi = n, MAX_SEEDS                # decides(hi) holds; decides(lo) is not known to
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decides(mid) else (mid, hi)
+    return hi
+
+
+def depth_decision(gaps: Sequence[PairedGap | float], t: Thresholds,
+                   noise: SeedNoise | None = None) -> DepthDecision:
+    """(d) across seeds: each outcome a one-sided claim at 5 % error (docs/PROTOCOL.md §5).
+
+    gaps:  the method's seeds (PairedGap, or a bare gap acc − frozen with no test-set size).
+    noise: the seed-to-seed variance pooled over the audit's methods; None = from these gaps alone.
+    Per-seed variance v = max(pooled s_p², own s², mean binomial floor); se = √(v/n); df = the
+    pooled df (∞ when no seed spread exists anywhere and only the binomial floor is known).
+    """
+    pairs = tuple(g if isinstance(g, PairedGap) else PairedGap(f"seed {i}", float(g), 0.0)
+                  for i, g in enumerate(gaps))
+    pairs = tuple(p for p in pairs if math.isfinite(p.gap))
+    margin = t.depth_margin
+    if not pairs:
+        return DepthDecision("not evaluated", margin, noise=noise or SeedNoise(None, 0, 0))
+    values = [p.gap for p in pairs]
+    noise = noise or SeedNoise.pooled([values])
+    mean = statistics.fmean(values)
+    paper = mean < margin - 1e-9
+    candidates = []
+    if noise.var is not None:
+        candidates.append((noise.var, f"seed spread pooled over {noise.groups} method(s), "
+                                      f"{noise.df} degrees of freedom"))
+    if len(values) >= 2:
+        candidates.append((statistics.variance(values), "this method's own seed spread"))
+    floor = statistics.fmean(p.floor_var for p in pairs)
+    if floor > 0:
+        candidates.append((floor, "test-set sampling (binomial) floor"))
+    if not candidates:
+        return DepthDecision("undetermined", margin, pairs, noise, mean, paper_undercut=paper,
+                             var_source="none: one seed and no test-set size")
+    var, source = max(candidates, key=lambda c: c[0])
+    df = noise.df if noise.df else (len(values) - 1 if len(values) >= 2 else math.inf)
+    half = _quantile(1 - ERROR_RATE, df) * math.sqrt(var / len(values))
+    lower, upper = mean - half, mean + half
+    if lower >= margin - 1e-9:
+        outcome = "clears"
+    elif upper < margin - 1e-9:
+        outcome = "undercut"
+    else:
+        outcome = "undetermined"
+    needed = _seeds_needed(mean - margin, var, len(values), noise.df) if outcome == "undetermined" else None
+    return DepthDecision(outcome, margin, pairs, noise, mean, var, source, df, lower, upper,
+                         needed, paper)
+
+
+def redecide(decision: DepthDecision, t: Thresholds) -> DepthDecision:
+    """The same decision (same seeds, same pooled noise) under other thresholds."""
+    return depth_decision(decision.gaps, t, decision.noise)
+
+
+# ---------------------------------------------------------------------------------------------
 # Threshold sensitivity
 # ---------------------------------------------------------------------------------------------
 
-# threshold name → (statistic read from a report dict, direction in which the flag fires)
-_SENSITIVITY = {
-    "growth": (lambda d: d["max_growth"], ">"),
-    "init_growth": (lambda d: d.get("init_growth"), ">"),
-    "stack_growth": (lambda d: d.get("stack_growth"), ">"),
-    "floor": (lambda d: d["bp_grad_norms"][-1], "<"),
-    "gain": (lambda d: d["readout_gain"], "<"),
-    "drift": (lambda d: d["stability_mid"], ">"),
-    "depth_margin": (lambda d: (d.get("depth") or {}).get("gap"), "<"),
-}
+def _run_interval(stats: list[float], current: float, direction: str) -> tuple[float, float, str, int, int]:
+    if direction == ">":
+        fired = [s for s in stats if s > current]
+        spared = [s for s in stats if s <= current]
+        return max(spared, default=-math.inf), min(fired, default=math.inf), "[lo, hi)", len(fired), len(spared)
+    fired = [s for s in stats if s < current]
+    spared = [s for s in stats if s >= current]
+    return max(fired, default=-math.inf), min(spared, default=math.inf), "(lo, hi]", len(fired), len(spared)
 
 
-def threshold_sensitivity(reports: Sequence[dict], thresholds: Thresholds | None = None
-                          ) -> tuple[dict, str]:
-    """For each threshold, the interval over which every run's flag stays as it is now.
+def _depth_interval(decisions: dict[str, DepthDecision], t: Thresholds) -> dict:
+    """The margin interval over which every method's (d) decision stays, found by re-running the
+    decision. An outcome can only change where the margin passes a one-sided bound (clears while
+    margin ≤ lower, undercut once margin > upper), so the outcomes are constant between
+    consecutive bounds: each piece is checked by re-deciding there."""
+    def outcomes(margin: float) -> tuple[str, ...]:
+        return tuple(redecide(d, replace(t, depth_margin=margin)).outcome for d in decisions.values())
+    ends = sorted({b + 1e-9 for d in decisions.values() for b in (d.lower, d.upper) if b is not None})
+    now = outcomes(t.depth_margin)
+    lo, hi = -math.inf, math.inf
+    for b in ends:                    # the outcomes are constant on each (b_i, b_{i+1}]
+        if b < t.depth_margin and outcomes(b) != now:
+            lo = b
+        if b >= t.depth_margin and hi == math.inf and outcomes(b + 1e-12) != now:
+            hi = b
+    return {"fires_when": "upper bound < threshold",
+            "interval": [lo - 1e-9 if math.isfinite(lo) else lo, hi - 1e-9 if math.isfinite(hi) else hi],
+            "interval_shape": "(lo, hi]",
+            "n_fired": now.count("undercut"), "n_spared": now.count("clears"),
+            "n_unmeasured": len(now) - now.count("undercut") - now.count("clears"),
+            "per_run": dict(zip(decisions, now))}
 
-    A flag that fires when stat > T (growth, drift) keeps every run's verdict for any T' in
-    [max stat of the runs it spares, min stat of the runs it fires on); one that fires when
-    stat < T (floor, gain, depth_margin on acc − frozen) for any T' in (max fired, min spared].
-    An open end is ±inf ("inf"/"-inf" in JSON). Runs whose statistic is NaN (non-finite stream,
-    or nothing measured) fire or stay unmeasured whatever the threshold; they are counted apart
-    and do not narrow the interval. `thresholds` defaults to those stored in the first report.
-    Returns (JSON-ready dict, fixed-width table).
+
+def threshold_sensitivity(reports: Sequence[dict], thresholds: Thresholds | None = None,
+                          depth: dict[str, DepthDecision | dict | None] | None = None) -> tuple[dict, str]:
+    """For each threshold, the interval over which every verdict stays as it is now.
+
+    For each statistic of the flag table: a flag that fires when stat > T keeps every run's flag for
+    any T' in [max stat of the runs it spares, min stat of the runs it fires on); one that fires
+    when stat < T for any T' in (max fired, min spared]. An open end is ±inf ("inf"/"-inf" in
+    JSON). Runs whose statistic is NaN fire or stay unmeasured whatever the threshold; they are
+    counted apart and do not narrow the interval. `depth_margin`: with `depth` ({method: its
+    across-seed decision, as an audit stores it}) the interval over which re-running those
+    decisions gives the same outcomes; without it, each run's own gap. `thresholds` defaults to
+    those stored in the first report. Returns (JSON-ready dict, fixed-width table).
     """
     dicts = [r.to_dict() if hasattr(r, "to_dict") else r for r in reports]
     if thresholds is None:
         thresholds = Thresholds(**dicts[0]["thresholds"]) if dicts else Thresholds()
+    decisions = {name: d if isinstance(d, DepthDecision) else DepthDecision.from_dict(d)
+                 for name, d in (depth or {}).items() if d}
     out: dict[str, dict] = {}
-    for name, (stat_of, direction) in _SENSITIVITY.items():
-        current = getattr(thresholds, name)
-        stats = [_num(stat_of(d)) for d in dicts]
-        labels = [d.get("label", "") or f"run {i}" for i, d in enumerate(dicts)]
-        measured = [(s, lab) for s, lab in zip(stats, labels) if not math.isnan(s)]
-        if direction == ">":
-            fired = [s for s, _ in measured if s > current]
-            spared = [s for s, _ in measured if s <= current]
-            lo, hi = max(spared, default=-math.inf), min(fired, default=math.inf)
-            shape = "[lo, hi)"
-        else:
-            fired = [s for s, _ in measured if s < current]
-            spared = [s for s, _ in measured if s >= current]
-            lo, hi = max(fired, default=-math.inf), min(spared, default=math.inf)
-            shape = "(lo, hi]"
-        out[name] = {"current": current, "fires_when": f"stat {direction} threshold",
-                     "interval": [lo, hi], "interval_shape": shape,
-                     "n_fired": len(fired), "n_spared": len(spared),
-                     "n_unmeasured": len(stats) - len(measured),
-                     "per_run": {lab: s for s, lab in zip(stats, labels)}}
+    labels = [d.get("label", "") or f"run {i}" for i, d in enumerate(dicts)]
+    for flag in FLAGS.values():
+        for stat in flag.statistics:
+            current = getattr(thresholds, stat.threshold)
+            if stat.threshold == "depth_margin" and decisions:
+                out[stat.threshold] = {"current": current, **_depth_interval(decisions, thresholds)}
+                continue
+            stats = [_num(stat.of_report(d)) for d in dicts]
+            measured = [s for s in stats if not math.isnan(s)]
+            lo, hi, shape, n_fired, n_spared = _run_interval(measured, current, stat.direction)
+            out[stat.threshold] = {"current": current, "fires_when": f"stat {stat.direction} threshold",
+                                   "interval": [lo, hi], "interval_shape": shape,
+                                   "n_fired": n_fired, "n_spared": n_spared,
+                                   "n_unmeasured": len(stats) - len(measured),
+                                   "per_run": {lab: s for s, lab in zip(stats, labels)}}
     result = json_safe(out)
     head = f"{'threshold':<13} {'current':>9}  {'fires if':>8}  {'same verdicts for':<28} fired/spared/n.m."
     lines = [head, "-" * len(head)]
@@ -342,7 +803,7 @@ def threshold_sensitivity(reports: Sequence[dict], thresholds: Thresholds | None
         lo, hi = row["interval"]
         left, right = row["interval_shape"][0], row["interval_shape"][-1]
         interval = f"{left}{_fmt(lo, '.3g')}, {_fmt(hi, '.3g')}{right}"
-        lines.append(f"{name:<13} {row['current']:>9.3g}  {row['fires_when'].split()[1] + ' T':>8}"
+        lines.append(f"{name:<13} {row['current']:>9.3g}  {row['fires_when'].split()[-2] + ' T':>8}"
                      f"  {interval:<28} {row['n_fired']}/{row['n_spared']}/{row['n_unmeasured']}")
     return result, "\n".join(lines)
 
@@ -357,7 +818,8 @@ class SeedEvidence:
 
     status: how the main run's training ended ("finished", "stopped", "diverged", "failed", …);
     report: its diagnosis dict (None if none); acc / frozen_acc: its headline accuracy and that of
-    the frozen-blocks control of the same seed (None when missing or unfinished).
+    the frozen-blocks control of the same seed (None when missing or unfinished); n_test: the
+    number of test samples both accuracies were measured on (None: unknown).
     """
 
     label: str
@@ -365,6 +827,13 @@ class SeedEvidence:
     report: dict | None
     acc: float | None
     frozen_acc: float | None
+    n_test: int | None = None
+
+    @property
+    def paired(self) -> PairedGap | None:
+        if self.acc is None or self.frozen_acc is None:
+            return None
+        return PairedGap(self.label, float(self.acc), float(self.frozen_acc), self.n_test)
 
 
 def interval(values: Sequence[float], confidence: float = 0.95,
@@ -390,33 +859,27 @@ def interval(values: Sequence[float], confidence: float = 0.95,
     return out
 
 
-def depth_decision(gaps: Sequence[float], t: Thresholds) -> tuple[bool | None, dict, str | None]:
-    """(d) across seeds from the paired gaps acc − frozen acc of the same seed: (fires, interval,
-    why undetermined). One seed: its gap decides. Several: fires when the 95 % t-interval lies below
-    the margin, passes when it lies at or above it, and is undetermined when it straddles it."""
-    iv = interval(gaps)
-    if iv["n"] == 0:
-        return None, iv, None
-    if iv["t_interval"] is None:
-        return fires_d(iv["mean"], t), iv, None
-    lo, hi = iv["t_interval"]
-    if hi < t.depth_margin - 1e-9:
-        return True, iv, None
-    if lo >= t.depth_margin - 1e-9:
-        return False, iv, None
-    return None, iv, (f"(d) undetermined: the paired gap to the frozen control is {100 * iv['mean']:+.1f} "
-                      f"points with 95 % interval [{100 * lo:+.1f}, {100 * hi:+.1f}] over {iv['n']} "
-                      f"seeds, which straddles the +{100 * t.depth_margin:g}-point margin; add seeds")
+def seed_noise(methods: Iterable[Sequence[SeedEvidence]]) -> SeedNoise:
+    """The paired-gap seed spread pooled over every method (and so every control) of an audit."""
+    return SeedNoise.pooled([[p.gap for p in (s.paired for s in seeds) if p is not None]
+                             for seeds in methods])
 
 
-def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds) -> dict:
-    """Flags, verdicts and reasons of one method across its seeds (the audit table's last columns).
+def _cite(diagnosed: Sequence[SeedEvidence], k: str) -> tuple[SeedEvidence, str]:
+    first = next(s for s in diagnosed if s.report["flags"].get(k))
+    sentence = (first.report.get("reasons_by_flag") or {}).get(k) or FLAG_NAMES[k]
+    return first, sentence
+
+
+def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNoise | None = None) -> dict:
+    """Flags, both verdicts and reasons of one method across its seeds (the audit table's last columns).
 
     (a), (a′), (b), (b′), (c) fire for the method when they fire on any diagnosed seed; a flag is
-    evaluated (False) only when every seed was diagnosed and none left it unevaluated. (d) uses the
-    seed-paired gaps (`depth_decision`). Anything missing — a run that failed, did not finish or
-    was not diagnosed, a seed without a finished frozen control — keeps the verdict from
-    "trustworthy"; a fired flag still walks it back.
+    evaluated (False) only when every seed was diagnosed and none left it unevaluated. (d): the
+    project verdict uses `depth_decision` (one-sided, noise pooled over the audit: `noise`, default
+    these seeds alone); the paper verdict the paper's rule, mean paired gap < margin. Anything
+    missing — a run that failed, did not finish or was not diagnosed, a seed without a finished
+    frozen control — keeps a verdict from "trustworthy"; a fired flag still walks it back.
     """
     diagnosed = [s for s in seeds if s.report]
     keys = ("a", "a_prime", "b", "b_prime", "c")
@@ -426,9 +889,10 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds) -> dict:
         unevaluated = any(s.report["flags"].get(k) is None for s in diagnosed)
         flags[k] = True if counts[k] else (None if unevaluated or len(diagnosed) < len(seeds)
                                             or not diagnosed else False)
-    paired = [s for s in seeds if s.acc is not None and s.frozen_acc is not None]
-    gaps = [s.acc - s.frozen_acc for s in paired]
-    flags["d"], gap_interval, undetermined = depth_decision(gaps, t)
+    pairs = [s.paired for s in seeds if s.paired is not None]
+    depth = depth_decision(pairs, t, noise)
+    flags["d"] = depth.fires
+    paper_flags = {**flags, "d": depth.paper_undercut}
     missing = []
     lost = [s for s in seeds if not s.report]
     if lost:
@@ -436,26 +900,30 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds) -> dict:
                        f"({', '.join(f'{s.label}: {s.status}' for s in lost)})")
     for s in diagnosed:
         missing += [f"{s.label}: {gap}" for gap in training_gaps(s.report.get("training"))]
-    if len(paired) < len(seeds) and paired:
-        missing.append(f"(d) paired with a finished frozen control for only {len(paired)}/{len(seeds)} seeds")
-    if undetermined:
-        missing.append(undetermined)
-    out = []
+    if len(pairs) < len(seeds) and pairs:
+        missing.append(f"(d) paired with a finished frozen control for only {len(pairs)}/{len(seeds)} seeds")
+    undetermined = depth.outcome == "undetermined"
+    explained = ("d",) if undetermined else ()
+    out, notes = [], []
     for k in keys:
         if flags[k]:
-            first = next(s for s in diagnosed if s.report["flags"].get(k))
-            sentence = next((x for x in first.report["reasons"] if x.startswith(FLAG_NAMES[k])),
-                            FLAG_NAMES[k])
-            out.append(f"{sentence} [{counts[k]}/{len(diagnosed)} seeds; e.g. {first.label}]")
+            first, sentence = _cite(diagnosed, k)
+            out.append(f"{sentence} [fired on {counts[k]}/{len(diagnosed)} seeds; the values quoted "
+                       f"are {first.label}'s, the tables show the median over seeds]")
     if flags["d"]:
-        ci = gap_interval["t_interval"]
-        spread = "" if ci is None else f" (95 % interval [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}])"
-        out.append(f"(d) UNDERCUT: over {len(paired)} seed(s), accuracy is "
-                   f"{100 * gap_interval['mean']:+.1f} points{spread} from the frozen-blocks control "
-                   f"of the same seed, short of +{100 * t.depth_margin:g}, so the headline accuracy "
-                   "does not show that the trained blocks add anything.")
-    return {"flags": flags, "flag_counts": counts, "depth_gap": gap_interval["mean"],
-            "depth_gap_interval": gap_interval, "n_paired_with_frozen": len(paired),
-            "verdict": verdict_string(flags, PROJECT_FLAGS, missing=missing),
-            "paper_verdict": verdict_string(flags, PAPER_FLAGS, missing=missing),
-            "missing": missing, "reasons": out}
+        out.append(f"(d) UNDERCUT: {depth.explain()}, below the +{100 * t.depth_margin:g}-point margin "
+                   f"at 5 % error, so {FLAGS['d'].sentence}.")
+    if depth.caveat():
+        notes.append(depth.caveat())
+    project = decide(flags, "project", missing=missing + ([depth.short()] if undetermined else []),
+                     explained=explained)
+    paper = decide(paper_flags, "paper", missing=missing)
+    return {"flags": flags, "paper_flags": paper_flags, "flag_counts": counts,
+            "depth": depth.to_dict(), "depth_gap": depth.mean,
+            "depth_gap_interval": {"n": depth.n, "mean": depth.mean,
+                                   "one_sided_bounds": None if depth.lower is None else [depth.lower, depth.upper]},
+            "n_paired_with_frozen": len(pairs),
+            "verdicts": {"project": project.to_dict(), "paper": paper.to_dict()},
+            "verdict": project.text, "paper_verdict": paper.text,
+            "missing": missing + ([depth.explain()] if undetermined else []), "reasons": out,
+            "notes": notes}

@@ -11,8 +11,9 @@ from typing import Sequence
 from .. import __version__, store
 from ..config import AuditConfig, RunConfig
 from ..store import json_number as _num
-from ..verdict import SeedEvidence, Thresholds, interval, method_verdict, threshold_sensitivity
-from .common import Execution, Outcome, deep_mean, mean_std, median_of, run_all
+from ..verdict import (SeedEvidence, SeedNoise, Thresholds, flag_table, interval, method_verdict,
+                       seed_noise, threshold_sensitivity, verdict_of)
+from .common import Execution, Outcome, dataset, deep_mean, mean_std, median_of, run_all
 
 STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
 
@@ -23,18 +24,32 @@ def execution_of(config: AuditConfig) -> Execution:
                      stack=config.stack)
 
 
-def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thresholds) -> dict:
-    """Seed-aggregated row of the audit table for one method (its main runs and controls)."""
+def _frozen_by_seed(method: str, outcomes: Sequence[Outcome]) -> dict[int, float]:
+    return {o.config.seed: o.test_acc for o in outcomes
+            if o.config.method == method and o.config.control == "frozen"
+            and o.test_acc is not None and o.status == "finished"}
+
+
+def method_evidence(method: str, outcomes: Sequence[Outcome], n_test: int | None = None) -> list[SeedEvidence]:
+    """One SeedEvidence per main run of `method`: its diagnosis and the seed-paired control accuracy."""
+    frozen_by_seed = _frozen_by_seed(method, outcomes)
+    return [SeedEvidence(o.config.label, o.status, o.report, o.test_acc,
+                         frozen_by_seed.get(o.config.seed), n_test)
+            for o in outcomes if o.config.method == method and o.config.control == "none"]
+
+
+def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thresholds,
+                     noise: SeedNoise | None = None, n_test: int | None = None) -> dict:
+    """Seed-aggregated row of the audit table for one method (its main runs and controls).
+    `noise`: the paired-gap seed spread pooled over the audit (`verdict.seed_noise`); `n_test`: the
+    test-set size every accuracy was measured on (the binomial floor of (d))."""
     mine = [o for o in outcomes if o.config.method == method]
     main = [o for o in mine if o.config.control == "none"]
     frozen = [o for o in mine if o.config.control == "frozen"]
     shallow = [o for o in mine if o.config.control == "shallow"]
     diagnosed = [o for o in main if o.report]
-    frozen_by_seed = {o.config.seed: o.test_acc for o in frozen
-                      if o.test_acc is not None and o.status == "finished"}
-    evidence = [SeedEvidence(o.config.label, o.status, o.report, o.test_acc,
-                             frozen_by_seed.get(o.config.seed)) for o in main]
-    judged = method_verdict(evidence, thresholds)
+    frozen_by_seed = _frozen_by_seed(method, outcomes)
+    judged = method_verdict(method_evidence(method, outcomes, n_test), thresholds, noise)
     paired = [o for o in main if o.test_acc is not None and o.config.seed in frozen_by_seed]
     acc, acc_sd = mean_std([o.test_acc for o in main if o.test_acc is not None])
     facc, facc_sd = mean_std([frozen_by_seed[o.config.seed] for o in paired] or list(frozen_by_seed.values()))
@@ -63,7 +78,7 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
             "max_growth": r.get("max_growth"), "init_growth": r.get("init_growth"),
             "stack_growth": r.get("stack_growth"), "gamma_deep": deep_mean(r.get("gamma")),
             "rho_bp_model_precision": r.get("rho_bp_model_precision"),
-            "verdict": r.get("verdict", o.status)}
+            "verdict": r.get("verdict", o.status), "verdicts": r.get("verdicts")}
     return {
         "method": method, "lam": main[0].config.lam if main else 0.0,
         "n_seeds": len(main), "n_diagnosed": len(diagnosed),
@@ -72,7 +87,8 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
                    for o in failed + unfinished_controls],
         "acc": acc, "acc_std": acc_sd, "frozen_acc": facc, "frozen_acc_std": facc_sd,
         "acc_interval": interval([o.test_acc for o in main if o.status == "finished"], bounds=(0.0, 1.0)),
-        "depth_gap_interval": judged["depth_gap_interval"], "per_seed": per_seed,
+        "depth_gap_interval": judged["depth_gap_interval"], "depth": judged["depth"],
+        "per_seed": per_seed,
         "init_growth": median_of(rep("init_growth")), "stack_growth": median_of(rep("stack_growth")),
         "rho_bp_model_precision": mean_std([_num(o.report.get("rho_bp_model_precision"))
                                             for o in diagnosed])[0],
@@ -97,8 +113,9 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
                        for key in ("method", "bp", "random")} if rhos else None,
         "first_fire": first_fire,
         "flag_counts": judged["flag_counts"], "flags": judged["flags"],
+        "paper_flags": judged["paper_flags"], "verdicts": judged["verdicts"],
         "verdict": judged["verdict"], "paper_verdict": judged["paper_verdict"],
-        "reasons": judged["reasons"], "missing": judged["missing"],
+        "reasons": judged["reasons"], "missing": judged["missing"], "notes": judged["notes"],
     }
 
 
@@ -111,13 +128,13 @@ def reporting_strategies(row: dict) -> dict[str, str]:
     full protocol:  the project verdict: accept, walk back, or incomplete (not enough evidence).
     """
     g = row.get("gamma_mean_all")
-    verdict = row["verdict"]
+    verdict = verdict_of(row)
     if row.get("acc") is None:                 # nothing was trained: no strategy has a number to read
         return {s: "n/a (no run)" for s in STRATEGIES}
     return {"accuracy only": "accept",
             "accuracy + Γ": "n/a (no credit)" if g is None else ("accept" if g > 0 else "walk back"),
-            "full protocol": ("accept" if verdict == "trustworthy" else
-                              "walk back" if verdict.startswith("walk back") else "incomplete")}
+            "full protocol": ("accept" if verdict.trustworthy else
+                              "walk back" if verdict.walks_back else "incomplete")}
 
 
 def frozen_control_of(config: RunConfig) -> RunConfig | None:
@@ -135,17 +152,23 @@ def audit(config: AuditConfig, progress: bool = True) -> dict:
     t0 = time.perf_counter()
     outcomes = run_all(runs, out, execution=execution_of(config), thresholds=thresholds,
                        n_eval=config.eval_batches, frozen_of=frozen_control_of, progress=progress)
-    rows = [summarize_method(m, outcomes, thresholds) for m in config.methods]
+    # (d)'s seed noise is pooled over every method of the audit, and floored by the binomial
+    # variance of accuracies measured on the whole test split
+    n_test = len(dataset(config.dataset, config.data_dir, "cpu").y_test)
+    noise = seed_noise([method_evidence(m, outcomes, n_test) for m in config.methods])
+    rows = [summarize_method(m, outcomes, thresholds, noise, n_test) for m in config.methods]
     for row in rows:
         row["strategies"] = reporting_strategies(row)
     reports = [o.report for o in outcomes if o.report and o.config.control == "none"]
-    sensitivity = threshold_sensitivity(reports, thresholds)[0] if reports else None
+    sensitivity = (threshold_sensitivity(reports, thresholds, depth={r["method"]: r["depth"] for r in rows})[0]
+                   if reports else None)
     result = {
         "creditaudit_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "header": header(config, runs[0]),
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         "thresholds": asdict(thresholds),
+        "flag_table": flag_table(), "seed_noise": noise.to_dict(), "n_test": n_test,
         "wall_time": time.perf_counter() - t0,
         "runs_trained_now": sum(o.trained for o in outcomes),
         "strategies": list(STRATEGIES),

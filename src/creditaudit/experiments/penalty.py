@@ -8,9 +8,9 @@ from typing import Sequence
 
 from .. import __version__, store
 from ..config import PENALTY_OPTION, AuditConfig, RunConfig, default
-from ..verdict import Thresholds
-from .audit import frozen_control_of, summarize_method
-from .common import Execution, run_all
+from ..verdict import Thresholds, seed_noise
+from .audit import frozen_control_of, method_evidence, summarize_method
+from .common import Execution, dataset, run_all
 
 
 def penalty_sweep(base: Sequence[RunConfig], out: Path, *, lambdas: Sequence[float],
@@ -27,9 +27,13 @@ def penalty_sweep(base: Sequence[RunConfig], out: Path, *, lambdas: Sequence[flo
     outcomes = run_all(configs, out, execution=execution, thresholds=thresholds, n_eval=n_eval,
                        rho=True, frozen_of=frozen_control_of, progress=progress)
     rows = []
+    at_lam = {lam: [o for o in outcomes if o.config.lam == float(lam)] for lam in lambdas}
+    # (d)'s seed noise pooled over every λ (each λ with its own controls), as in an audit
+    n_test = len(dataset(base[0].dataset, execution.data_dir, "cpu").y_test)
+    noise = seed_noise([method_evidence(base[0].method, at, n_test) for at in at_lam.values()])
     for lam in lambdas:
-        at = [o for o in outcomes if o.config.lam == float(lam)]
-        row = summarize_method(base[0].method, at, thresholds)
+        at = at_lam[lam]
+        row = summarize_method(base[0].method, at, thresholds, noise, n_test)
         row["lam"] = float(lam)
         rows.append(row)
     result = {"experiment": "penalty-sweep", "creditaudit_version": __version__,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -17,22 +18,45 @@ from .format import _f, _g, _method_name, _plottable, _signed
 FIGURES = {
     "norms.png": "Per-layer median ‖h_l‖ and BP gradient ‖g_l‖ of the main runs (mean over seeds), "
                  "log scale; the dashed line is the (b) floor.",
-    "monitor.png": "Training-time monitor, one thin line per seed: max per-block growth (a), ‖g_L‖ (b), "
-                   "readout gain (b′) and test accuracy; dashed lines are the thresholds, filled "
-                   "markers the epoch at which a flag first fired.",
-    "gamma.png": "Γ_l (mean over seeds) per residual position; shaded: the random-feedback null, "
-                 "mean ± 2 std. Dashed: uninterpretable, (b) or (b′) fired.",
+    "monitor.png": "Training-time monitor, one line per seed, each method with its own colour, line "
+                   "style and (open) marker: max per-block growth (a), ‖g_L‖ (b), readout gain (b′) "
+                   "and test accuracy; grey dashed lines are the thresholds, large filled markers the "
+                   "epoch at which a flag first fired. Each method's curves sit slightly apart along "
+                   "x so that equal ones (EP at a small nudge and BP) stay visible.",
+    "gamma.png": "Γ_l (mean over seeds) per residual position; hatched band (the method's colour and "
+                 "hatching, dotted edges): its random-feedback null, mean ± 2 std. Dashed line: "
+                 "uninterpretable, (b) or (b′) fired. Each method's points sit slightly apart along "
+                 "x so that equal curves stay visible.",
     "rho.png": "Perturbation correlation ρ_l per method (mean over seeds) beside its controls: "
                "a = BP gradient (≈ 1) and a = random vector (≈ 0).",
 }
 _DPI = 110
 
+def _method_names(audit: dict) -> list[str]:
+    names = [str(r.get("method")) for r in audit.get("methods") or []]
+    return names + sorted({str(r.get("method")) for r in audit.get("runs") or []} - set(names))
+
+
 def _colors(audit: dict) -> dict[str, str]:
     palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
                "#7f7f7f", "#bcbd22", "#17becf"]
-    names = [str(r.get("method")) for r in audit.get("methods") or []]
-    names += sorted({str(r.get("method")) for r in audit.get("runs") or []} - set(names))
-    return {m: palette[i % len(palette)] for i, m in enumerate(names)}
+    return {m: palette[i % len(palette)] for i, m in enumerate(_method_names(audit))}
+
+
+# Methods whose curves coincide (EP at a small nudge tracks BP) must still be told apart without
+# colour: each method also gets its own line style, marker and hatching.
+_LINESTYLES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1))]
+_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+_HATCHES = ["//", "\\\\", "xx", "..", "||", "--", "++", "oo"]
+
+
+def _styles(audit: dict) -> dict[str, dict]:
+    """Per method: line style, marker, hatch and a small x offset (so identical curves sit side by
+    side instead of on top of each other), in the order of `_colors`."""
+    names = _method_names(audit)
+    return {m: {"ls": _LINESTYLES[i % len(_LINESTYLES)], "marker": _MARKERS[i % len(_MARKERS)],
+                "hatch": _HATCHES[i % len(_HATCHES)], "dx": 0.06 * (i - (len(names) - 1) / 2)}
+            for i, m in enumerate(names)}
 
 
 def _main_runs(audit: dict) -> dict[str, list[dict]]:
@@ -136,8 +160,9 @@ def monitor_figure(audit: dict) -> Figure:
         (lambda r: None if _f(r.get("test_acc")) is None else 100 * _f(r.get("test_acc")), False,
          None, None, "test accuracy (%)"),
     ]
-    colors, seen = _colors(audit), set()
+    colors, styles, seen = _colors(audit), _styles(audit), set()
     for method, runs in _main_runs(audit).items():
+        style = styles.get(method, {"ls": "-", "marker": "o", "dx": 0.0})
         for run in runs:
             history = [r for r in run.get("monitor") or [] if isinstance(r, dict)]
             if not history:
@@ -145,6 +170,7 @@ def monitor_figure(audit: dict) -> Figure:
             first = (run.get("report") or {}).get("first_fire")
             first = first if isinstance(first, dict) else {}
             epochs = [_plottable(r.get("epoch")) for r in history]
+            shifted = [e + style["dx"] for e in epochs]
             for ax, (value, log, _, flag, _) in zip(axes, panels):
                 ys = [_plottable(value(r), log) for r in history]
                 if not _has_values(ys):
@@ -152,12 +178,15 @@ def monitor_figure(audit: dict) -> Figure:
                 label = method if ax is axes[3] and method not in seen else None
                 if label:
                     seen.add(method)
-                ax.plot(epochs, ys, "-", color=colors[method], lw=1.1, alpha=0.85, label=label)
+                ax.plot(shifted, ys, ls=style["ls"], marker=style["marker"], ms=4, mfc="none",
+                        markevery=max(1, len(ys) // 12), color=colors[method], lw=1.3, alpha=0.85,
+                        label=label)
                 epoch = first.get(flag) if flag else None
                 if epoch is not None and epoch in epochs:
                     y = ys[epochs.index(epoch)]
                     if not math.isnan(y):
-                        ax.plot([epoch], [y], "o", ms=8, color=colors[method], mec="black", mew=1)
+                        ax.plot([epoch + style["dx"]], [y], "o", ms=8, color=colors[method], mec="black",
+                                mew=1)
     for ax, (_, log, line, _, title) in zip(axes, panels):
         if line is not None and line[0] is not None:
             drawn = ax.axhline(line[0], color="0.3", ls="--", lw=1.2, label=line[1])
@@ -183,22 +212,26 @@ def gamma_figure(audit: dict) -> Figure:
     """Γ_l per method with its null band (mean ± 2 std) where the method has one."""
     fig = Figure(figsize=(8, 4.6))
     ax = fig.subplots()
-    colors, drawn = _colors(audit), False
+    colors, styles, drawn = _colors(audit), _styles(audit), False
     for row in audit.get("methods") or []:
         gamma = [_plottable(v) for v in row.get("gamma_layers") or []]
         if not _has_values(gamma):
             continue
         color = colors.get(str(row.get("method")), "k")
+        style = styles.get(str(row.get("method")), {"marker": "o", "hatch": "//", "dx": 0.0})
+        xs = [l + style["dx"] for l in range(len(gamma))]
         null = row.get("null_layers")
         if isinstance(null, (list, tuple)) and len(null) == 2 and null[0] and null[1]:
+            # overlapping bands stay apart: a faint fill, the method's hatching and its edges
             mean = [_plottable(v) for v in null[0]]
             std = [_plottable(v) for v in null[1]]
-            ax.fill_between(range(len(mean)), [m - 2 * s for m, s in zip(mean, std)],
-                            [m + 2 * s for m, s in zip(mean, std)], color=color, alpha=0.18,
-                            lw=0, label=f"{_method_name(row)} null ± 2 std")
+            lo, hi = [m - 2 * s for m, s in zip(mean, std)], [m + 2 * s for m, s in zip(mean, std)]
+            ax.fill_between(range(len(mean)), lo, hi, facecolor=color, alpha=0.08, lw=0)
+            ax.fill_between(range(len(mean)), lo, hi, facecolor="none", edgecolor=color, alpha=0.7,
+                            hatch=style["hatch"], lw=0.8, ls=":", label=f"{_method_name(row)} null ± 2 std")
         bad = row.get("gamma_interpretable") is False
-        ax.plot(range(len(gamma)), gamma, "o--" if bad else "o-", color=color, lw=2,
-                label=_method_name(row) + (" (uninterpretable)" if bad else ""))
+        ax.plot(xs, gamma, ls="--" if bad else "-", marker=style["marker"], color=color,
+                lw=2, label=_method_name(row) + (" (uninterpretable)" if bad else ""))
         drawn = True
     ax.axhline(0, color="0.5", lw=0.8)
     if drawn:
@@ -334,16 +367,12 @@ def identity_figure(result: dict, path: Path) -> Path:
 def sensitivity_figure(reports: Sequence[dict], sensitivity: dict, path: Path) -> Path:
     """Each run's statistic for every thresholded flag, with the threshold (red) and the interval
     over which every verdict stays the same (green); one panel per threshold, run labels once."""
+    from ..verdict import FLAGS           # the statistics, their getters and scales: the flag table
     reports = store.json_safe(list(reports))
     sensitivity = store.json_safe(sensitivity)
-    stats = (("growth", "(a) max block growth", lambda r: r.get("max_growth"), True),
-             ("init_growth", "(a′) growth since init", lambda r: r.get("init_growth"), True),
-             ("stack_growth", "(a′) ‖h_L‖/‖h_0‖", lambda r: r.get("stack_growth"), True),
-             ("floor", "(b) ‖g_L‖", lambda r: (r.get("bp_grad_norms") or [None])[-1], True),
-             ("gain", "(b′) readout gain", lambda r: r.get("readout_gain"), True),
-             ("drift", "(c) s(L/2)", lambda r: r.get("stability_mid"), False),
-             ("depth_margin", "(d) acc − frozen", lambda r: (r.get("depth") or {}).get("gap"), False))
-    stats = [s for s in stats if s[0] in sensitivity]
+    stats = [(st.threshold, textwrap.shorten(f"{flag.label} {st.name}", 44, placeholder="…"),
+              st.of_report, st.log_scale)
+             for flag in FLAGS.values() for st in flag.statistics if st.threshold in sensitivity]
     labels = [r.get("label", "") for r in reports]
     ncols = 4
     nrows = math.ceil(len(stats) / ncols)

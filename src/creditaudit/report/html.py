@@ -5,10 +5,11 @@ import base64
 import html
 from typing import Sequence
 
+from ..verdict import verdict_of
 from .figures import FIGURES
 from .format import _method_name
 from .tables import (PER_SEED_COLUMNS, _audit_tables, _legend, _meta, _notes, _per_seed_cells,
-                     _sensitivity_cells, _strategy_cells, _unfinished)
+                     _same_rows, _sensitivity_cells, _strategy_cells, _unfinished)
 
 _CSS = """
 body { font-family: -apple-system, "Segoe UI", "DejaVu Sans", Helvetica, Arial, sans-serif;
@@ -35,26 +36,33 @@ figcaption { color: #555; font-size: 12px; max-width: 1000px; }
 """
 
 
-def _cell_class(text: str) -> str:
-    if text.startswith(("trustworthy", "accept")):
-        return "ok"
-    if text.startswith("walk back"):
-        return "bad"
-    return ""
+# a verdict's outcome, or a reporting strategy's conclusion ("accept" / "walk back"), → cell colour
+_OUTCOME_CLASS = {"trustworthy": "ok", "accept": "ok", "walk back": "bad"}
+
+
+def _verdict_class(row: dict, rule: str) -> str:
+    """"ok" / "bad" / "" from a row's structured verdict (never from its text)."""
+    try:
+        return _OUTCOME_CLASS.get(verdict_of(row, rule).outcome, "")
+    except (ValueError, KeyError, TypeError):
+        return ""
 
 
 def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]], total_last: bool = False,
                 wrap: Sequence[int] = (), breaks: dict[int, tuple[str, str]] | None = None,
-                left: Sequence[int] = (), css_class: str = "") -> str:
-    """An HTML table of escaped cells; `wrap` columns may wrap, and `breaks` {column: (separator,
-    its replacement with a <br>)} splits wide cells over lines."""
-    breaks = breaks or {}
+                left: Sequence[int] = (), css_class: str = "",
+                classes: dict[tuple[int, int], str] | None = None) -> str:
+    """An HTML table of escaped cells; `wrap` columns may wrap, `breaks` {column: (separator,
+    its replacement with a <br>)} splits wide cells over lines, `classes` {(row, column): "ok" or
+    "bad"} colours a cell."""
+    breaks, classes = breaks or {}, classes or {}
     out = [f'<table class="{css_class}">' if css_class else "<table>", "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for i, row in enumerate(rows):
         cls = ' class="total"' if total_last and i == len(rows) - 1 else ""
         cells = []
         for j, cell in enumerate(row):
-            klass = " ".join(c for c in (_cell_class(cell), "wrap" if j in wrap else "",
+            klass = " ".join(c for c in (classes.get((i, j), ""),
+                                         "wrap" if j in wrap else "",
                                          "left" if j in left else "") if c)
             cells.append(f'<td class="{klass}">' if klass else "<td>")
             text = html.escape(cell)
@@ -76,15 +84,23 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
     if _meta(audit):
         parts.append(f'<p class="meta">{e(_meta(audit))}</p>')
     parts.append("<h2>Audit</h2>")
+    methods = audit.get("methods") or []
     for title, head, cells in _audit_tables(audit):
-        wrap = [i for i, col in enumerate(head) if "verdict" in col]
+        verdicts = {j: rule for j, col in enumerate(head)
+                    for rule in [{"verdict": "project", "paper's rule": "paper"}.get(col)] if rule}
         first = [i for i, col in enumerate(head) if col.startswith("first fire")]
+        classes = {(i, j): _verdict_class(row, rule) for i, row in enumerate(methods)
+                   for j, rule in verdicts.items()}
         parts += [f"<h3>{e(title)}</h3>", '<div class="scroll">' + _html_table(
-            head, cells, wrap=wrap + first, breaks={i: ("; ", "<br>") for i in first}, left=first,
-            css_class="audit") + "</div>" if cells else "<p>(no methods)</p>"]
+            head, cells, wrap=list(verdicts) + first, breaks={i: ("; ", "<br>") for i in first},
+            left=first, css_class="audit", classes=classes) + "</div>" if cells else "<p>(no methods)</p>"]
+    seeds = [s for row in methods for s in (row.get("per_seed") or {}).values()]
+    last = len(PER_SEED_COLUMNS) - 1
     parts += ["<h3>Per seed</h3>", '<div class="scroll">' + _html_table(
-        PER_SEED_COLUMNS, _per_seed_cells(audit), wrap=[len(PER_SEED_COLUMNS) - 1]) + "</div>",
-        '<ul class="legend">' + "".join(f"<li>{e(line)}</li>" for line in _legend(audit)) + "</ul>"]
+        PER_SEED_COLUMNS, _per_seed_cells(audit), wrap=[last],
+        classes={(i, last): _verdict_class(s, "project") for i, s in enumerate(seeds)}) + "</div>",
+        '<ul class="legend">' + "".join(f"<li>{e(line)}</li>" for line in _legend(audit))
+        + "".join(f"<li><b>note</b>: {e(line)}</li>" for line in _same_rows(audit)) + "</ul>"]
     unfinished = _unfinished(audit)
     if unfinished:
         parts += ["<h3>Runs that did not finish normally</h3>", '<ul class="failed">']
@@ -95,22 +111,27 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
     parts += ["<h2>Reporting strategies</h2>",
               "<p>What each way of reporting concludes about a method: accuracy only accepts every "
               "result; accuracy + Γ accepts when the mean Γ is positive; the full protocol is the "
-              "project verdict.</p>", _html_table(head, rows, total_last=True)]
+              "project verdict.</p>", _html_table(head, rows, total_last=True, classes={
+                  (i, j): _OUTCOME_CLASS.get(cell, "") for i, row in enumerate(rows[:-1])
+                  for j, cell in enumerate(row)})]
     parts.append("<h2>Reasons</h2>")
     notes = _notes(audit)
     for row in audit.get("methods") or []:
         verdict = str(row.get("verdict") or "—")
-        color = {"ok": "#125c1b", "bad": "#8a1010"}.get(_cell_class(verdict), "#222")
+        color = {"ok": "#125c1b", "bad": "#8a1010"}.get(_verdict_class(row, "project"), "#222")
         parts.append(f'<h3>{e(_method_name(row))} — <span style="color:{color}">{e(verdict)}</span></h3>')
         items = [e(r) for r in row.get("reasons") or []] or ["no flag fired."]
+        items += [f"<i>paper's rule</i>: {e(str(row.get('paper_verdict') or '—'))}"]
         items += [f"<i>missing</i>: {e(m)}" for m in row.get("missing") or []]
-        items += [f"<i>note</i>: {e(n)}" for n in notes.get(str(row.get("method")), [])]
+        items += [f"<i>note</i>: {e(n)}" for n in list(row.get("notes") or []) + notes.get(str(row.get("method")), [])]
         parts.append("<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>")
     head, rows = _sensitivity_cells(audit)
     parts.append("<h2>Threshold sensitivity</h2>")
     if rows:
-        parts += ["<p>For each threshold, the interval over which every run's flag — and so every "
-                  "verdict — stays as it is now.</p>", _html_table(head, rows)]
+        parts += ["<p>For each threshold, the interval over which every verdict stays as it is now: "
+                  "for a per-run statistic, where every run's flag stays; for depth_margin, where "
+                  "every method's (d) decision stays, re-decided at each margin.</p>",
+                  _html_table(head, rows)]
     else:
         parts.append("<p>(not available: no run was diagnosed)</p>")
     parts.append("<h2>Figures</h2>")

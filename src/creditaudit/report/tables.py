@@ -2,10 +2,13 @@
 reasons, threshold sensitivity, and one table per other experiment — all read from result JSON."""
 from __future__ import annotations
 
+import math
 import re
+import textwrap
 from typing import Sequence
 
 from .. import store
+from ..verdict import verdict_of
 from .format import (_f, _first_fire, _g, _gamma_cells, _markdown, _method_name, _pct, _sci,
                      _signed)
 
@@ -22,11 +25,33 @@ def _ci(interval: dict | None, scale: float = 100.0, signed: bool = True) -> str
     return text
 
 
+def _gap_cell(depth: dict | None) -> str:
+    """(d)'s paired gaps: per seed, then the mean with its one-sided 95 % bounds, in points:
+    "+6.4, +4.2 → +5.3 [−2.5, +13.1]"."""
+    if not isinstance(depth, dict) or _f(depth.get("mean")) is None:
+        return "—"
+    per_seed = ", ".join(f"{100 * _f(g.get('gap')):+.1f}" for g in depth.get("gaps") or []
+                         if _f(g.get("gap")) is not None)
+    text = f"{per_seed} → {100 * _f(depth['mean']):+.1f}"
+    lo, hi = _f(depth.get("lower")), _f(depth.get("upper"))
+    if lo is not None and hi is not None:
+        text += f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    return text
+
+
+def _decision_cell(depth: dict | None) -> str:
+    if not isinstance(depth, dict):
+        return "—"
+    outcome = str(depth.get("outcome") or "—")
+    needed = depth.get("seeds_needed")
+    return f"{outcome} (~{needed} seeds)" if outcome == "undetermined" and needed else outcome
+
+
 def _verdict_cells(row: dict) -> list[str]:
-    gap = row.get("depth_gap_interval")
     return [_method_name(row), _ci(row.get("acc_interval"), signed=False),
             _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
-            _pct(row.get("shallow_acc"), row.get("shallow_acc_std")), _ci(gap),
+            _pct(row.get("shallow_acc"), row.get("shallow_acc_std")), _gap_cell(row.get("depth")),
+            _decision_cell(row.get("depth")),
             str(row.get("verdict") or "—"), str(row.get("paper_verdict") or "—")]
 
 
@@ -50,10 +75,11 @@ def _credit_cells(row: dict) -> list[str]:
 # (title, column heads, cells of one method row); markdown and HTML render the same tables
 AUDIT_TABLES = (
     ("Verdicts", ("method", "test acc % [95 % CI]", "frozen %", "shallow %",
-                  "(d) acc − frozen, points [95 % CI]", "verdict", "paper verdict"), _verdict_cells),
-    ("Scale and reference", ("method", "‖h_L‖", "(a) max growth", "(a′) since init", "(a′) ‖h_L‖/‖h_0‖",
-                             "‖g_L‖", "(b′) gain", "ρ_BP fp32", "(c) s(L/2)", "first fire (per seed)"),
-     _scale_cells),
+                  "(d) acc − frozen, points: per seed → mean [one-sided 95 % bounds]", "(d) decision",
+                  "verdict", "paper's rule"), _verdict_cells),
+    ("Scale and reference (median over seeds)",
+     ("method", "‖h_L‖", "(a) max growth", "(a′) since init", "(a′) ‖h_L‖/‖h_0‖",
+      "‖g_L‖", "(b′) gain", "ρ_BP fp32", "(c) s(L/2)", "first fire (per seed)"), _scale_cells),
     ("Credit", ("method", "deep Γ", "Γ null (z)", "deep ρ", "ρ BP / rand"), _credit_cells),
 )
 PER_SEED_COLUMNS = ("method", "seed", "epochs", "acc %", "frozen %", "gap", "‖h_L‖", "gain",
@@ -137,30 +163,78 @@ def _notes(audit: dict) -> dict[str, list[str]]:
     return out
 
 
+def _flag_lines(audit: dict) -> list[str]:
+    """One legend line per entry of the flag table stored in audit.json."""
+    t = audit.get("thresholds") or {}
+    lines = []
+    for flag in audit.get("flag_table") or []:
+        if not isinstance(flag, dict):
+            continue
+        stats = "; ".join(f"{st.get('name')} {str(st.get('fires_when', '')).split()[-2]} "
+                          f"{_g(t.get(st.get('threshold')))} (`{st.get('threshold')}`)"
+                          for st in flag.get("statistics") or [])
+        verdicts = flag.get("verdicts") or []
+        uses = (f"used by the {' and '.join(verdicts)} verdict{'s' if len(verdicts) > 1 else ''}"
+                if verdicts else "in no verdict")
+        lines.append(f"{flag.get('name')}: fires when {stats}; takes back {flag.get('takes_back')}; "
+                     f"{uses}; evaluable: {flag.get('evaluable')}.")
+    return lines
+
+
 def _legend(audit: dict) -> list[str]:
     t = audit.get("thresholds") or {}
-    th = lambda k, default: _g(t.get(k, default))
     margin = 100 * (_f(t.get("depth_margin")) if _f(t.get("depth_margin")) is not None else 0.02)
+    noise = audit.get("seed_noise") or {}
+    pooled = ("" if _f(noise.get("var")) is None else
+              f" This audit's pooled seed spread of the gap: {100 * math.sqrt(_f(noise['var'])):.1f} points "
+              f"(sd, {noise.get('df')} degrees of freedom, over {noise.get('groups')} methods).")
     return [
         "test acc / frozen / shallow: final test accuracy (%) of the method, its frozen-blocks control "
-        "and its shallow control; mean [95 % t-interval] or mean ± std over seeds (one seed: its value). "
-        f"(d) acc − frozen: the seed-paired gap; (d) UNDERCUT fires when its interval lies below +{margin:g} "
-        "points and is undetermined when it straddles it.",
-        f"(a) max growth: max_l ‖h_(l+1)‖/‖h_l‖, fires above {th('growth', 50)}; (a′) since init: "
-        f"max_l ‖h_l‖/‖h_l at init‖ on the monitor batch, fires above {th('init_growth', 100)}, and "
-        f"‖h_L‖/‖h_0‖, fires above {th('stack_growth', 50)}.",
-        "‖h_L‖, ‖g_L‖: median over samples of the per-sample L2 norm of the last residual position and "
-        f"of the BP gradient there (median over seeds); (b) AT FLOOR fires when ‖g_L‖ < {th('floor', 1e-7)}. "
-        f"(b′) gain: ‖g_L‖/‖∂CE/∂logits‖, ATTENUATED below {th('gain', 1e-2)}. ρ_BP fp32: the BP "
-        "gradient's own perturbation correlation in the model's precision (1 = numerically intact).",
-        f"(c) s(L/2): cross-batch stability, DRIFT above {th('drift', 0.3)} (descriptive).",
+        "and its shallow control; mean [95 % t-interval] or mean ± std over seeds (one seed: its value).",
+        "(d) acc − frozen: the seed-paired gaps, their mean and its one-sided 95 % bounds. (d) decision: "
+        f"clears when the lower bound is at or above +{margin:g} points, undercut when the upper bound "
+        "is below it, else undetermined (~n: the seed count likely to decide it); the noise is the "
+        "paired-gap seed spread pooled over the audit's methods, this method's own spread or the "
+        f"binomial test-set variance, whichever is largest.{pooled} paper's rule: the paper's verdict, "
+        f"(a), (b) and (d) UNDERCUT when the mean gap is below +{margin:g} points, with no interval.",
+        *_flag_lines(audit),
+        "‖h_L‖, ‖g_L‖, gain, growth: median over samples of the diagnosed quantity, then the median over "
+        "seeds; a reason quotes one named seed's value. ρ_BP fp32: the BP gradient's own perturbation "
+        "correlation in the model's precision (1 = numerically intact).",
         "deep Γ, deep ρ: mean over residual positions l = 1 … L, then over seeds (ρ: ± std over seeds); "
         "Γ null: the same Γ under fresh random feedback draws (mean ± std), z = (Γ − null)/std; "
         "* = Γ uninterpretable because (b) or (b′) fired. ρ BP / rand: the controls a = BP gradient "
         "and a = random vector.",
         "first fire: the epoch at which the training-time monitor first saw each flag, one entry per "
-        "seed (— = never). verdict: the project's ((a), (a′), (b′), (d)); paper verdict: ((a), (b), (d)).",
+        "seed (— = never). A flag other than (d) fires for a method when it fires on any of its seeds.",
     ]
+
+
+def _same_rows(audit: dict) -> list[str]:
+    """A note for each pair of methods whose rows print identically: the table's precision hides
+    their difference, so the note gives the full-precision differences from audit.json."""
+    rows = audit.get("methods") or []
+    judged = {"(d) decision", "verdict", "paper's rule", "first fire (per seed)", "method"}
+    printed = {i: [c for _, head, cells in AUDIT_TABLES for h, c in zip(head, cells(r)) if h not in judged]
+               for i, r in enumerate(rows)}
+    notes = []
+    for i in range(len(rows)):
+        for j in range(i + 1, len(rows)):
+            if printed[i] != printed[j] or all(c == "—" for c in printed[i]):
+                continue
+            diffs = []
+            for key, label, scale in (("acc", "accuracy", 100), ("gamma_deep", "deep Γ", 1),
+                                      ("rho_deep", "deep ρ", 1), ("gain", "gain", 1), ("h_L", "‖h_L‖", 1)):
+                a, b = _f(rows[i].get(key)), _f(rows[j].get(key))
+                if a is not None and b is not None and math.isfinite(a) and math.isfinite(b):
+                    diffs.append(f"{label} {scale * abs(a - b):.2g}{' points' if scale == 100 else ''}")
+            notes.append(
+                f"{_method_name(rows[i])} and {_method_name(rows[j])} print the same numbers at this "
+                "precision. Their runs are separate; their credit and updates agree to within the "
+                "printed digits — as for a method whose credit converges to the BP gradient (EP with "
+                "a nudge of β/N ≪ 1 on the mean CE matches BP to O(β/N)). Full-precision differences "
+                f"(audit.json): {', '.join(diffs) or 'none recorded'}.")
+    return notes
 
 
 def _meta(audit: dict) -> str:
@@ -187,6 +261,7 @@ def audit_table(audit: dict) -> str:
         out += ["", f"### {title}", "", _markdown(head, cells) if cells else "(no methods)"]
     out += ["", "### Per seed", "", _markdown(PER_SEED_COLUMNS, _per_seed_cells(audit)), ""]
     out += [f"- {line}" for line in _legend(audit)]
+    out += [f"- note: {line}" for line in _same_rows(audit)]
     unfinished = _unfinished(audit)
     if unfinished:
         out += ["", "Runs that did not finish normally:", ""]
@@ -202,13 +277,15 @@ def audit_table(audit: dict) -> str:
         out.append(f"- **{_method_name(row)}** — {row.get('verdict') or '—'}")
         reasons = list(row.get("reasons") or [])
         out += [f"  - {r}" for r in reasons] or ["  - no flag fired."]
+        out += [f"  - paper's rule: {row.get('paper_verdict') or '—'}"]
         out += [f"  - missing: {m}" for m in row.get("missing") or []]
-        out += [f"  - note: {n}" for n in notes.get(str(row.get("method")), [])]
+        out += [f"  - note: {n}" for n in list(row.get("notes") or []) + notes.get(str(row.get("method")), [])]
     head, rows = _sensitivity_cells(audit)
     out += ["", "## Threshold sensitivity", ""]
     if rows:
-        out += ["For each threshold, the interval over which every run's flag — and so every "
-                "verdict — stays as it is now.", "", _markdown(head, rows)]
+        out += ["For each threshold, the interval over which every verdict stays as it is now: for a "
+                "per-run statistic, where every run's flag stays; for depth_margin, where every "
+                "method's (d) decision stays, re-decided at each margin.", "", _markdown(head, rows)]
     else:
         out.append("(not available: no run was diagnosed)")
     return "\n".join(out) + "\n"
@@ -261,10 +338,11 @@ def penalty_table(result: dict) -> str:
     for r in result["rows"]:
         gamma, null = _gamma_cells(r)
         rows.append([f"{_f(r['lam']):g}", _pct(r["acc"], r["acc_std"]), _pct(r["frozen_acc"]),
-                     _sci(r["h_L"]), _sci(r["g_L"]), _sci(r["gain"]), gamma, null,
-                     _signed(r["rho_deep"]), r["verdict"]])
-    return _markdown(["λ", "test acc %", "frozen %", "‖h_L‖", "‖g_L‖", "gain", "deep Γ", "Γ null (z)",
-                      "deep ρ", "verdict"], rows)
+                     _gap_cell(r.get("depth")), _sci(r["h_L"]), _sci(r["g_L"]), _sci(r["gain"]), gamma,
+                     null, _signed(r["rho_deep"]), r["verdict"], str(r.get("paper_verdict") or "—")])
+    return _markdown(["λ", "test acc %", "frozen %", "(d) gap, points: per seed → mean [one-sided 95 %]",
+                      "‖h_L‖", "‖g_L‖", "gain", "deep Γ", "Γ null (z)", "deep ρ", "verdict",
+                      "paper's rule"], rows)
 
 
 def identity_table(result: dict) -> str:
@@ -280,35 +358,59 @@ def identity_table(result: dict) -> str:
 
 
 
-def _short_verdict(verdict: str) -> str:
-    """"walk back: (a) EXPLODED, (b′) ATTENUATED" → "walk back: (a), (b′)" for the narrow table."""
-    return re.sub(r"(\([a-d]′?\)) [A-Z]+", r"\1", verdict)
+def _short_verdict(row: dict) -> str:
+    """The project verdict with flag names only, "walk back: (a), (b′)", for the narrow table."""
+    try:
+        verdict = verdict_of(row)
+    except (ValueError, KeyError, TypeError):
+        return str(row.get("verdict") or "—")
+    if verdict.walks_back:
+        return "walk back: " + ", ".join(f"({k.replace('_prime', '′')})" for k in verdict.fired)
+    return verdict.outcome
 
 
 def compact_table(audit: dict, width: int = 120) -> str:
-    """The audit for a terminal: one line per method, at most `width` columns; the full table,
-    the reasons and the per-seed values are in audit.md."""
-    head = ["method", "acc %", "frozen %", "‖h_L‖", "gain", "growth", "deep Γ", "verdict"]
+    """The audit for a terminal: one line per method, at most `width` columns, then each method's
+    full verdicts (wrapped to `width`); the full table and the per-seed values are in audit.md."""
+    head = ["method", "acc %", "frozen %", "(d) gap", "‖h_L‖", "gain", "growth", "deep Γ", "verdict"]
     rows = []
     for row in audit.get("methods") or []:
         gamma, _ = _gamma_cells(row)
+        depth = row.get("depth") if isinstance(row.get("depth"), dict) else {}
+        gap = _f(depth.get("mean"))
         rows.append([_method_name(row), _pct(row.get("acc"), row.get("acc_std")),
-                     _pct(row.get("frozen_acc"), row.get("frozen_acc_std")), _sci(row.get("h_L")),
-                     _sci(row.get("gain")), _g(row.get("max_growth")), gamma,
-                     _short_verdict(str(row.get("verdict") or "—"))])
+                     _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
+                     "—" if gap is None else f"{100 * gap:+.1f}", _sci(row.get("h_L")),
+                     _sci(row.get("gain")), _g(row.get("max_growth")), gamma, _short_verdict(row)])
     if not rows:
         return "(no methods)"
+    # a narrow terminal drops the least needed columns first; the verdict column stays
+    for drop in ("growth", "gain", "‖h_L‖", "frozen %"):
+        widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
+        if sum(widths[:-1]) + 2 * (len(head) - 1) + 10 <= width:
+            break
+        j = head.index(drop)
+        head, rows = head[:j] + head[j + 1:], [r[:j] + r[j + 1:] for r in rows]
     widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
     room = width - sum(widths[:-1]) - 2 * (len(head) - 1)
     widths[-1] = max(10, min(widths[-1], room))
     fit = lambda text, w: text if len(text) <= w else text[:w - 1] + "…"
     line = lambda cells: "  ".join(fit(str(c), w).ljust(w) for c, w in zip(cells, widths)).rstrip()
-    return "\n".join([line(head), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+    wrap = lambda text: textwrap.wrap(text, width, subsequent_indent="    ", break_on_hyphens=False)
+    out = [line(head), "  ".join("-" * w for w in widths), *(line(r) for r in rows), ""]
+    out += wrap("acc, frozen: mean ± std over seeds; (d) gap: mean paired gap, points; ‖h_L‖, gain, "
+                "growth: median over seeds (a reason quotes one named seed's value).")
+    out.append("")
+    for row in audit.get("methods") or []:
+        out += wrap(f"{_method_name(row)}: {row.get('verdict') or '—'}")
+        out += wrap(f"  paper's rule: {row.get('paper_verdict') or '—'}")
+    return "\n".join(out)
 
 
 def sensitivity_table(sensitivity: dict) -> str:
     """`creditaudit thresholds`: per threshold, the interval over which every run's flag stays."""
     head, rows = _sensitivity_cells({"sensitivity": sensitivity})
     return (_markdown(head, rows) + "\n\nfired / spared: runs whose flag fires / does not fire at the "
-            "current threshold; unmeasured: runs without that statistic (a non-finite stream, or no "
-            "frozen control for depth_margin), which no threshold changes.")
+            "current threshold; unmeasured: runs without that statistic (a non-finite stream), which "
+            "no threshold changes. depth_margin counts methods: (d) undercut / clears / undetermined "
+            "or not evaluated, each re-decided across its seeds at every margin.")
