@@ -74,7 +74,7 @@ def test_callback_in_a_real_trainer(tmp_path):
                for k, v in {k[len("net.blocks."):]: v for k, v in init.items()
                             if k.startswith("net.blocks.")}.items())
     audit = creditaudit.audit_own_runs([tmp_path / "run"], [tmp_path / "ctrl"], out=tmp_path / "audit",
-                                       method="lightning-bp")
+                                       method="lightning-bp", n_test=360)
     gap = load_monitored(tmp_path / "run").diagnosis["depth"]["gap"]   # (d) once the control finished
     assert gap == pytest.approx(run.test_acc - load_monitored(tmp_path / "ctrl").test_acc)
     row = audit["methods"][0]

@@ -77,14 +77,15 @@ def test_doc_example_matches_creditaudit_audit(tmp_path, monkeypatch, capsys):
 
     # the CLI reads the folders like a trained run's and an audit's
     from creditaudit.check import exit_code
-    assert main(["check", "audits/mine"]) == exit_code([a["verdict"]])
+    from creditaudit.verdict import verdict_of
+    assert main(["check", "audits/mine"]) == exit_code([verdict_of(a)])
     # each run's own diagnosis gained (d) when its control finished: as `diagnose RUN --frozen-control`
     for r in ref["runs"]:
         if r["control"] == "none":
             mine_diag = load_monitored(tmp_path / "runs" / f"dfa-s{r['seed']}").diagnosis
             assert mine_diag["verdict"] == r["report"]["verdict"]
             assert mine_diag["depth"]["gap"] == pytest.approx(r["report"]["depth"]["gap"], abs=1e-12)
-    assert main(["check", "runs/dfa-s42"]) == exit_code([ref_runs[(42, "none")]["report"]["verdict"]])
+    assert main(["check", "runs/dfa-s42"]) == exit_code([verdict_of(ref_runs[(42, "none")]["report"])])
     assert main(["diagnose", "runs/dfa-s42"]) == 0
     assert "your own loop" in capsys.readouterr().out
     assert (tmp_path / "audits" / "mine" / "audit.md").exists()
@@ -154,9 +155,11 @@ def test_foreign_model_through_adapter_and_frozen_control(tmp_path, digits):
                                test_batches=[digits.eval_batch(0, 360)])
     assert ctrl.info["control"] == "frozen" and ctrl.info["control_of"] == str(tmp_path / "run")
     with pytest.raises(CreditAuditError, match="is a control; pass it in controls="):
-        creditaudit.audit_own_runs([tmp_path / "ctrl"], out=tmp_path / "audit")
+        creditaudit.audit_own_runs([tmp_path / "ctrl"], out=tmp_path / "audit", n_test=360)
     with pytest.raises(CreditAuditError, match="is not a frozen control"):
-        creditaudit.audit_own_runs([tmp_path / "run"], [tmp_path / "run"], out=tmp_path / "audit")
+        creditaudit.audit_own_runs([tmp_path / "run"], [tmp_path / "run"], out=tmp_path / "audit", n_test=360)
+    with pytest.raises(CreditAuditError, match="n_test must be the number of test samples"):
+        creditaudit.audit_own_runs([tmp_path / "run"], out=tmp_path / "audit", n_test=0)
     with pytest.raises(CreditAuditError, match="does not start from the initial weights"):
         creditaudit.Monitor(model, (x, y), tmp_path / "bad", epochs=1, adapter=ADAPTER,
                             control_of=mon)

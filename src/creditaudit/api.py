@@ -15,14 +15,15 @@ from .verdict import Thresholds
 
 
 def audit_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = (), *,
-                   out: str | Path, method: str = "my-method",
+                   out: str | Path, n_test: int, method: str = "my-method",
                    thresholds: Thresholds = Thresholds()) -> dict:
     """Judge the user's monitored runs (one per seed) with their frozen controls, like an audit.
 
+    n_test: the number of test samples each accuracy was measured on ((d)'s test-set noise floor).
     Writes <out>/audit.json (sealed) plus audit.md, report.html and the figures, and returns the
     audit as read back; `creditaudit check OUT` then gives the verdict as an exit code. A run
     without a finished control of its own keeps the verdict from "trustworthy".
     """
-    audit = judge_own_runs(runs, controls, out=out, method=method, thresholds=thresholds)
+    audit = judge_own_runs(runs, controls, out=out, n_test=n_test, method=method, thresholds=thresholds)
     write_report(audit, Path(out))
     return audit

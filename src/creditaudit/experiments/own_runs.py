@@ -17,8 +17,8 @@ from typing import Sequence
 from .. import __version__, store
 from ..errors import CreditAuditError
 from ..monitor import FINISHED, MonitoredRun, load_monitored
-from ..verdict import Thresholds, threshold_sensitivity
-from .audit import STRATEGIES, read_audit, reporting_strategies, summarize_method
+from ..verdict import Thresholds, flag_table, seed_noise, threshold_sensitivity
+from .audit import STRATEGIES, method_evidence, read_audit, reporting_strategies, summarize_method
 from .common import Outcome
 
 
@@ -58,14 +58,19 @@ def _outcome(run: MonitoredRun, method: str, seed: int) -> Outcome:
 
 
 def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = (), *,
-                   out: str | Path, method: str = "my-method",
+                   out: str | Path, n_test: int, method: str = "my-method",
                    thresholds: Thresholds = Thresholds()) -> dict:
     """Judge the user's monitored runs (one per seed) with their frozen controls, like an audit.
 
-    Writes <out>/audit.json (sealed) and returns the audit as read back (`api.audit_own_runs` adds
-    the report); `creditaudit check OUT` then gives the verdict as an exit code. A run
-    without a finished control of its own keeps the verdict from "trustworthy".
+    n_test: the number of test samples every accuracy was measured on — (d)'s test-set noise floor
+    (binomial), as the audit takes it from its data set; with 1–3 seeds the seed spread alone can
+    look far too certain. Writes <out>/audit.json (sealed) and returns the audit as read back
+    (`api.audit_own_runs` adds the report); `creditaudit check OUT` then gives the verdict as an
+    exit code. A run without a finished control of its own keeps the verdict from "trustworthy".
     """
+    if isinstance(n_test, bool) or not isinstance(n_test, int) or n_test < 1:
+        raise CreditAuditError(f"n_test must be the number of test samples your accuracies were "
+                               f"measured on (a positive integer), got {n_test!r}")
     if not runs:
         raise CreditAuditError("audit_own_runs needs at least one run folder")
     mains = [load_monitored(r) for r in runs]
@@ -103,7 +108,8 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         raise CreditAuditError("two runs carry the same seed; give each Monitor its own seed=")
 
     t0 = time.perf_counter()
-    row = summarize_method(method, outcomes, thresholds)
+    noise = seed_noise([method_evidence(method, outcomes, n_test)])
+    row = summarize_method(method, outcomes, thresholds, noise, n_test)
     row["strategies"] = reporting_strategies(row)
     reports = [o.report for o in outcomes if o.report and o.config.control == "none"]
     out = Path(out)
@@ -124,6 +130,7 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         "strategy_totals": {s: int(row["strategies"][s] == "walk back") for s in STRATEGIES},
         "sensitivity": threshold_sensitivity(reports, thresholds)[0] if reports else None,
         "runs": [o.to_dict() for o in outcomes],
+        "flag_table": flag_table(), "seed_noise": noise.to_dict(), "n_test": n_test,
     }
     out.mkdir(parents=True, exist_ok=True)
     store.write_sealed_json(out / "audit.json", store.json_safe(result))
