@@ -67,7 +67,7 @@ def _set_threads(args) -> None:
 
 # -- train ----------------------------------------------------------------------------------------
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    from .config import RunConfig, default, field_help
+    from .config import PRECISIONS, RunConfig, default, field_help
     from .data import DATASET_NAMES
     from .methods import METHODS
     from .model import ACTIVATIONS, ARCHITECTURES
@@ -102,6 +102,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="method option, e.g. --option beta=10 (README, Methods) (default: none)")
     p.add_argument("--arch-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="architecture option, e.g. --arch-option heads=4 (default: none)")
+    p.add_argument("--precision", choices=PRECISIONS, default=d("precision"), help=h("precision"))
+    p.add_argument("--no-compile", action="store_true",
+                   help="train the step eagerly (default: compiled into CUDA graphs on a GPU, eager on a CPU)")
 
 
 def _add_where_args(p: argparse.ArgumentParser, threads: bool = True) -> None:
@@ -127,7 +130,7 @@ def _run_config(args):
                      blocks=0 if args.shallow else args.blocks, activation=args.activation,
                      w2_std=args.w2_std, trainable_blocks=trainable,
                      stop_when_flagged=args.stop_when_flagged, options=options,
-                     arch_options=dict(args.arch_option))
+                     arch_options=dict(args.arch_option), precision=args.precision)
 
 
 def _cmd_train(args) -> int:
@@ -136,8 +139,10 @@ def _cmd_train(args) -> int:
     config = _run_config(args)
     _set_threads(args)
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
-    run = train_run(config, out, data_dir=args.data_dir, device=args.device, progress=not args.quiet,
-                    stop_rule=stop_rule(config.stop_when_flagged, Thresholds()))
+    from .runs import resolve_device
+    run = train_run(config, out, data_dir=args.data_dir, device=resolve_device(args.device),
+                    progress=not args.quiet, stop_rule=stop_rule(config.stop_when_flagged, Thresholds()),
+                    compile_step=False if args.no_compile else None)
     last = run.history[-1]
     fired = first_fire_epochs(run.history, Thresholds())
     print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
@@ -246,6 +251,8 @@ def _audit_raw(args) -> dict:
         raw["seeds"] = args.seeds
     if getattr(args, "arch", None):
         raw.setdefault("model", {})["arch"] = args.arch
+    from .runs import resolve_device
+    raw["device"] = str(resolve_device(raw.get("device", "auto")))   # "auto" is decided here, once
     return raw
 
 

@@ -22,6 +22,7 @@ from .errors import CreditAuditError
 from .methods import REFERENCE_METHOD
 
 INT64_MAX = 2 ** 63 - 1
+PRECISIONS = ("fp32", "tf32", "bf16")   # a run's training-step numerics (RunConfig.precision)
 PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training] lam goes to every
                                 # method that declares this option
 
@@ -56,6 +57,9 @@ class RunConfig:
     stop_when_flagged: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     arch_options: dict[str, Any] = field(default_factory=dict)
+    precision: str = field(default="fp32", metadata=_help(
+        "training-step numerics: fp32 (default; (b) is the fp32 floor), tf32 (TF32 matmuls and "
+        "convolutions on CUDA) or bf16 (bfloat16 autocast); diagnostics are always fp32"))
 
     def __post_init__(self):
         from .data import DATASET_NAMES
@@ -100,6 +104,9 @@ class RunConfig:
         if unknown:
             raise CreditAuditError(f"architecture {self.arch!r} has no option(s) {', '.join(unknown)}; "
                                    f"its options: {', '.join(ARCH_OPTIONS[self.arch]) or 'none'}")
+        if self.precision not in PRECISIONS:
+            raise CreditAuditError(f"precision must be one of {', '.join(PRECISIONS)}, got "
+                                   f"{self.precision!r}")
         swf = self.stop_when_flagged
         if swf is not None and (not isinstance(swf, int) or isinstance(swf, bool) or swf < 1):
             raise CreditAuditError(

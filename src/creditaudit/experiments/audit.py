@@ -12,6 +12,7 @@ from .. import __version__, store
 from ..config import AuditConfig, RunConfig
 from ..store import json_number as _num
 from ..verdict import SeedEvidence, Thresholds, interval, method_verdict, threshold_sensitivity
+from ..runs import canonical_control
 from .common import Execution, Outcome, deep_mean, mean_std, median_of, run_all
 
 STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
@@ -124,14 +125,14 @@ def frozen_control_of(config: RunConfig) -> RunConfig | None:
     """The frozen-blocks control of the same method and seed (None for a control itself)."""
     if config.control != "none" or config.blocks == 0:
         return None
-    return config.replace(trainable_blocks=0)
+    return canonical_control(config.replace(trainable_blocks=0))
 
 
 def audit(config: AuditConfig, progress: bool = True) -> dict:
     """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back."""
     out = Path(config.out)
     thresholds = Thresholds(**config.thresholds)
-    runs = config.run_configs()
+    runs = list(dict.fromkeys(canonical_control(c) for c in config.run_configs()))  # equal runs once
     t0 = time.perf_counter()
     outcomes = run_all(runs, out, execution=execution_of(config), thresholds=thresholds,
                        n_eval=config.eval_batches, frozen_of=frozen_control_of, progress=progress)
@@ -172,4 +173,5 @@ def header(config: AuditConfig, base: RunConfig) -> str:
     seeds = ", ".join(map(str, config.seeds))
     return (f"{preset}{config.dataset}, {base.arch} d={base.width} L={base.blocks}, "
             f"{config.epochs} epochs; seed{'s' if len(config.seeds) > 1 else ''} {seeds}; "
-            f"controls: {', '.join(config.controls) or 'none'}; {config.eval_batches} eval batches")
+            f"controls: {', '.join(config.controls) or 'none'}; {config.eval_batches} eval batches; "
+            f"{base.precision} training")

@@ -1,5 +1,6 @@
 """The penalty sweep: a method with a residual penalty over its λ values (λ = 0 is the method
-without it), each with its frozen-blocks control: accuracy, ‖h_L‖, ‖g_L‖, readout gain, deep Γ
+without it), each with its frozen-blocks control (λ acts only on trainable blocks, so one control,
+trained once, serves every λ: `runs.canonical_control`): accuracy, ‖h_L‖, ‖g_L‖, readout gain, deep Γ
 with its fresh-feedback null, deep ρ, verdict. Writes <out>/penalty_sweep.json."""
 from __future__ import annotations
 
@@ -27,8 +28,12 @@ def penalty_sweep(base: Sequence[RunConfig], out: Path, *, lambdas: Sequence[flo
     outcomes = run_all(configs, out, execution=execution, thresholds=thresholds, rho=True,
                        frozen_of=frozen_control_of, progress=progress)
     rows = []
+    by_key = {o.config.run_key: o for o in outcomes}
     for lam in lambdas:
-        at = [o for o in outcomes if o.config.lam == float(lam)]
+        mains_at = [o for o in outcomes if o.config.control == "none" and o.config.lam == float(lam)]
+        controls = [by_key[f.run_key] for f in (frozen_control_of(o.config) for o in mains_at)
+                    if f is not None and f.run_key in by_key]     # one control may serve every λ
+        at = mains_at + list({id(o): o for o in controls}.values())
         row = summarize_method(base[0].method, at, thresholds)
         row["lam"] = float(lam)
         rows.append(row)

@@ -70,6 +70,9 @@ class Method(ABC):
     option_ranges: ClassVar[dict[str, tuple[float, float]]] = {}  # inclusive [low, high] per knob
     option_help: ClassVar[dict[str, str]] = {}       # one line per knob, for --help and the docs
     sweep: ClassVar[dict[str, tuple]] = {}           # option → values `penalty-sweep` runs over
+    # options that act only on trainable blocks (e.g. the penalty λ on f_l): a run with no
+    # trainable block is the same run whatever their values (`runs.canonical_control`)
+    trainable_only_options: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -134,9 +137,63 @@ class Method(ABC):
         return opt
 
     # -- the interface ------------------------------------------------------------------------
-    @abstractmethod
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Update the model on one batch; return the batch's CE loss (detached scalar tensor)."""
+        """Update the model on one batch; return the batch's CE loss (detached scalar tensor).
+
+        The built-in methods split the step in two: `gradients` (forward, credit, backward, clip:
+        pure tensor work with no host sync, so it compiles with torch.compile(fullgraph=True))
+        and `apply_gradients` (the optimizer steps). A user's method may override `train_step`
+        as a whole instead; it then trains uncompiled."""
+        self.clear_gradients()
+        self.prepare_step()
+        loss = self.gradients(x, y)
+        self.apply_gradients()
+        return loss
+
+    def prepare_step(self) -> None:
+        """Eager work before `gradients`: draws from the method's generators (a compiled graph
+        cannot hold a torch.Generator). Nothing by default."""
+
+    def gradients(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Fill the .grad of every parameter the step updates (None on entry) and
+        return the batch's CE (detached). No .item(), float(), bool() or data-dependent Python
+        branch: the trainer may compile it (`step_function`)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither train_step nor gradients")
+
+    def clear_gradients(self) -> None:
+        """Every optimized parameter's .grad back to None, before `gradients` fills them (kept
+        after the step, so a test or a user can read the update's gradient)."""
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+    def apply_gradients(self) -> None:
+        """One step of every optimizer on the gradients `gradients` left."""
+        for opt in self.optimizers:
+            opt.step()
+
+    def compilable(self) -> bool:
+        """Whether the step is the `gradients` + `apply_gradients` split (so `gradients` may be
+        compiled); False for a method that overrides `train_step` itself."""
+        return type(self).train_step is Method.train_step
+
+    def step_function(self, compile_mode: str | None = None):
+        """The callable the trainer runs per batch: `train_step`, or with `compile_mode` (a
+        torch.compile mode: "default", "reduce-overhead" = CUDA graphs, …) `gradients` compiled
+        whole (fullgraph) followed by the eager `apply_gradients`. The optimizer step stays
+        outside the compiled region: its first call initialises state, which Dynamo does not
+        trace. A method that overrides `train_step` is never compiled."""
+        if compile_mode is None or not self.compilable():
+            return self.train_step
+        compiled = torch.compile(self.gradients, mode=compile_mode, fullgraph=True)
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            self.clear_gradients()
+            self.prepare_step()
+            with torch._dynamo.config.patch(trace_autograd_ops=True):   # backward() in the graph
+                loss = compiled(x, y)
+            self.apply_gradients()
+            return loss
+        return step
 
     @abstractmethod
     def credit(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:

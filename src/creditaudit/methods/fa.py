@@ -197,12 +197,10 @@ class FA(Method):
                 hidden.append(hidden[-1] + f)                                  # h_{l+1} = h_l + f_l(h_l)
         return hidden
 
-    def train_step(self, x, y):
+    def gradients(self, x, y):
         hidden = self.forward(self.model.embed_input(x), self.feedback, train=True)
         loss = F.cross_entropy(self.model.readout(hidden[-1]), y)
-        self.opt.zero_grad(set_to_none=True)
         loss.backward()                                   # δ flows through B; ∂W = δᵀx as usual
-        self.opt.step()
         return loss.detach()
 
     def _credit(self, x, y, feedback) -> list[torch.Tensor]:
