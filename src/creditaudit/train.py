@@ -81,8 +81,8 @@ def compile_mode_for(device: torch.device, compile_step: bool | None) -> str | N
 def step_runner(method, mode: str | None):
     """The per-batch step: `method.step_function(mode)`, falling back to the eager step (with a
     warning) if compiling fails on its first call — tracing fails before anything is updated."""
-    step = method.step_function(mode)
-    if mode is None or step == method.train_step:
+    step = method.step_function(mode=mode) if mode is not None else method.train_step
+    if step == method.train_step:
         return step
     state = {"step": step}
 

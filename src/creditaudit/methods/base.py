@@ -146,13 +146,19 @@ class Method(ABC):
         as a whole instead; it then trains uncompiled."""
         self.clear_gradients()
         self.prepare_step()
-        loss = self.gradients(x, y)
+        try:
+            loss = self.gradients(x, y)
+        finally:
+            self.end_step()
         self.apply_gradients()
         return loss
 
     def prepare_step(self) -> None:
         """Eager work before `gradients`: draws from the method's generators (a compiled graph
-        cannot hold a torch.Generator). Nothing by default."""
+        cannot hold a torch.Generator), module patches the step relies on. Nothing by default."""
+
+    def end_step(self) -> None:
+        """Eager work after `gradients` (also when it raised): undo what `prepare_step` set up."""
 
     def gradients(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Fill the .grad of every parameter the step updates (None on entry) and
@@ -176,21 +182,25 @@ class Method(ABC):
         compiled); False for a method that overrides `train_step` itself."""
         return type(self).train_step is Method.train_step
 
-    def step_function(self, compile_mode: str | None = None):
-        """The callable the trainer runs per batch: `train_step`, or with `compile_mode` (a
-        torch.compile mode: "default", "reduce-overhead" = CUDA graphs, …) `gradients` compiled
-        whole (fullgraph) followed by the eager `apply_gradients`. The optimizer step stays
-        outside the compiled region: its first call initialises state, which Dynamo does not
-        trace. A method that overrides `train_step` is never compiled."""
-        if compile_mode is None or not self.compilable():
+    def step_function(self, **compile_options):
+        """The callable the trainer runs per batch: `train_step`, or with torch.compile options
+        (mode="reduce-overhead" = CUDA graphs, backend="eager", …) `gradients` compiled whole
+        (fullgraph=True: a graph break is an error, not a silent host round trip), between the
+        eager `prepare_step` (generator draws) and `apply_gradients` (the optimizer steps: their
+        first call initialises state, which Dynamo does not trace). A method that overrides
+        `train_step` is never compiled."""
+        if not compile_options or not self.compilable():
             return self.train_step
-        compiled = torch.compile(self.gradients, mode=compile_mode, fullgraph=True)
+        compiled = torch.compile(self.gradients, fullgraph=True, **compile_options)
 
         def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             self.clear_gradients()
             self.prepare_step()
-            with torch._dynamo.config.patch(trace_autograd_ops=True):   # backward() in the graph
-                loss = compiled(x, y)
+            try:
+                with torch._dynamo.config.patch(trace_autograd_ops=True):   # backward() in the graph
+                    loss = compiled(x, y)
+            finally:
+                self.end_step()
             self.apply_gradients()
             return loss
         return step

@@ -289,11 +289,15 @@ class EP(Method):
         total = F.cross_entropy(rel.logits, y)
         for f, al in zip(rel.branches, a):
             total = total + (f * al).sum()
-        inputs = self.trainable_block_params() + self.head_params() + rel.leaves + [rel.h_last]
-        total.backward(inputs=inputs)
-        a0 = a[0] + rel.leaves[0].grad                                      # (I + ∂f_0)ᵀ a_1
-        rel.h0.backward(a0)                                                 # embed: Σ_i h_0,i · a_0,i
-        self._log(rel, [leaf.grad for leaf in rel.leaves[1:]], rel.h_last.grad)
+        params = self.trainable_block_params() + self.head_params()
+        grads = torch.autograd.grad(total, params + rel.leaves + [rel.h_last], allow_unused=True)
+        leaf_grads, grad_last = grads[len(params):-1], grads[-1]
+        a0 = a[0] + leaf_grads[0]                                           # (I + ∂f_0)ᵀ a_1
+        embed = self.embed_params()
+        grads = grads[:len(params)] + torch.autograd.grad(rel.h0, embed, a0, allow_unused=True)  # embed
+        for p, g in zip(params + embed, grads):
+            p.grad = g
+        self._log(rel, leaf_grads[1:], grad_last)
         return F.cross_entropy(rel.free_logits, y).detach()
 
     def _shallow_gradients(self, x, y):
