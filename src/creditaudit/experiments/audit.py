@@ -132,7 +132,8 @@ def audit(config: AuditConfig, progress: bool = True) -> dict:
     """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back."""
     out = Path(config.out)
     thresholds = Thresholds(**config.thresholds)
-    runs = list(dict.fromkeys(canonical_control(c) for c in config.run_configs()))  # equal runs once
+    canonical = [canonical_control(c) for c in config.run_configs()]
+    runs = list({c.run_key: c for c in canonical}.values())     # provably equal runs, trained once
     t0 = time.perf_counter()
     outcomes = run_all(runs, out, execution=execution_of(config), thresholds=thresholds,
                        n_eval=config.eval_batches, frozen_of=frozen_control_of, progress=progress)
