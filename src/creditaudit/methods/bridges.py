@@ -139,6 +139,8 @@ class _Bridge(LocalMethod):
     def apply_gradients(self):
         super().apply_gradients()       # an optimizer whose parameters got no .grad leaves them be
         self._after_aux_step()
+        if isinstance(self._last_aux_loss, torch.Tensor):   # own it: a CUDA-graph step reuses
+            self._last_aux_loss = self._last_aux_loss.clone()   # its output memory next step
 
     def credit(self, x, y):
         with torch.no_grad():

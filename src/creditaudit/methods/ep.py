@@ -316,7 +316,9 @@ class EP(Method):
 
     # -- convergence log ----------------------------------------------------------------------------
     def _log(self, rel: Relaxed, vjps, grad_last) -> None:
-        """Accumulate ‖∂F/∂h(h^β)‖/‖∂F/∂h(h^free)‖ on the device (no host sync per step).
+        """This step's ‖∂F/∂h(h^β)‖/‖∂F/∂h(h^free)‖ and sweep count, as device tensors (no host
+        sync); `apply_gradients` adds them to the epoch's sums, eagerly: the step only writes
+        fresh tensors, so a compiled (CUDA-graph) step never reads last step's outputs.
 
         With a = −r/β: ∂F/∂h_l = −β (a_l − a_{l+1} − ∂f_lᵀ a_{l+1}), ∂F/∂h_L = β (∂CE/∂h_L − a_L)."""
         with torch.no_grad():
@@ -325,11 +327,19 @@ class EP(Method):
             for l, vjp in enumerate(vjps, start=1):
                 sq = sq + _batch_norm2(a[l - 1] - a[l] - vjp)
             ratio = self.beta * sq.sqrt() / rel.scale.clamp_min(torch.finfo(rel.scale.dtype).tiny)
-            self._res_sum = ratio if self._res_sum is None else self._res_sum + ratio
-            self._sweep_sum = self._sweep_sum + rel.sweeps
+            self._step_log = (ratio, rel.sweeps)
+
+    def apply_gradients(self):
+        super().apply_gradients()
+        if self._step_log is not None:
+            ratio, sweeps = self._step_log
+            self._step_log = None
+            self._res_sum = ratio.double() if self._res_sum is None else self._res_sum + ratio
+            self._sweep_sum = self._sweep_sum + sweeps
             self._count += 1
 
     def _reset_log(self) -> None:
+        self._step_log: tuple[torch.Tensor, torch.Tensor] | None = None
         self._res_sum: torch.Tensor | None = None
         self._sweep_sum, self._count = 0, 0
 
