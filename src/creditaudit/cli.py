@@ -133,6 +133,11 @@ def _run_config(args):
                      arch_options=dict(args.arch_option), precision=args.precision)
 
 
+def _compile_step(args) -> bool | None:
+    """--no-compile: never; otherwise None = where it pays (the step compiled on CUDA only)."""
+    return False if args.no_compile else None
+
+
 def _cmd_train(args) -> int:
     from .train import train_run
     from .verdict import Thresholds, first_fire_epochs, stop_rule
@@ -142,7 +147,7 @@ def _cmd_train(args) -> int:
     from .runs import resolve_device
     run = train_run(config, out, data_dir=args.data_dir, device=resolve_device(args.device),
                     progress=not args.quiet, stop_rule=stop_rule(config.stop_when_flagged, Thresholds()),
-                    compile_step=False if args.no_compile else None)
+                    compile_step=_compile_step(args))
     last = run.history[-1]
     fired = first_fire_epochs(run.history, Thresholds())
     print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
@@ -266,7 +271,7 @@ def _cmd_audit(args) -> int:
     print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
           f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
     with audit_lock(Path(config.out)):
-        result = audit(config, progress=not args.quiet)
+        result = audit(config, progress=not args.quiet, compile_step=_compile_step(args))
         files = write_report(result, Path(config.out))
     print()
     print(compact_table(result))
@@ -308,7 +313,7 @@ def _cmd_ladder(args) -> int:
     out = Path(args.out or "audits/ladder")
     bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
     with audit_lock(out):
-        result = ladder(bases, out, execution=execution_of(config),
+        result = ladder(bases, out, execution=execution_of(config, _compile_step(args)),
                         thresholds=Thresholds(**config.thresholds), progress=not args.quiet)
         ladder_figure(result, out / "ladder.png")
     print(ladder_table(result))
@@ -334,7 +339,7 @@ def _cmd_penalty(args) -> int:
     out = Path(args.out or "audits/penalty_sweep")
     bases = [config.base_config(method, s) for s in config.seeds]
     with audit_lock(out):
-        result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config),
+        result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config, _compile_step(args)),
                                thresholds=Thresholds(**config.thresholds), progress=not args.quiet)
         penalty_figure(result, out / "penalty_sweep.png")
     print(penalty_table(result))
@@ -431,6 +436,8 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     p.add_argument("--epochs", type=int, help=h("epochs"))
     p.add_argument("--out", metavar="DIR", help="output folder (default: audits/<preset>, or as named below)")
     p.add_argument("--device", help=f"{field_help(AuditConfig, 'device')} (default: {default(AuditConfig, 'device')})")
+    p.add_argument("--no-compile", action="store_true",
+                   help="train every step eagerly (default: compiled into CUDA graphs on a GPU, eager on a CPU)")
     p.add_argument("--data-dir", dest="data_dir", metavar="DIR",
                    help=f"{field_help(AuditConfig, 'data_dir')} (default: {default(AuditConfig, 'data_dir')})")
     p.add_argument("--jobs", type=int, help=f"{field_help(AuditConfig, 'jobs')} (default: 0)")

@@ -178,7 +178,7 @@ def field_help(cls, name: str) -> str:
 
 # -- audits -----------------------------------------------------------------------------------
 MODEL_KEYS = ("arch", "width", "blocks", "activation", "w2_std")
-TRAINING_KEYS = ("batch_size", "lr", "weight_decay", PENALTY_OPTION, "stop_when_flagged")
+TRAINING_KEYS = ("batch_size", "lr", "weight_decay", PENALTY_OPTION, "stop_when_flagged", "precision")
 THRESHOLD_KEYS = ("growth", "init_growth", "stack_growth", "floor", "gain", "drift", "depth_margin")
 CONTROLS = ("frozen", "shallow")
 EXECUTORS = ("local", "ray")

@@ -13,8 +13,9 @@ and augmentation are drawn before its first batch (`ArrayDataset.train_batches`)
 on the device, and the monitor reads numbers once per epoch. The step runs in the run's
 `precision` (`precision_context`: fp32 by default, TF32 or bf16 autocast opt-in); the monitor and
 every diagnosis run outside it, in fp32. On CUDA the method's `gradients` is compiled with
-mode "reduce-overhead" (CUDA graphs) by default (`compile_step`; the CLI's --no-compile turns it
-off); on the CPU it stays eager unless asked.
+mode "reduce-overhead" (CUDA graphs) when asked: `compile_step=None` = on CUDA only (the command
+line's default; --no-compile turns it off), True = always, False = never (the library default, so
+a Python caller and the test suite pay no compilation unless they ask).
 """
 from __future__ import annotations
 
@@ -69,8 +70,9 @@ def precision_context(precision: str, device: torch.device):
 
 
 def compile_mode_for(device: torch.device, compile_step: bool | None) -> str | None:
-    """torch.compile mode of the step: None (eager) unless asked; by default "reduce-overhead"
-    (CUDA graphs: one launch per step instead of ~100 kernels) on CUDA and eager elsewhere."""
+    """torch.compile mode of the step, or None for eager: compile_step False → eager; True →
+    compiled; None → compiled on CUDA only. On CUDA the mode is "reduce-overhead" (CUDA graphs:
+    one launch per step instead of ~100 kernels), elsewhere "default"."""
     if compile_step is None:
         compile_step = device.type == "cuda"
     if not compile_step:
@@ -102,7 +104,7 @@ def step_runner(method, mode: str | None):
 def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None = None,
               device: str | torch.device | None = None, data: ArrayDataset | None = None,
               progress: bool = True, stop_rule: StopRule | None = None,
-              compile_step: bool | None = None) -> Run:
+              compile_step: bool | None = False) -> Run:
     """Train `config` into folder `out`, resuming from its checkpoint if one exists.
 
     A folder holding a different config is refused. A finished run is returned as is. Returns the
@@ -111,7 +113,8 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
     A failure to write (read-only folder, full disk) raises CreditAuditError; the last complete
     checkpoint stays readable and the same call resumes from it.
     device: where to train (default: where `data` are, else the CPU). compile_step: compile the
-    step (default: on CUDA only; `compile_mode_for`). Neither changes the run's config.
+    step (False, the default: eager; None: on CUDA only; `compile_mode_for`). Neither changes the
+    run's config.
     """
     out = Path(out)
     dev = as_device(device, data.device if data is not None else None)

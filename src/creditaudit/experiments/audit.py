@@ -18,10 +18,12 @@ from .common import Execution, Outcome, deep_mean, mean_std, median_of, run_all
 STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
 
 
-def execution_of(config: AuditConfig) -> Execution:
+def execution_of(config: AuditConfig, compile_step: bool | None = False) -> Execution:
+    """compile_step: False (eager, the library default), True, or None = on CUDA only (the
+    command line's default; `train.compile_mode_for`)."""
     return Execution(data_dir=config.data_dir, device=config.device, jobs=config.jobs,
                      executor=config.executor, address=config.address, max_retries=config.max_retries,
-                     stack=config.stack)
+                     stack=config.stack, compile_step=compile_step)
 
 
 def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thresholds) -> dict:
@@ -128,14 +130,14 @@ def frozen_control_of(config: RunConfig) -> RunConfig | None:
     return canonical_control(config.replace(trainable_blocks=0))
 
 
-def audit(config: AuditConfig, progress: bool = True) -> dict:
+def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None = False) -> dict:
     """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back."""
     out = Path(config.out)
     thresholds = Thresholds(**config.thresholds)
     canonical = [canonical_control(c) for c in config.run_configs()]
     runs = list({c.run_key: c for c in canonical}.values())     # provably equal runs, trained once
     t0 = time.perf_counter()
-    outcomes = run_all(runs, out, execution=execution_of(config), thresholds=thresholds,
+    outcomes = run_all(runs, out, execution=execution_of(config, compile_step), thresholds=thresholds,
                        n_eval=config.eval_batches, frozen_of=frozen_control_of, progress=progress)
     rows = [summarize_method(m, outcomes, thresholds) for m in config.methods]
     for row in rows:

@@ -71,7 +71,7 @@ class Job:
     device: str
     threads: int
     thresholds: dict = field(default_factory=dict)
-    compile_step: bool | None = None          # None: the trainer's default (on for CUDA)
+    compile_step: bool | None = False         # train_run's compile_step (None: on CUDA only)
 
 
 def train_job(job: Job) -> dict[str, Any]:
@@ -193,7 +193,7 @@ class Execution:
     address: str | None = None
     max_retries: int = 3
     stack: bool | None = None      # train runs of one shape as one stack; None = where it pays
-    compile_step: bool | None = None   # compile each run's step; None = on CUDA only
+    compile_step: bool | None = False  # compile each run's step; None = on CUDA only (the CLI's default)
 
 
 def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = Execution(),
