@@ -359,3 +359,31 @@ def test_a_penalty_sweep_trains_one_frozen_control_equal_to_a_separate_one(tmp_p
     shared = load_run(frozen[0]["run_dir"], device)
     assert _same_weights(shared.model, separate.model)
     assert _metrics_without_time(shared.history) == _metrics_without_time(separate.history)
+
+
+def test_a_step_that_fails_to_compile_trains_eagerly_with_a_warning(synthetic):
+    """The compiled step is an optimisation: if compiling fails (its first call raises before
+    anything is updated), the run goes on with the eager step and says so once."""
+    from creditaudit.runs import build_method, build_model
+    from creditaudit.train import step_runner
+    config = RunConfig(**SMALL)
+    model = build_model(config, synthetic.input_shape, synthetic.n_classes).to(synthetic.device)
+    method = build_method(config, model)
+    calls = []
+
+    def broken(**options):
+        def step(x, y):
+            calls.append(options)
+            raise RuntimeError("Unsupported: a graph break\nmore detail")
+        return step
+    method.step_function = broken
+    step = step_runner(method, "default")
+    x, y = synthetic.eval_batch(0)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.warns(UserWarning, match=r"compiling the bp step failed .*a graph break\); training eagerly"):
+        loss = step(x, y)
+    assert calls == [{"mode": "default"}] and torch.isfinite(loss)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))   # it trained
+    step(x, y)                                                  # eager from now on: no second try
+    assert len(calls) == 1
+    assert step_runner(method, None) == method.train_step
