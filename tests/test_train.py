@@ -387,3 +387,17 @@ def test_a_step_that_fails_to_compile_trains_eagerly_with_a_warning(synthetic):
     step(x, y)                                                  # eager from now on: no second try
     assert len(calls) == 1
     assert step_runner(method, None) == method.train_step
+
+
+def test_the_canonical_control_drops_only_options_that_act_on_trainable_blocks():
+    from creditaudit.runs import canonical_control
+    for method in ("dfa-penalty", "sb", "cb"):
+        main = RunConfig(method=method, options={"lam": 1e-3})
+        frozen = canonical_control(main.replace(trainable_blocks=0))
+        assert frozen.options == {} and frozen.trainable_blocks == 0
+        assert canonical_control(main.replace(blocks=0)).options == {}          # shallow: no blocks
+        assert frozen == canonical_control(main.replace(options={"lam": 0.1}, trainable_blocks=0))
+        assert canonical_control(main) == main                                   # blocks train: λ acts
+        assert canonical_control(main.replace(trainable_blocks=1)) == main.replace(trainable_blocks=1)
+    ep = RunConfig(method="ep", options={"beta": 0.5}, trainable_blocks=0)
+    assert canonical_control(ep) == ep                                           # β acts on the embedding too
