@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -81,24 +80,9 @@ def compile_mode_for(device: torch.device, compile_step: bool | None) -> str | N
 
 
 def step_runner(method, mode: str | None):
-    """The per-batch step: `method.step_function(mode)`, falling back to the eager step (with a
-    warning) if compiling fails on its first call — tracing fails before anything is updated."""
-    step = method.step_function(mode=mode) if mode is not None else method.train_step
-    if step == method.train_step:
-        return step
-    state = {"step": step}
-
-    def run(x, y):
-        try:
-            return state["step"](x, y)
-        except Exception as err:  # noqa: BLE001 — a compiler failure must not lose the run
-            if state["step"] is method.train_step:
-                raise
-            warnings.warn(f"compiling the {method.name} step failed ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}); training eagerly")
-            state["step"] = method.train_step
-            return method.train_step(x, y)
-    return run
+    """The per-batch step: the method's eager `train_step`, or with a compile `mode` its compiled
+    step, which falls back to eager gradients (with one warning) if compiling fails."""
+    return method.step_function(fallback=True, mode=mode) if mode is not None else method.train_step
 
 
 def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None = None,

@@ -18,6 +18,7 @@ Only blocks listed in `settings.trainable_blocks` may change; the rest stay bit-
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -182,23 +183,36 @@ class Method(ABC):
         compiled); False for a method that overrides `train_step` itself."""
         return type(self).train_step is Method.train_step
 
-    def step_function(self, **compile_options):
+    def step_function(self, fallback: bool = False, **compile_options):
         """The callable the trainer runs per batch: `train_step`, or with torch.compile options
         (mode="reduce-overhead" = CUDA graphs, backend="eager", …) `gradients` compiled whole
         (fullgraph=True: a graph break is an error, not a silent host round trip), between the
         eager `prepare_step` (generator draws) and `apply_gradients` (the optimizer steps: their
         first call initialises state, which Dynamo does not trace). A method that overrides
-        `train_step` is never compiled."""
+        `train_step` is never compiled. fallback=True: if the compiled `gradients` raises (a
+        compiler failure: tracing fails before anything is updated), warn once and compute the
+        step's gradients eagerly, then and from then on; the optimizer step is never repeated."""
         if not compile_options or not self.compilable():
             return self.train_step
-        compiled = torch.compile(self.gradients, fullgraph=True, **compile_options)
+        state = {"gradients": torch.compile(self.gradients, fullgraph=True, **compile_options)}
 
         def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             self.clear_gradients()
             self.prepare_step()
             try:
-                with torch._dynamo.config.patch(trace_autograd_ops=True):   # backward() in the graph
-                    loss = compiled(x, y)
+                gradients = state["gradients"]
+                try:
+                    with torch._dynamo.config.patch(trace_autograd_ops=True):   # backward() in the graph
+                        loss = gradients(x, y)
+                except Exception as err:  # noqa: BLE001 — a compiler failure must not lose the run
+                    if not fallback or gradients == self.gradients:
+                        raise
+                    first = str(err).splitlines()[0] if str(err) else ""
+                    warnings.warn(f"compiling the {self.name} step failed ({type(err).__name__}: "
+                                  f"{first}); training eagerly")
+                    state["gradients"] = self.gradients
+                    self.clear_gradients()
+                    loss = self.gradients(x, y)
             finally:
                 self.end_step()
             self.apply_gradients()
