@@ -393,11 +393,12 @@ def test_a_step_that_fails_to_compile_trains_eagerly_with_a_warning(synthetic, m
 
 def test_the_canonical_control_drops_only_options_that_act_on_trainable_blocks():
     from creditaudit.runs import canonical_control
-    for method in ("dfa-penalty", "sb", "cb"):
+    for method, spelled in (("dfa-penalty", {"lam": 0.0}), ("sb", {}), ("cb", {})):   # λ = 0, minimal
         main = RunConfig(method=method, options={"lam": 1e-3})
         frozen = canonical_control(main.replace(trainable_blocks=0))
-        assert frozen.options == {} and frozen.trainable_blocks == 0
-        assert canonical_control(main.replace(blocks=0)).options == {}          # shallow: no blocks
+        assert frozen.options == spelled and frozen.trainable_blocks == 0 and frozen.lam == 0
+        assert canonical_control(main.replace(blocks=0)).options == spelled     # shallow: no blocks
+        assert canonical_control(RunConfig(method=method, trainable_blocks=0)) == frozen   # default λ
         assert frozen == canonical_control(main.replace(options={"lam": 0.1}, trainable_blocks=0))
         assert canonical_control(main) == main                                   # blocks train: λ acts
         assert canonical_control(main.replace(trainable_blocks=1)) == main.replace(trainable_blocks=1)

@@ -71,9 +71,10 @@ class Method(ABC):
     option_ranges: ClassVar[dict[str, tuple[float, float]]] = {}  # inclusive [low, high] per knob
     option_help: ClassVar[dict[str, str]] = {}       # one line per knob, for --help and the docs
     sweep: ClassVar[dict[str, tuple]] = {}           # option → values `penalty-sweep` runs over
-    # options that act only on trainable blocks (e.g. the penalty λ on f_l): a run with no
-    # trainable block is the same run whatever their values (`runs.canonical_control`)
-    trainable_only_options: ClassVar[tuple[str, ...]] = ()
+    # options that act only on trainable blocks (e.g. the penalty λ on f_l), each with the value a
+    # run without trainable blocks is spelled with: such a run is the same whatever their values
+    # (`runs.canonical_control`)
+    trainable_only_options: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:

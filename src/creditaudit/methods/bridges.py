@@ -86,7 +86,7 @@ class _Bridge(LocalMethod):
                      "noise": (0.0, math.inf), "tau": (1e-12, math.inf), "ema": (0.0, 1.0),
                      "lam": (0.0, math.inf)}
     option_help = {"lam": "residual penalty λ in each block's local loss (the paper's SB/CB use 1e-2)"}
-    trainable_only_options = ("lam",)          # λ‖f_l‖² enters only trainable blocks' local loss
+    trainable_only_options = {"lam": 0.0}      # λ‖f_l‖² enters only trainable blocks' local loss
 
     predicts_state = False          # G_ψ outputs a state (D values), V_φ's q_φ C values
 

@@ -94,4 +94,4 @@ class DFAPenalty(DFA):
     option_ranges = {"lam": (0.0, math.inf)}
     option_help = {"lam": "residual penalty λ in each block's local loss (λ = 0 is plain dfa)"}
     sweep = {"lam": (0.0, 1e-4, 1e-3, 1e-2, 1e-1)}
-    trainable_only_options = ("lam",)          # λ‖f_l‖² enters only trainable blocks' local loss
+    trainable_only_options = {"lam": 0.0}      # λ‖f_l‖² enters only trainable blocks' local loss
