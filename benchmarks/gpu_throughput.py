@@ -1,22 +1,29 @@
-"""Run-epochs per second of a stack of N ResMLP runs against the same N runs trained serially.
+"""Training-step throughput of every method × architecture, and the projected paper reproduction.
 
-Times blocks of `--steps` training steps (after `--warmup` untimed ones), alternating `--rounds`
-times between
-  * the stack: creditaudit.stacked.StackTrainer — one batched step of all N members, each member's
-    batch drawn and augmented from its own data generator, exactly as `train_stack` does;
-  * serial: one run's `method.train_step` (every run of the stack has the same shape and cost),
-and extrapolates to run-epochs per second (N runs × steps per epoch) and to the wall time of
-`--project-runs` runs × `--project-epochs` epochs (default 63 × 100) both ways. The per-epoch
-monitor, evaluation and checkpoint (the same per run either way) are not timed.
+For each architecture (`--archs`) and method (`--methods`, default every built-in one) this times
+`--steps` training steps of one run (after `--warmup` untimed ones, median over `--rounds`
+blocks), exactly as the trainer runs them (`train.step_runner`: the step compiled into CUDA graphs
+on a GPU unless --no-compile, eager on a CPU), and prints per row
 
-    python benchmarks/gpu_throughput.py                                   # GPU: 63 runs, CIFAR-shaped
-    python benchmarks/gpu_throughput.py --runs 4 --steps 20              # CPU smoke test
-    python benchmarks/gpu_throughput.py --device cpu --shape mnist1d --runs 12 --threads 1
+  * ms/step        wall time of one step of one run;
+  * GPU busy       fraction of that wall time the GPU spends in kernels (torch.profiler over one
+                   block of steps; the profiler's own overhead makes it a lower bound), with the
+                   kernels launched per step; "n/a (no CUDA)" on a CPU;
+  * stacked        run-epochs/s of a stack of `--runs` members (creditaudit.stacked.StackTrainer)
+                   where stacking exists (ResMLP × bp, fa, dfa, dfa-penalty), against the serial
+                   rate; "—" elsewhere (those runs train serially).
 
-Data: `--shape cifar` = 50,000 random uint8 3×32×32 images with crop+flip augmentation (CIFAR
-pipeline); `--shape mnist1d` = 4,000 random 40-dim float features (the quick audit's input).
-The members are seeds 0 … N−1 of `--method` with every block training (the costliest member).
-The last line is `stack_speedup=<stacked run-epochs/s ÷ serial run-epochs/s>`.
+Then the projected wall time of the paper's reproduction on this device: `--project-seeds` seeds ×
+(main run + frozen + shallow control) of every timed ResMLP method × `--project-epochs` epochs of
+`--n-train` samples, each run at its stacked rate where it stacks, else its serial rate (training
+steps only; every control costed as its main run, an upper bound).
+
+    python benchmarks/gpu_throughput.py                                  # GPU: paper sizes
+    python benchmarks/gpu_throughput.py --width 32 --blocks 2 --n-train 2048 --steps 5 --runs 4
+    python benchmarks/gpu_throughput.py --archs resmlp --methods bp dfa --no-compile
+
+Data: random CIFAR-shaped uint8 3×32×32 images with crop+flip augmentation (the CIFAR pipeline).
+The last line is `projected_paper_reproduction=<time>`.
 """
 from __future__ import annotations
 
@@ -29,24 +36,25 @@ import torch
 
 from creditaudit.config import RunConfig
 from creditaudit.data import ArrayDataset
+from creditaudit.methods import METHODS
+from creditaudit.model import ARCHITECTURES
 from creditaudit.runs import build_method, build_model, resolve_device
 from creditaudit.seeding import derived_generator
-from creditaudit.stacked import STACKABLE_METHODS, StackTrainer
+from creditaudit.stacked import STACKABLE_ARCHS, STACKABLE_METHODS, StackTrainer
+from creditaudit.train import compile_mode_for, precision_context, step_runner
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
+ARCH_OPTIONS = {"vit-mini": {"heads": 4, "patch": 4}}
 
 
-def random_data(shape: str, n: int, device: torch.device) -> ArrayDataset:
+def random_data(n: int, device: torch.device) -> ArrayDataset:
     g = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 10, (n,), generator=g)
-    if shape == "cifar":
-        images = torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8)
-        stat = lambda v: torch.tensor(v).view(3, 1, 1)
-        return ArrayDataset("cifar10", images, labels, images[:1000], labels[:1000], n_classes=10,
-                            mean=stat(CIFAR_MEAN), std=stat(CIFAR_STD), augment=True).to(device)
-    x = torch.randn(n, 40, generator=g)
-    return ArrayDataset("mnist1d", x, labels, x[:1000], labels[:1000], n_classes=10).to(device)
+    images = torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8)
+    stat = lambda v: torch.tensor(v).view(3, 1, 1)
+    return ArrayDataset("cifar10", images, labels, images[:1000], labels[:1000], n_classes=10,
+                        mean=stat(CIFAR_MEAN), std=stat(CIFAR_STD), augment=True).to(device)
 
 
 def batches_forever(data: ArrayDataset, batch: int, gen: torch.Generator):
@@ -59,6 +67,18 @@ def batches_forever(data: ArrayDataset, batch: int, gen: torch.Generator):
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def serial_step(config: RunConfig, data: ArrayDataset, device: torch.device, compile_step):
+    """One training step of one run, as the trainer runs it."""
+    model = build_model(config, data.input_shape, data.n_classes).to(device)
+    method = build_method(config, model)
+    step = step_runner(method, compile_mode_for(device, compile_step))
+    stream = batches_forever(data, config.batch_size, derived_generator(config.seed, "data"))
+
+    def one():
+        step(*next(stream))
+    return one
 
 
 def stacked_step(configs, data, device):
@@ -75,87 +95,110 @@ def stacked_step(configs, data, device):
     return one
 
 
-def serial_step(config, data, device):
-    """One step of one serial run."""
-    model = build_model(config, data.input_shape, data.n_classes).to(device)
-    method = build_method(config, model)
-    stream = batches_forever(data, config.batch_size, derived_generator(config.seed, "data"))
-
-    def one():
-        method.train_step(*next(stream))
-    return one
-
-
-def time_both(stack_one, serial_one, device, steps, warmup, rounds) -> tuple[float, float]:
-    """Seconds per step of each, medians over `rounds` alternating blocks of `steps` (alternating,
-    so a busy shared machine slows both alike)."""
-    for one in (stack_one, serial_one):
+def seconds_per_step(one, device, steps: int, warmup: int, rounds: int) -> float:
+    with precision_context("fp32", device):
         for _ in range(warmup):
             one()
-    times: tuple[list, list] = ([], [])
-    for _ in range(rounds):
-        for one, out in zip((stack_one, serial_one), times):
+        times = []
+        for _ in range(rounds):
             sync(device)
             t0 = time.perf_counter()
             for _ in range(steps):
                 one()
             sync(device)
-            out.append((time.perf_counter() - t0) / steps)
-    return statistics.median(times[0]), statistics.median(times[1])
+            times.append((time.perf_counter() - t0) / steps)
+    return statistics.median(times)
 
 
-def hours(seconds: float) -> str:
-    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+def gpu_busy(one, device, steps: int) -> tuple[float, float] | None:
+    """(kernel time ÷ wall time, kernels per step) over `steps` profiled steps; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    with precision_context("fp32", device):
+        sync(device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                one()
+            sync(device)
+            wall = time.perf_counter() - t0
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    busy_us = sum(getattr(e, "self_device_time_total", None) or e.self_cuda_time_total for e in kernels)
+    return busy_us * 1e-6 / wall, sum(e.count for e in kernels) / steps
+
+
+def duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=63, help="members of the stack (N)")
-    ap.add_argument("--method", default="bp", choices=STACKABLE_METHODS)
-    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--archs", nargs="+", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--width", type=int, default=None, help="default 256 (resmlp, vit-mini) / 64 (resnet-small)")
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--shape", choices=("cifar", "mnist1d"), default="cifar")
-    ap.add_argument("--n-train", type=int, default=None, help="default 50000 (cifar) / 4000 (mnist1d)")
-    ap.add_argument("--steps", type=int, default=50, help="timed steps per block")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating stacked/serial blocks (median)")
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--n-train", type=int, default=50_000, help="training samples (CIFAR-10: 50000)")
+    ap.add_argument("--runs", type=int, default=21, help="members of a timed stack")
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per block")
+    ap.add_argument("--rounds", type=int, default=3, help="timed blocks (median)")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
     ap.add_argument("--device", default="auto", help="auto (cuda if present, else cpu), cpu, cuda")
     ap.add_argument("--threads", type=int, default=None, help="CPU intra-op threads")
-    ap.add_argument("--project-runs", type=int, default=63)
+    ap.add_argument("--no-compile", action="store_true", help="time the eager step on CUDA too")
+    ap.add_argument("--project-seeds", type=int, default=3)
     ap.add_argument("--project-epochs", type=int, default=100)
     args = ap.parse_args(argv)
 
-    device = resolve_device(args.device)
+    device = resolve_device(args.device)            # a script, like the command line: it decides
     if args.threads:
         torch.set_num_threads(args.threads)
-    n_train = args.n_train or (50_000 if args.shape == "cifar" else 4_000)
-    data = random_data(args.shape, n_train, device)
-    base = RunConfig(method=args.method, dataset=data.name, width=args.width, blocks=args.blocks,
-                     batch_size=args.batch, epochs=args.project_epochs)
-    configs = [base.replace(seed=s) for s in range(args.runs)]
+    data = random_data(args.n_train, device)
+    compile_step = False if args.no_compile else None
     where = (torch.cuda.get_device_name(device) if device.type == "cuda"
-             else f"CPU, {torch.get_num_threads()} thread(s)")
-    if device.type != "cuda":
-        print("NOTE: this is a CPU measurement, NOT a GPU measurement (no CUDA device used).")
-    print(f"device: {where}; {args.method}, ResMLP d={args.width} L={args.blocks}, batch {args.batch}, "
-          f"{args.shape}-shaped input {tuple(data.input_shape)}, {n_train} train samples, N={args.runs}")
-
-    steps_per_epoch = math.ceil(n_train / args.batch)
-    t_stack, t_serial = time_both(stacked_step(configs, data, device),
-                                  serial_step(configs[0], data, device), device, args.steps,
-                                  args.warmup, args.rounds)
-    stacked_rate = args.runs / (t_stack * steps_per_epoch)          # run-epochs per second
-    serial_rate = 1.0 / (t_serial * steps_per_epoch)
-    total = args.project_runs * args.project_epochs
-    print(f"stacked: {t_stack * 1e3:.2f} ms per step of {args.runs} runs "
-          f"({args.runs / t_stack:.1f} run-steps/s) = {stacked_rate:.3f} run-epochs/s")
-    print(f"serial:  {t_serial * 1e3:.2f} ms per step of 1 run "
-          f"({1 / t_serial:.1f} run-steps/s) = {serial_rate:.3f} run-epochs/s")
-    print(f"projected {args.project_runs} runs × {args.project_epochs} epochs "
-          f"({steps_per_epoch} steps/epoch, training steps only): "
-          f"stacked {hours(total / stacked_rate)}, serial {hours(total / serial_rate)}")
-    print(f"stack_speedup={stacked_rate / serial_rate:.2f}")
+             else f"CPU, {torch.get_num_threads()} thread(s) — NOT a GPU measurement")
+    mode = compile_mode_for(device, compile_step) or "eager"
+    print(f"device: {where}; step: {mode}; batch {args.batch}; CIFAR-shaped input, "
+          f"{args.n_train} train samples; L={args.blocks}")
+    steps_per_epoch = math.ceil(args.n_train / args.batch)
+    print(f"{'arch':<13}{'method':<12}{'ms/step':>9}  {'GPU busy':<22}{'stacked run-epochs/s':>22}"
+          f"{'serial run-epochs/s':>21}")
+    rates: dict[str, float] = {}
+    for arch in args.archs:
+        width = args.width or (64 if arch == "resnet-small" else 256)
+        for name in args.methods:
+            config = RunConfig(method=name, dataset="cifar10", arch=arch, width=width,
+                               blocks=args.blocks, batch_size=args.batch, epochs=args.project_epochs,
+                               arch_options=dict(ARCH_OPTIONS.get(arch, {})))
+            one = serial_step(config, data, device, compile_step)
+            t = seconds_per_step(one, device, args.steps, args.warmup, args.rounds)
+            busy = gpu_busy(one, device, args.steps)
+            busy_s = "n/a (no CUDA)" if busy is None else f"{busy[0]:.0%} ({busy[1]:.0f} kernels)"
+            serial_rate = 1.0 / (t * steps_per_epoch)
+            stacked_s, rate = "—", serial_rate
+            if arch in STACKABLE_ARCHS and name in STACKABLE_METHODS and args.runs > 1:
+                configs = [config.replace(seed=s) for s in range(args.runs)]
+                ts = seconds_per_step(stacked_step(configs, data, device), device, args.steps,
+                                      args.warmup, args.rounds)
+                rate = args.runs / (ts * steps_per_epoch)
+                stacked_s = f"{rate:.3f} (N={args.runs})"
+            if arch == "resmlp":
+                rates[name] = max(rate, serial_rate)
+            print(f"{arch:<13}{name:<12}{t * 1e3:>9.2f}  {busy_s:<22}{stacked_s:>22}{serial_rate:>21.3f}",
+                  flush=True)
+    if not rates:
+        print("projected_paper_reproduction=n/a (no resmlp rows timed)")
+        return
+    runs_per_method = args.project_seeds * 3               # main run + frozen + shallow control
+    total = sum(runs_per_method * args.project_epochs / r for r in rates.values())
+    print(f"projection: {len(rates)} methods × {runs_per_method} runs × {args.project_epochs} epochs "
+          f"× {steps_per_epoch} steps, ResMLP d={args.width or 256} L={args.blocks}, each at its best "
+          f"rate above (training steps only; controls costed as main runs)")
+    print(f"projected_paper_reproduction={duration(total)}")
 
 
 if __name__ == "__main__":

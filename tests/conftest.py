@@ -1,5 +1,25 @@
+"""Shared fixtures. The device-relevant tests (training, methods, metrics, diagnose, audit, stack)
+take their device from the `device` fixture: `CREDITAUDIT_TEST_DEVICE=cuda python -m pytest` (or
+`--device cuda`) runs them on the GPU; the default is the CPU."""
+import os
+
 import pytest
 import torch
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default=None,
+                     help="device for the device-relevant tests (default: $CREDITAUDIT_TEST_DEVICE or cpu)")
+
+
+@pytest.fixture(scope="session")
+def device(request) -> torch.device:
+    """The device the device-relevant tests run on (cpu unless asked)."""
+    name = request.config.getoption("--device") or os.environ.get("CREDITAUDIT_TEST_DEVICE") or "cpu"
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        pytest.exit(f"CREDITAUDIT_TEST_DEVICE={name} asked for, but this machine has no CUDA GPU", 2)
+    return dev
 
 
 @pytest.fixture(scope="session", autouse=True)

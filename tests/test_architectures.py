@@ -235,7 +235,7 @@ def test_fa_refuses_unroutable_blocks():
 
 
 @pytest.mark.parametrize("arch, options", [("vit-mini", {"heads": 2, "patch": 4}), ("resnet-small", {})])
-def test_a_bp_trained_instance_fires_no_flag(arch, options, tmp_path):
+def test_a_bp_trained_instance_fires_no_flag(arch, options, tmp_path, device):
     from creditaudit.config import RunConfig
     from creditaudit.data import load_dataset
     from creditaudit.experiments import eval_batches
@@ -243,9 +243,9 @@ def test_a_bp_trained_instance_fires_no_flag(arch, options, tmp_path):
     from creditaudit.train import train_run
     config = RunConfig(method="bp", dataset="digits", arch=arch, epochs=10, lr=3e-3, width=16,
                        blocks=2, arch_options=options)
-    run = train_run(config, tmp_path / "run", progress=False)
-    control = train_run(config.replace(trainable_blocks=0), tmp_path / "frozen", progress=False)
-    data = load_dataset("digits")
+    data = load_dataset("digits").to(device)
+    run = train_run(config, tmp_path / "run", data=data, progress=False)      # runs where data are
+    control = train_run(config.replace(trainable_blocks=0), tmp_path / "frozen", data=data, progress=False)
     report = diagnose_run(run, eval_batches(data, 8), control=control, run_data=data)
     assert run.test_acc > 0.7
     assert {k: report.flags[k] for k in ("a", "a_prime", "b", "b_prime", "d")} == dict.fromkeys(

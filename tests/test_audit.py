@@ -22,24 +22,25 @@ TINY = {"dataset": "digits", "methods": ["bp", "dfa"], "seeds": [1, 2], "epochs"
 
 
 @pytest.fixture(scope="module")
-def tiny_audit(tmp_path_factory):
+def tiny_audit(tmp_path_factory, device):
     out = tmp_path_factory.mktemp("audit")
-    result = audit(audit_config_from_dict({**TINY, "out": str(out)}), progress=False)
+    result = audit(audit_config_from_dict({**TINY, "out": str(out), "device": str(device)}),
+                   progress=False)
     return out, result
 
 
-def _cli_diagnose(run_dir, frozen_dir):
+def _cli_diagnose(run_dir, frozen_dir, device):
     """`creditaudit diagnose RUN_DIR --frozen-control FROZEN --rho --json` in its own process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "creditaudit", "diagnose", str(run_dir),
                            "--frozen-control", str(frozen_dir), "--rho", "--json",
-                           "--device", "cpu", "--threads", "1"],
+                           "--device", str(device), "--threads", "1"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 
 
-def test_audit_numbers_match_an_independent_cli_diagnose_of_the_same_run_folders(tiny_audit):
+def test_audit_numbers_match_an_independent_cli_diagnose_of_the_same_run_folders(tiny_audit, device):
     out, result = tiny_audit
     saved = read_audit(out)                                  # audit.json, integrity-checked
     assert saved == result
@@ -50,7 +51,7 @@ def test_audit_numbers_match_an_independent_cli_diagnose_of_the_same_run_folders
             continue                                         # dfa: Γ, its null, ρ and (d) to compare
         frozen = next(r for r in saved["runs"] if r["control"] == "frozen"
                       and r["method"] == entry["method"] and r["seed"] == entry["seed"])
-        direct = _cli_diagnose(entry["run_dir"], frozen["run_dir"])
+        direct = _cli_diagnose(entry["run_dir"], frozen["run_dir"], device)   # the audit's device
         stored = entry["report"]
         for key in ("verdict", "paper_verdict", "flags", "residual_norms", "bp_grad_norms",
                     "readout_gain", "max_growth", "eval_acc", "gamma", "stability", "null", "rho",

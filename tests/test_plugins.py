@@ -17,7 +17,10 @@ TINY = ["--dataset", "digits", "--width", "16", "--blocks", "2", "--epochs", "2"
 
 
 def cli(args, cwd, pythonpath, timeout=240):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath),
+    # the user's packages first, then whatever made creditaudit importable here (a source checkout
+    # run with PYTHONPATH=src has no installed package: replacing PYTHONPATH would lose it)
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(p) for p in pythonpath] + inherited),
            "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "creditaudit", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)

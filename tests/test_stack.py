@@ -26,18 +26,20 @@ RTOL = 1e-9
 class F64Dataset(ArrayDataset):
     """The same batches as ArrayDataset, in float64."""
 
-    def prepare(self, x, train=False, gen=None):
-        return super().prepare(x, train, gen).double()
+    def prepare(self, x, train=False, gen=None, draws=None):
+        return super().prepare(x, train, gen, draws).double()
 
 
 @pytest.fixture
-def f64():
-    """float64 for one test (function scope: the default dtype never leaks into another test)."""
+def f64(device):
+    """float64 for one test (function scope: the default dtype never leaks into another test), on
+    the test device."""
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     d = load_dataset("synthetic")
     # 1024 train / 500 test samples: 8 batches per epoch, a small last eval chunk
-    yield F64Dataset(d.name, d.x_train[:1024], d.y_train[:1024], d.x_test, d.y_test, d.n_classes)
+    yield F64Dataset(d.name, d.x_train[:1024], d.y_train[:1024], d.x_test, d.y_test,
+                     d.n_classes).to(device)
     torch.set_default_dtype(before)
 
 
@@ -72,10 +74,10 @@ def _close_records(a: list[dict], b: list[dict]) -> None:
 def test_stack_equals_serial(tmp_path, f64, method):
     configs = _members(method)
     assert all(can_stack(c) for c in configs) and len({stack_key(c) for c in configs}) == 1
-    serial = [train_run(c, tmp_path / f"serial{i}", data=f64, device="cpu", progress=False)
+    serial = [train_run(c, tmp_path / f"serial{i}", data=f64, progress=False)
               for i, c in enumerate(configs)]
     dirs = [tmp_path / f"stack{i}" for i in range(len(configs))]
-    records = train_stack(configs, dirs, data=f64, device="cpu")
+    records = train_stack(configs, dirs, data=f64)
     assert [r["status"] for r in records] == ["finished"] * 4
     assert all(r["stacked"] and r["stack_size"] == 4 for r in records)
     worst = 0.0
@@ -120,7 +122,7 @@ def test_frozen_member_blocks_bit_identical_to_init(tmp_path, f64):
     base = RunConfig(method="dfa", **TINY)
     configs = [base, base.replace(trainable_blocks=0), base.replace(trainable_blocks=1)]
     dirs = [tmp_path / f"m{i}" for i in range(3)]
-    train_stack(configs, dirs, data=f64, device="cpu")
+    train_stack(configs, dirs, data=f64)
     from creditaudit.runs import build_model
     for c, d in zip(configs, dirs):
         init = build_model(c, f64.input_shape, f64.n_classes).state_dict()
@@ -134,13 +136,13 @@ def test_frozen_member_blocks_bit_identical_to_init(tmp_path, f64):
 def test_stacked_folder_is_reused_and_finished_members_skipped(tmp_path, f64):
     configs = _members("bp")[:2]
     dirs = [tmp_path / "a", tmp_path / "b"]
-    first = train_stack(configs, dirs, data=f64, device="cpu")
+    first = train_stack(configs, dirs, data=f64)
     assert all(r["trained"] for r in first)
     before = (dirs[0] / "status.json").read_text()
-    run = train_run(configs[0], dirs[0], data=f64, device="cpu", progress=False)
+    run = train_run(configs[0], dirs[0], data=f64, progress=False)
     assert run.status["status"] == "finished" and read_status(dirs[0])["status"] == "finished"
     assert (dirs[0] / "status.json").read_text() == before       # returned at once, nothing rewritten
-    again = train_stack(configs, dirs, data=f64, device="cpu")
+    again = train_stack(configs, dirs, data=f64)
     assert [r["trained"] for r in again] == [False, False]
 
 
@@ -156,12 +158,12 @@ def test_member_with_later_checkpoint_resumes_serially(tmp_path, f64, monkeypatc
             raise KeyboardInterrupt
     monkeypatch.setattr(store, "save_checkpoint", dying_save)
     with pytest.raises(KeyboardInterrupt):
-        train_stack(configs, dirs, data=f64, device="cpu")
+        train_stack(configs, dirs, data=f64)
     monkeypatch.setattr(store, "save_checkpoint", real_save)
-    records = train_stack(configs, dirs, data=f64, device="cpu")
+    records = train_stack(configs, dirs, data=f64)
     assert [r["status"] for r in records] == ["finished"] * 3
     assert [r["stacked"] for r in records] == [False, False, False]   # m0, m1 resumed; m2 alone
-    serial = train_run(configs[1], tmp_path / "serial", data=f64, device="cpu", progress=False)
+    serial = train_run(configs[1], tmp_path / "serial", data=f64, progress=False)
     got = load_run(dirs[1]).model.state_dict()
     for name, w in serial.model.state_dict().items():
         assert _rel(got[name], w) < RTOL
@@ -177,19 +179,19 @@ def test_grouping():
     assert group_stacks(configs, max_size=2) == [[0, 1], [3], [2, 7], [4], [5], [6]]
 
 
-def test_stack_job(tmp_path):
+def test_stack_job(tmp_path, device):
     """The worker function run_all's integration hook maps over stacks (float32, real loader)."""
     from creditaudit.stacked import StackJob, stack_job
     base = RunConfig(method="fa", dataset="synthetic", width=16, blocks=2, epochs=1, batch_size=256)
     configs = [base, base.replace(seed=7)]
     dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
-    res = stack_job(StackJob([c.to_dict() for c in configs], dirs, "data", "cpu", 1))
+    res = stack_job(StackJob([c.to_dict() for c in configs], dirs, "data", str(device), 1))
     assert [r["status"] for r in res["members"]] == ["finished", "finished"]
     assert all(r["stacked"] for r in res["members"])
     assert load_run(dirs[1]).finished
 
 
-def test_a_small_audit_gives_the_same_verdicts_stacked_and_serial(tmp_path):
+def test_a_small_audit_gives_the_same_verdicts_stacked_and_serial(tmp_path, device):
     """The audit's `stack` knob changes how runs execute, not what they conclude."""
     from creditaudit.config import audit_config_from_dict
     from creditaudit.experiments import audit
@@ -197,7 +199,7 @@ def test_a_small_audit_gives_the_same_verdicts_stacked_and_serial(tmp_path):
     for stack in (True, False):
         config = audit_config_from_dict({
             "dataset": "digits", "methods": ["bp", "dfa"], "seeds": [42, 123], "epochs": 2,
-            "jobs": 1, "stack": stack, "out": str(tmp_path / str(stack)),
+            "jobs": 1, "stack": stack, "out": str(tmp_path / str(stack)), "device": str(device),
             "model": {"width": 16, "blocks": 2}})
         results[stack] = audit(config, progress=False)
     stacked = {m["method"]: m for m in results[True]["methods"]}

@@ -21,8 +21,9 @@ SMALL = dict(dataset="synthetic", width=32, blocks=2, epochs=4, batch_size=64)
 
 
 @pytest.fixture(scope="module")
-def synthetic():
-    return load_dataset("synthetic")
+def synthetic(device):
+    """The synthetic dataset on the test device: train_run runs where its data are."""
+    return load_dataset("synthetic").to(device)
 
 
 def _metrics_without_time(history):
@@ -34,10 +35,10 @@ def _same_weights(a, b):
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def test_bp_learns_digits_quickly(tmp_path):
+def test_bp_learns_digits_quickly(tmp_path, device):
     t0 = time.perf_counter()
     run = train_run(RunConfig(dataset="digits", epochs=4, width=64, blocks=2), tmp_path / "r",
-                    progress=False)
+                    progress=False, device=device)
     assert run.status["status"] == "finished"
     assert run.test_acc > 0.9
     assert time.perf_counter() - t0 < 30
@@ -283,3 +284,123 @@ def test_lam_is_a_read_only_view_of_the_lam_option():
         RunConfig(method="dfa-penalty").lam = 0.1
     a, b = RunConfig(method="cb", options={"lam": 1e-2}), RunConfig(method="cb")
     assert a.run_key != b.run_key and "λ=0.01" in a.label
+
+
+# -- no host in the step, precision, the same run trained once ---------------------------------------
+def test_an_epochs_order_and_augmentation_are_drawn_before_its_first_batch(device):
+    """Every random number of an epoch is drawn up front (one copy to the device per epoch):
+    after the first batch the generator is already where the whole epoch leaves it."""
+    from creditaudit.data import ArrayDataset
+    g = torch.Generator().manual_seed(0)
+    data = ArrayDataset("img", torch.randint(0, 256, (70, 3, 8, 8), generator=g, dtype=torch.uint8),
+                        torch.randint(0, 10, (70,), generator=g),
+                        torch.randint(0, 256, (10, 3, 8, 8), generator=g, dtype=torch.uint8),
+                        torch.randint(0, 10, (10,), generator=g), 10, torch.full((3, 1, 1), 0.5),
+                        torch.full((3, 1, 1), 0.25), augment=True).to(device)
+    first, whole = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    next(data.train_batches(32, first))
+    epoch = list(data.train_batches(32, whole))
+    assert torch.equal(first.get_state(), whole.get_state())
+    assert [len(y) for _, y in epoch] == [32, 32, 6]
+    # the same batches as drawing the order, then every sample's crop and flip, on the CPU
+    from creditaudit.data.tensors import crop_flip, draw_crop_flip
+    g = torch.Generator().manual_seed(1)
+    order = torch.randperm(70, generator=g)
+    offsets, flips = draw_crop_flip(70, 4, g)
+    want = crop_flip(data.x_train.cpu()[order], 4, offsets, flips).float().div(255)
+    want = (want - data.mean.cpu()) / data.std.cpu()
+    torch.testing.assert_close(torch.cat([x for x, _ in epoch]).cpu(), want)
+    assert torch.equal(torch.cat([y for _, y in epoch]).cpu(), data.y_train.cpu()[order])
+
+
+def test_bf16_steps_are_recorded_and_the_monitor_stays_fp32(tmp_path, synthetic, monkeypatch):
+    """precision = bf16: the steps run under bfloat16 autocast; (a), (b), (b′) are still measured
+    in float32 outside it, and the run's config says bf16."""
+    from creditaudit import metrics
+    from creditaudit.methods.bp import BP
+    seen = {"step": set(), "monitor": set()}
+    dev = synthetic.device.type
+    real_grads, real_bp = BP.gradients, metrics.bp_gradients
+
+    def grads(self, x, y):
+        seen["step"].add(torch.is_autocast_enabled(dev))
+        return real_grads(self, x, y)
+
+    def bp(model, x, y):
+        out = real_bp(model, x, y)
+        seen["monitor"].add((torch.is_autocast_enabled(dev), *(g.dtype for g in out.grads)))
+        return out
+    monkeypatch.setattr(BP, "gradients", grads)
+    monkeypatch.setattr(metrics, "bp_gradients", bp)
+    config = RunConfig(**SMALL).replace(epochs=2, precision="bf16")
+    run = train_run(config, tmp_path / "r", data=synthetic, progress=False)
+    assert run.status["status"] == "finished"
+    assert seen["step"] == {True}
+    assert seen["monitor"] == {(False, torch.float32, torch.float32, torch.float32)}
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["precision"] == "bf16"
+    assert all(isinstance(v, float) for v in run.history[-1]["g_norms"])
+    with pytest.raises(CreditAuditError, match="precision"):
+        RunConfig(precision="fp16")
+
+
+def test_a_penalty_sweep_trains_one_frozen_control_equal_to_a_separate_one(tmp_path, device):
+    """λ acts only on trainable blocks, so dfa-penalty's frozen control is the same run for every
+    λ: the sweep trains it once, and it is bit-identical to one trained under another λ."""
+    from creditaudit.experiments import penalty_sweep
+    from creditaudit.experiments.common import Execution
+    base = RunConfig(method="dfa-penalty", dataset="digits", width=16, blocks=2, epochs=2)
+    result = penalty_sweep([base], tmp_path / "sweep", lambdas=(1e-3, 1e-1),
+                           execution=Execution(device=str(device), jobs=1), progress=False)
+    frozen = [r for r in result["runs"] if r["control"] == "frozen"]
+    assert len(frozen) == 1 and len(result["runs"]) == 3
+    assert [row["frozen_acc"] for row in result["rows"]] == [frozen[0]["test_acc"]] * 2
+    separate = train_run(base.replace(options={"lam": 1e-3}, trainable_blocks=0), tmp_path / "alone",
+                         data=load_dataset("digits").to(device), progress=False)
+    shared = load_run(frozen[0]["run_dir"], device)
+    assert _same_weights(shared.model, separate.model)
+    assert _metrics_without_time(shared.history) == _metrics_without_time(separate.history)
+
+
+def test_a_step_that_fails_to_compile_trains_eagerly_with_a_warning(synthetic, monkeypatch):
+    """The compiled step is an optimisation: if compiling fails (its first call raises before
+    anything is updated), the step's gradients are computed eagerly — the optimizer steps once —
+    and the run goes on eagerly, saying so once."""
+    from creditaudit.runs import build_method, build_model
+    from creditaudit.train import step_runner
+    config = RunConfig(**SMALL)
+    model = build_model(config, synthetic.input_shape, synthetic.n_classes).to(synthetic.device)
+    twin = build_model(config, synthetic.input_shape, synthetic.n_classes).to(synthetic.device)
+    method, reference = build_method(config, model), build_method(config, twin)
+    calls = []
+
+    def broken(fn, **options):
+        def compiled(x, y):
+            calls.append(options["mode"])
+            raise RuntimeError("Unsupported: a graph break\nmore detail")
+        return compiled
+    monkeypatch.setattr(torch, "compile", broken)
+    step = step_runner(method, "default")
+    x, y = synthetic.eval_batch(0)
+    with pytest.warns(UserWarning, match=r"compiling the bp step failed .*a graph break\); training eagerly"):
+        loss = step(x, y)
+    torch.testing.assert_close(loss, reference.train_step(x, y))
+    step(x, y)                                                  # eager from now on: no second try
+    reference.train_step(x, y)
+    assert calls == ["default"]
+    assert _same_weights(model, twin)                           # one optimizer step per batch
+    assert step_runner(method, None) == method.train_step
+
+
+def test_the_canonical_control_drops_only_options_that_act_on_trainable_blocks():
+    from creditaudit.runs import canonical_control
+    for method, spelled in (("dfa-penalty", {"lam": 0.0}), ("sb", {}), ("cb", {})):   # λ = 0, minimal
+        main = RunConfig(method=method, options={"lam": 1e-3})
+        frozen = canonical_control(main.replace(trainable_blocks=0))
+        assert frozen.options == spelled and frozen.trainable_blocks == 0 and frozen.lam == 0
+        assert canonical_control(main.replace(blocks=0)).options == spelled     # shallow: no blocks
+        assert canonical_control(RunConfig(method=method, trainable_blocks=0)) == frozen   # default λ
+        assert frozen == canonical_control(main.replace(options={"lam": 0.1}, trainable_blocks=0))
+        assert canonical_control(main) == main                                   # blocks train: λ acts
+        assert canonical_control(main.replace(trainable_blocks=1)) == main.replace(trainable_blocks=1)
+    ep = RunConfig(method="ep", options={"beta": 0.5}, trainable_blocks=0)
+    assert canonical_control(ep) == ep                                           # β acts on the embedding too

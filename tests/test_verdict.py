@@ -78,10 +78,10 @@ def test_without_recorded_init_a_prime_is_not_evaluated_unless_the_stack_fires()
 
 
 @pytest.mark.parametrize("dataset", ["digits", "mnist1d", "synthetic"])
-def test_bp_runs_fire_neither_a_nor_a_prime(dataset, tmp_path):
+def test_bp_runs_fire_neither_a_nor_a_prime(dataset, tmp_path, device):
     config = RunConfig(method="bp", dataset=dataset, epochs=3, width=32, blocks=2)
-    run = train_run(config, tmp_path / "run", data_dir=tmp_path / "data", progress=False)
-    data = load_dataset(dataset, tmp_path / "data")
+    run = train_run(config, tmp_path / "run", data_dir=tmp_path / "data", device=device, progress=False)
+    data = load_dataset(dataset, tmp_path / "data", device)
     report = diagnose_run(run, eval_batches(data, 8), run_data=data)
     assert report.flags["a"] is False and report.flags["a_prime"] is False
     assert report.training == {"status": "finished", "epochs_completed": 3, "epochs_planned": 3}

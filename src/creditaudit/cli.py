@@ -67,7 +67,7 @@ def _set_threads(args) -> None:
 
 # -- train ----------------------------------------------------------------------------------------
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    from .config import RunConfig, default, field_help
+    from .config import PRECISIONS, RunConfig, default, field_help
     from .data import DATASET_NAMES
     from .methods import METHODS
     from .model import ACTIVATIONS, ARCHITECTURES
@@ -103,6 +103,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="method option, e.g. --option beta=10 (README, Methods) (default: none)")
     p.add_argument("--arch-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="architecture option, e.g. --arch-option heads=4 (default: none)")
+    p.add_argument("--precision", choices=PRECISIONS, default=d("precision"), help=h("precision"))
+    p.add_argument("--no-compile", action="store_true",
+                   help="train the step eagerly (default: compiled into CUDA graphs on a GPU, eager on a CPU)")
 
 
 def _add_where_args(p: argparse.ArgumentParser, threads: bool = True) -> None:
@@ -130,11 +133,17 @@ def _run_config(args):
                      blocks=0 if args.shallow else args.blocks, activation=args.activation,
                      w2_std=args.w2_std, clip=args.clip, trainable_blocks=trainable,
                      stop_when_flagged=args.stop_when_flagged, options=options,
-                     arch_options=dict(args.arch_option))
+                     arch_options=dict(args.arch_option), precision=args.precision)
+
+
+def _compile_step(args) -> bool | None:
+    """--no-compile: never; otherwise None = where it pays (the step compiled on CUDA only)."""
+    return False if args.no_compile else None
 
 
 def _cmd_train(args) -> int:
     from .data import load_dataset
+    from .runs import resolve_device
     from .train import train_run
     from .verdict import Thresholds, first_fire_epochs, stop_rule
     config = _run_config(args)
@@ -147,9 +156,9 @@ def _cmd_train(args) -> int:
         from .trackers import TensorBoardLog
         tensorboard = TensorBoardLog(args.tensorboard)
     try:
-        run = train_run(config, out, data=data, device=args.device, progress=not args.quiet,
+        run = train_run(config, out, data=data, device=resolve_device(args.device), progress=not args.quiet,
                         stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**config.stop_thresholds)),
-                        on_epoch=tensorboard)
+                        on_epoch=tensorboard, compile_step=_compile_step(args))
         if tensorboard is not None:
             tensorboard.log(run.history)     # a run found finished is logged whole
     finally:
@@ -272,6 +281,8 @@ def _audit_raw(args) -> dict:
         raw["seeds"] = args.seeds
     if getattr(args, "arch", None):
         raw.setdefault("model", {})["arch"] = args.arch
+    from .runs import resolve_device
+    raw["device"] = str(resolve_device(raw.get("device", "auto")))   # "auto" is decided here, once
     return raw
 
 
@@ -286,7 +297,7 @@ def _cmd_audit(args) -> int:
     print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
           f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
     with audit_lock(Path(config.out)):
-        result = audit(config, progress=not args.quiet)
+        result = audit(config, progress=not args.quiet, compile_step=_compile_step(args))
         files = write_report(result, Path(config.out))
     if args.tensorboard:              # every run's monitor history, one log folder per run
         from .trackers import log_runs
@@ -332,8 +343,9 @@ def _cmd_ladder(args) -> int:
     out = Path(args.out or EXPERIMENT_OUT["ladder"])
     bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
     with audit_lock(out):
-        result = ladder(bases, out, execution=execution_of(config), thresholds=Thresholds(**config.thresholds),
-                        n_eval=config.eval_batches, progress=not args.quiet)
+        result = ladder(bases, out, execution=execution_of(config, _compile_step(args)),
+                        thresholds=Thresholds(**config.thresholds), n_eval=config.eval_batches,
+                        progress=not args.quiet)
         ladder_figure(result, out / "ladder.png")
     print(ladder_table(result))
     print(f"written: {out / 'ladder.json'}, {out / 'ladder.png'}")
@@ -359,7 +371,7 @@ def _cmd_penalty(args) -> int:
     out = Path(args.out or EXPERIMENT_OUT["penalty-sweep"])
     bases = [config.base_config(method, s) for s in config.seeds]
     with audit_lock(out):
-        result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config),
+        result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config, _compile_step(args)),
                                thresholds=Thresholds(**config.thresholds), n_eval=config.eval_batches,
                                progress=not args.quiet)
         penalty_figure(result, out / "penalty_sweep.png")
@@ -462,6 +474,8 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     p.add_argument("--epochs", type=int, help=h("epochs"))
     p.add_argument("--out", metavar="DIR", help="output folder (default: audits/<preset>, or as named below)")
     p.add_argument("--device", help=f"{field_help(AuditConfig, 'device')} (default: {default(AuditConfig, 'device')})")
+    p.add_argument("--no-compile", action="store_true",
+                   help="train every step eagerly (default: compiled into CUDA graphs on a GPU, eager on a CPU)")
     p.add_argument("--data-dir", dest="data_dir", metavar="DIR",
                    help=f"{field_help(AuditConfig, 'data_dir')} (default: {default(AuditConfig, 'data_dir')})")
     p.add_argument("--jobs", type=int, help=f"{field_help(AuditConfig, 'jobs')} (default: 0)")

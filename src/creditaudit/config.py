@@ -28,6 +28,7 @@ from .methods import REFERENCE_METHOD
 from .verdict import Thresholds
 
 INT64_MAX = 2 ** 63 - 1
+PRECISIONS = ("fp32", "tf32", "bf16")   # a run's training-step numerics (RunConfig.precision)
 PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training] lam goes to every
                                 # method that declares this option
 
@@ -81,6 +82,9 @@ class RunConfig:
     arch_options: dict[str, Any] = field(default_factory=dict)
     data_digest: str | None = None
     code_version: str = CODE_VERSION
+    precision: str = field(default="fp32", metadata=_help(
+        "training-step numerics: fp32 (default; (b) is the fp32 floor), tf32 (TF32 matmuls and "
+        "convolutions on CUDA) or bf16 (bfloat16 autocast); diagnostics are always fp32"))
 
     def __post_init__(self):
         from .data import DATASET_NAMES
@@ -133,6 +137,9 @@ class RunConfig:
         if unknown:
             raise CreditAuditError(f"architecture {self.arch!r} has no option(s) {', '.join(unknown)}; "
                                    f"its options: {', '.join(ARCH_OPTIONS[self.arch]) or 'none'}")
+        if self.precision not in PRECISIONS:
+            raise CreditAuditError(f"precision must be one of {', '.join(PRECISIONS)}, got "
+                                   f"{self.precision!r}")
         swf = self.stop_when_flagged
         if swf is not None and (not isinstance(swf, int) or isinstance(swf, bool) or swf < 1):
             raise CreditAuditError(
@@ -250,7 +257,7 @@ def field_help(cls, name: str) -> str:
 
 # -- audits -----------------------------------------------------------------------------------
 MODEL_KEYS = ("arch", "width", "blocks", "activation", "w2_std")
-TRAINING_KEYS = ("batch_size", "lr", "weight_decay", "clip", PENALTY_OPTION, "stop_when_flagged")
+TRAINING_KEYS = ("batch_size", "lr", "weight_decay", "clip", PENALTY_OPTION, "stop_when_flagged", "precision")
 THRESHOLD_KEYS = tuple(f.name for f in dataclasses.fields(Thresholds))
 CONTROLS = ("frozen", "shallow")
 EXECUTORS = ("local", "ray")

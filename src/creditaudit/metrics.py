@@ -9,7 +9,10 @@ returns plain numbers or small dataclasses. Conventions, from docs/PROTOCOL.md:
     Γ, s_l and every ratio are computed in float64 from those tensors, and ρ and the nudging test
     run on a float64 copy of the model when it can be made (see `_exact_stream`);
   * non-finite hidden states give NaN/inf values, never an exception: the protocol turns them into a
-    "non-finite" finding.
+    "non-finite" finding;
+  * measurements run on the device of their inputs, and per-layer statistics are gathered as one
+    tensor and read back to the host once (`medians`, `monitor_snapshot`, `gradient_cosine`,
+    `cross_batch_stability_from`), not once per layer.
 """
 from __future__ import annotations
 
@@ -33,10 +36,19 @@ def per_sample_norm(t: torch.Tensor) -> torch.Tensor:
 def median(t: torch.Tensor) -> float:
     """Median over samples as a Python float: the mean of the two middle values for an even
     count (numpy's convention, so independent re-implementations agree); NaN-propagating."""
-    t = t.detach().double().flatten()
-    if torch.isnan(t).any():
-        return float("nan")
-    return float(t.quantile(0.5))
+    return medians([t])[0]
+
+
+def _median_tensor(t: torch.Tensor) -> torch.Tensor:
+    """`median` as a 0-d float64 tensor on t's device (torch.quantile propagates NaN)."""
+    return t.detach().double().flatten().quantile(0.5)
+
+
+def medians(ts: Sequence[torch.Tensor]) -> list[float]:
+    """`median` of each tensor, computed on their device and read back to the host in one go."""
+    if not ts:
+        return []
+    return torch.stack([_median_tensor(t) for t in ts]).tolist()
 
 
 @dataclass
@@ -94,7 +106,7 @@ def bp_gradients(model, x: torch.Tensor, y: torch.Tensor) -> BPGradients:
 @torch.no_grad()
 def residual_norms(model, x: torch.Tensor) -> list[float]:
     """(a) median ‖h_l‖ for l = 0 … L."""
-    return [median(per_sample_norm(h)) for h in as_stream(model).hidden(x)]
+    return medians([per_sample_norm(h) for h in as_stream(model).hidden(x)])
 
 
 def max_block_growth(norms: list[float]) -> float:
@@ -110,19 +122,25 @@ def max_block_growth(norms: list[float]) -> float:
 
 def bp_grad_norms(model, x: torch.Tensor, y: torch.Tensor) -> list[float]:
     """(b) median ‖g_l‖ for l = 0 … L (mean-reduced CE over the batch)."""
-    return [median(per_sample_norm(g)) for g in bp_gradients(model, x, y).grads]
+    return medians([per_sample_norm(g) for g in bp_gradients(model, x, y).grads])
 
 
-def readout_gain_from(bp: BPGradients) -> float:
-    """(b′) median over samples of ‖g_{L,i}‖ / ‖∂CE/∂logits_i‖ (the 1/N of the mean cancels)."""
+def _readout_gain_tensor(bp: BPGradients) -> torch.Tensor:
+    """`readout_gain_from` as a 0-d float64 tensor on the batch's device (no host read)."""
     num = per_sample_norm(bp.grads[-1]).double()
     den = per_sample_norm(bp.logit_grad).double()
     gain = torch.where(den > 0, num / den.clamp_min(torch.finfo(torch.float64).tiny),
                        torch.full_like(num, float("nan")))
-    finite = gain[torch.isfinite(gain)]
-    if torch.isnan(num).any():
-        return float("nan")
-    return float(finite.median()) if len(finite) else float("nan")
+    gain = torch.where(torch.isfinite(gain), gain, torch.full_like(gain, float("nan")))
+    # the lower middle value of the finite gains (torch.median's convention), NaN if there are none
+    # or if any ‖g_L,i‖ is NaN
+    return torch.where(torch.isnan(num).any(), torch.full_like(gain[:1], float("nan"))[0],
+                       gain.nanmedian())
+
+
+def readout_gain_from(bp: BPGradients) -> float:
+    """(b′) median over samples of ‖g_{L,i}‖ / ‖∂CE/∂logits_i‖ (the 1/N of the mean cancels)."""
+    return float(_readout_gain_tensor(bp))
 
 
 def readout_gain(model, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -149,11 +167,12 @@ class MonitorSnapshot:
 def monitor_snapshot(model, x: torch.Tensor, y: torch.Tensor) -> MonitorSnapshot:
     """(a), (b), (b′) and accuracy on one batch, from a single forward/backward."""
     bp = bp_gradients(model, x, y)
-    h_norms = [median(per_sample_norm(h)) for h in bp.hidden]
-    g_norms = [median(per_sample_norm(g)) for g in bp.grads]
-    acc = float((bp.logits.argmax(-1) == y).float().mean())
-    return MonitorSnapshot(h_norms, g_norms, max_block_growth(h_norms), readout_gain_from(bp),
-                           acc, bp.loss)
+    n = len(bp.hidden)
+    stats = torch.stack([_median_tensor(per_sample_norm(t)) for t in bp.hidden + bp.grads]
+                        + [_readout_gain_tensor(bp),
+                           (bp.logits.argmax(-1) == y).double().mean()]).tolist()   # one host read
+    h_norms, g_norms = stats[:n], stats[n:2 * n]
+    return MonitorSnapshot(h_norms, g_norms, max_block_growth(h_norms), stats[-2], stats[-1], bp.loss)
 
 
 @torch.no_grad()
@@ -230,14 +249,12 @@ def gradient_cosine(credit, grads) -> list[float]:
     """
     gammas = []
     for a, g in zip(credit, grads):
-        if not (torch.isfinite(a).all() and torch.isfinite(g).all()):
-            gammas.append(float("nan"))
-            continue
-        cos = per_sample_cosine(a, g)
+        finite = torch.isfinite(a).all() & torch.isfinite(g).all()
         has_ref = per_sample_norm(g) > 0
-        cos = torch.nan_to_num(cos, nan=0.0)[has_ref]
-        gammas.append(float(cos.mean()) if len(cos) else float("nan"))
-    return gammas
+        cos = torch.nan_to_num(per_sample_cosine(a, g), nan=0.0)
+        mean = torch.where(has_ref, cos, 0.0).sum() / has_ref.sum()       # 0/0 = NaN: no reference
+        gammas.append(torch.where(finite, mean, torch.full_like(mean, float("nan"))))
+    return torch.stack(gammas).tolist() if gammas else []               # one host read
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,25 +272,25 @@ def cross_batch_stability_from(grads_per_batch: list[list[torch.Tensor]],
     """
     n_layers = len(grads_per_batch[0]) if grads_per_batch else 0
     layers = list(range(n_layers)) if layers is None else list(layers)
+    k = len(grads_per_batch)
+    if k < 2:
+        return [float("nan")] * len(layers)
     out = []
     for l in layers:
-        means, finite = [], True
+        means, finite = [], []
         for grads in grads_per_batch:
             g = grads[l].detach().flatten(1).double()
-            finite = finite and bool(torch.isfinite(g).all())
+            finite.append(torch.isfinite(g).all())
             n = g.norm(dim=-1, keepdim=True)
-            keep = n.squeeze(-1) > 0
-            means.append((g[keep] / n[keep]).mean(0) if keep.any()
-                         else torch.full(g.shape[1:], float("nan"), dtype=torch.float64, device=g.device))
-        k = len(means)
-        if k < 2 or not finite:
-            out.append(float("nan"))
-            continue
+            keep = n > 0
+            unit = torch.where(keep, g / torch.where(keep, n, torch.ones_like(n)), 0.0)
+            means.append(unit.sum(0) / keep.sum())                        # 0/0 = NaN: no direction
         u = torch.stack(means)                                             # (K, d)
         gram = u @ u.T
-        iu = torch.triu_indices(k, k, offset=1)
-        out.append(float(gram[iu[0], iu[1]].mean()))
-    return out
+        iu = torch.triu_indices(k, k, offset=1, device=u.device)
+        s = gram[iu[0], iu[1]].mean()
+        out.append(torch.where(torch.stack(finite).all(), s, torch.full_like(s, float("nan"))))
+    return torch.stack(out).tolist() if out else []                        # one host read
 
 
 def cross_batch_stability(model, batches, layers: Sequence[int] | None = None) -> list[float]:

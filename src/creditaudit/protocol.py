@@ -374,11 +374,11 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     stream = as_stream(model)
     bps = [M.bp_gradients(stream, x, y) for x, y in batches]
     pooled = _pooled_bp(bps)
-    h_norms = [M.median(M.per_sample_norm(h)) for h in pooled.hidden]
-    g_norms = [M.median(M.per_sample_norm(g)) for g in pooled.grads]
+    norms = M.medians([M.per_sample_norm(t) for t in pooled.hidden + pooled.grads])  # one host read
+    h_norms, g_norms = norms[:len(pooled.hidden)], norms[len(pooled.hidden):]
     gain = M.readout_gain_from(pooled)
     growth = M.max_block_growth(h_norms)
-    nonfinite = not all(bool(torch.isfinite(h).all()) for h in pooled.hidden + [pooled.logits])
+    nonfinite = not bool(torch.stack([torch.isfinite(h).all() for h in pooled.hidden + [pooled.logits]]).all())
     if nonfinite:
         growth = float("nan")
     eval_acc = float((pooled.logits.argmax(-1) == torch.cat([y for _, y in batches])).float().mean())

@@ -31,9 +31,24 @@ DONE = ("finished", "diverged", "stopped")   # statuses of a run that will not t
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """'auto' → cuda when available, else cpu; anything else must be usable here."""
+    """The command line's device: 'auto' → cuda when available, else cpu; anything else as
+    `as_device`. Only the command line calls it: a library function runs where its inputs are
+    (the model's or the data's device, or the explicit device it is handed), so that a caller's
+    CPU model never meets tensors that a library call put on the GPU."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return as_device(device)
+
+
+def as_device(device: str | torch.device | None, default: torch.device | None = None) -> torch.device:
+    """A library function's device: `device` itself, checked usable here; None → `default` (the
+    device of the function's inputs), else the CPU. 'auto' is refused: only the command line
+    decides for the GPU (`resolve_device`)."""
+    if device is None:
+        return torch.device(default) if default is not None else torch.device("cpu")
+    if str(device) == "auto":
+        raise CreditAuditError("device 'auto' is resolved by the command line only; in Python pass "
+                               "the device (cpu, cuda, cuda:N), or none to run where the inputs are")
     try:
         dev = torch.device(device)
     except RuntimeError:
@@ -114,8 +129,9 @@ def read_status(run_dir: Path) -> dict[str, Any]:
     return status
 
 
-def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> Run:
-    """Rebuild a run from its folder (config.json + checkpoint) without unpickling anything."""
+def load_run(run_dir: str | Path, device: str | torch.device | None = None) -> Run:
+    """Rebuild a run from its folder (config.json + checkpoint) without unpickling anything, on
+    `device` (default: the CPU, where a checkpoint's tensors are read)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CreditAuditError(f"run folder {run_dir} does not exist")
@@ -126,7 +142,7 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> Run:
         model.load_state_dict(state.pop("model"))
     except (RuntimeError, KeyError) as err:
         raise CreditAuditError(f"checkpoint in {run_dir} does not fit its config.json ({err})") from None
-    model.to(resolve_device(device))
+    model.to(as_device(device))
     method = build_method(config, model)
     try:
         method.load_state_dict(state.pop("method"))
@@ -175,10 +191,29 @@ def data_shape(data: ArrayDataset) -> dict[str, Any]:
     return {"input_shape": list(data.input_shape), "n_classes": data.n_classes}
 
 
+def canonical_control(config: RunConfig) -> RunConfig:
+    """A run with no trainable block (frozen or shallow control), in the one spelling that all
+    provably equal runs share: each of the method's `trainable_only_options` (e.g. λ, which enters
+    only a trainable block's local loss) is set to its declared value (λ = 0: the control reads
+    as unpenalised, which is what it is), left out where that is the method's default. Every λ
+    of a penalty sweep thus names the same frozen control, trained once (bit-identical to training
+    it under any of the λ: tests/test_train.py). Any other config is returned as is."""
+    if config.trainable_block_ids:
+        return config
+    cls = method_class(config.method)
+    options = dict(config.options)
+    for key, value in cls.trainable_only_options.items():
+        if cls.option_defaults.get(key) == value:
+            options.pop(key, None)
+        else:
+            options[key] = value
+    return config if options == config.options else config.replace(options=options)
+
+
 # the settings a frozen-blocks control must share with the run it controls for
 CONTROL_FIELDS = ("method", "dataset", "arch", "seed", "epochs", "batch_size", "lr", "weight_decay",
                   "width", "blocks", "activation", "w2_std", "clip", "options", "arch_options",
-                  "data_digest", "code_version")
+                  "data_digest", "code_version", "precision")
 
 
 def check_frozen_control(run: Run, control: Run) -> None:
@@ -186,8 +221,9 @@ def check_frozen_control(run: Run, control: Run) -> None:
     if control.config.trainable_blocks != 0 or control.config.blocks == 0:
         raise CreditAuditError(f"{control.run_dir} is not a frozen-blocks control (it is "
                                f"{control.config.control!r}); train one with `creditaudit train ... --frozen`")
+    mine_c, theirs_c = canonical_control(run.config.replace(trainable_blocks=0)), canonical_control(control.config)
     for name in CONTROL_FIELDS:
-        mine, theirs = getattr(run.config, name), getattr(control.config, name)
+        mine, theirs = getattr(mine_c, name), getattr(theirs_c, name)
         if mine != theirs:
             raise CreditAuditError(f"the frozen control {control.run_dir} does not match the run: "
                                    f"{name} is {theirs!r} there but {mine!r} here; train the control "

@@ -64,21 +64,27 @@ from .methods.bp import BP
 from .methods.dfa import DFA, DFAPenalty
 from .methods.fa import FA
 from .model.resmlp import ACTIVATIONS
-from .runs import (build_method, build_model, data_shape, existing_run_is_done, failure_record,
-                   read_status, resolve_device)
+from .runs import (as_device, build_method, build_model, data_shape, existing_run_is_done,
+                   failure_record, read_status)
 from .seeding import derived_generator
-from .train import _finite, _record, train_run
+from .train import _finite, _record, precision_context, train_run, weights_finite
 
 _STEP_KIND = {BP: "backprop", FA: "feedback", DFA: "direct", DFAPenalty: "direct"}  # class → step
 STACKABLE_METHODS = tuple(cls.name for cls in _STEP_KIND)
+# the stack re-implements these steps: it may stand in for a method only while the class still
+# runs the step it was written from (a patched or overridden `gradients` trains serially)
+_OWN_STEP = {cls.name: (cls, cls.gradients, cls.train_step) for cls in _STEP_KIND}
 STACKABLE_ARCHS = ("resmlp",)
 
 
 def can_stack(config: RunConfig) -> bool:
     """True when `config` can train as a member of a stack (ResMLP × bp/fa/dfa/dfa-penalty, no
     early stop); EP, sb, cb, user methods, other architectures and stop_when_flagged train serially."""
-    return (config.arch in STACKABLE_ARCHS and config.method in STACKABLE_METHODS
-            and config.stop_when_flagged is None)
+    if not (config.arch in STACKABLE_ARCHS and config.method in STACKABLE_METHODS
+            and config.stop_when_flagged is None):
+        return False
+    cls, gradients, step = _OWN_STEP[config.method]
+    return cls.gradients is gradients and cls.train_step is step
 
 
 def stack_key(config: RunConfig) -> str:
@@ -319,14 +325,14 @@ def _failure(out: Path, err: BaseException, t0: float) -> dict:
 
 
 def train_stack(configs: Sequence[RunConfig], out_dirs: Sequence[str | Path],
-                data: ArrayDataset | None = None, device: str | torch.device = "auto",
+                data: ArrayDataset | None = None, device: str | torch.device | None = None,
                 progress: bool = False, data_dir: str | Path | None = None) -> list[dict]:
     """Train `configs` (all `can_stack`, one `stack_key`) into `out_dirs` as one stack.
 
     Returns one record per member, in order, shaped like `experiments.common.train_job`'s:
     {"status", "message", "trained", "seconds", "stacked"}. Never raises for a run's failure:
     a failed member (or a failed stack: every member of it) comes back as status "failed" with
-    the traceback in its folder's error.txt.
+    the traceback in its folder's error.txt. device: default where `data` are, else the CPU.
     """
     t0 = time.perf_counter()
     configs, outs = list(configs), [Path(o) for o in out_dirs]
@@ -335,7 +341,7 @@ def train_stack(configs: Sequence[RunConfig], out_dirs: Sequence[str | Path],
     keys = {stack_key(c) for c in configs}
     if len(keys) > 1 or not all(can_stack(c) for c in configs):
         raise ValueError("train_stack needs configs that can_stack and share one stack_key")
-    dev = resolve_device(device)
+    dev = as_device(device, data.device if data is not None else None)
     if any(c.data_digest is None for c in configs):  # the data's contents are part of each run's key
         try:
             data = data if data is not None else load_dataset(configs[0].dataset, data_dir, dev)
@@ -411,9 +417,10 @@ def _train_members(configs: list[RunConfig], outs: list[Path], data: ArrayDatase
                leave=False)
     for epoch in bar:
         loss_sum = torch.zeros(K, device=dev)
-        for batches in zip(*(data.train_batches(first.batch_size, m.data_gen) for m in members)):
-            y = torch.stack([b[1] for b in batches])
-            loss_sum += trainer.train_step(torch.stack([b[0] for b in batches]), y) * y.shape[1]
+        with precision_context(first.precision, dev):
+            for batches in zip(*(data.train_batches(first.batch_size, m.data_gen) for m in members)):
+                y = torch.stack([b[1] for b in batches])
+                loss_sum += trainer.train_step(torch.stack([b[0] for b in batches]), y).float() * y.shape[1]
         trainer.end_epoch()
         wall = time.perf_counter() - t0
         losses = loss_sum.tolist()
@@ -423,7 +430,8 @@ def _train_members(configs: list[RunConfig], outs: list[Path], data: ArrayDatase
             trainer.sync_member(k)
             train_loss = losses[k] / len(data.y_train)
             record = _record_member(m, epoch, train_loss, data, eval_x, eval_y, wall)
-            if not (_finite(train_loss) and all(_finite(v) for v in record["h_norms"])):
+            if not (_finite(train_loss) and all(_finite(v) for v in record["h_norms"])
+                    and weights_finite(m.model)):
                 bad = store.json_safe(record)
                 _finish(m, "diverged", f"non-finite values at epoch {epoch} (train loss {train_loss}, "
                         f"‖h_l‖ {bad['h_norms']}); kept the checkpoint of epoch {epoch - 1}",

@@ -6,9 +6,20 @@ It knows nothing about a method's update rule or about verdicts: it draws batche
 checkpoints. An early-stop rule, when wanted, is handed in (`verdict.stop_rule`). A killed run
 resumes from its last completed epoch and ends with exactly the weights and metrics of an
 uninterrupted run (CPU, same thread count; on CUDA up to kernel nondeterminism).
+
+Where and how fast: a run trains on the device it is given, else where its data are, else the CPU
+(never "auto": the command line resolves that). A step touches the host never: the epoch's order
+and augmentation are drawn before its first batch (`ArrayDataset.train_batches`), the loss is summed
+on the device, and the monitor reads numbers once per epoch. The step runs in the run's
+`precision` (`precision_context`: fp32 by default, TF32 or bf16 autocast opt-in); the monitor and
+every diagnosis run outside it, in fp32. On CUDA the method's `gradients` is compiled with
+mode "reduce-overhead" (CUDA graphs) when asked: `compile_step=None` = on CUDA only (the command
+line's default; --no-compile turns it off), True = always, False = never (the library default, so
+a Python caller and the test suite pay no compilation unless they ask).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -23,8 +34,7 @@ from .config import RunConfig
 from .data import ArrayDataset, load_dataset
 from .errors import CreditAuditError
 from .metrics import accuracy, monitor_snapshot
-from .runs import (Run, build_method, build_model, data_shape, existing_run_is_done, load_run,
-                   resolve_device)
+from .runs import Run, as_device, build_method, build_model, data_shape, existing_run_is_done, load_run
 from .seeding import derived_generator
 
 StopRule = Callable[[Sequence[dict]], "str | None"]
@@ -34,9 +44,51 @@ def _finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+@contextlib.contextmanager
+def precision_context(precision: str, device: torch.device):
+    """The numerics of the training steps run inside it (RunConfig.precision):
+
+        fp32  float32 storage and arithmetic: TF32 switched off for matmuls and cuDNN convolutions
+              (cuDNN allows TF32 by default, which would make a ResNet's "fp32" steps TF32)
+        tf32  float32 storage, TF32 matmuls and convolutions on CUDA (no effect on a CPU)
+        bf16  torch.autocast to bfloat16 on the device (weights and optimizer state stay float32)
+
+    Global switches are restored on exit, so the monitor and the diagnoses after it are fp32."""
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+        torch.backends.cudnn.allow_tf32 = precision == "tf32"
+        if precision == "bf16":
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                yield
+        else:
+            yield
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
+def compile_mode_for(device: torch.device, compile_step: bool | None) -> str | None:
+    """torch.compile mode of the step, or None for eager: compile_step False → eager; True →
+    compiled; None → compiled on CUDA only. On CUDA the mode is "reduce-overhead" (CUDA graphs:
+    one launch per step instead of ~100 kernels), elsewhere "default"."""
+    if compile_step is None:
+        compile_step = device.type == "cuda"
+    if not compile_step:
+        return None
+    return "reduce-overhead" if device.type == "cuda" else "default"
+
+
+def step_runner(method, mode: str | None):
+    """The per-batch step: the method's eager `train_step`, or with a compile `mode` its compiled
+    step, which falls back to eager gradients (with one warning) if compiling fails."""
+    return method.step_function(fallback=True, mode=mode) if mode is not None else method.train_step
+
+
 def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None = None,
-              device: str | torch.device = "auto", data: ArrayDataset | None = None,
+              device: str | torch.device | None = None, data: ArrayDataset | None = None,
               progress: bool = True, stop_rule: StopRule | None = None,
+              compile_step: bool | None = False,
               on_epoch: Callable[[Sequence[dict]], None] | None = None) -> Run:
     """Train `config` into folder `out`, resuming from its checkpoint if one exists.
 
@@ -48,9 +100,12 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
     A failure to write (read-only folder, full disk) raises CreditAuditError; the last complete
     checkpoint stays readable and the same call resumes from it. `on_epoch(history)`, when given,
     sees the monitor history after each recorded epoch (e.g. trackers.TensorBoardLog).
+    device: where to train (default: where `data` are, else the CPU). compile_step: compile the
+    step (False, the default: eager; None: on CUDA only; `compile_mode_for`). Neither changes the
+    run's config.
     """
     out = Path(out)
-    dev = resolve_device(device)
+    dev = as_device(device, data.device if data is not None else None)
     if config.data_digest is None:      # the data's contents are part of the run: bind them first
         data = data if data is not None else load_dataset(config.dataset, data_dir, dev)
         config = config.bind_data(data.digest)
@@ -109,16 +164,19 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
     start = history[-1]["epoch"]
     bar = tqdm(range(start + 1, config.epochs + 1), desc=config.label, disable=not progress,
                initial=start, total=config.epochs, leave=False)
+    step = step_runner(method, compile_mode_for(dev, compile_step))
     for epoch in bar:
         model.train()
         loss_sum = torch.zeros((), device=dev)
-        for x, y in data.train_batches(config.batch_size, data_gen):
-            loss_sum += method.train_step(x, y) * len(y)
+        with precision_context(config.precision, dev):
+            for x, y in data.train_batches(config.batch_size, data_gen):
+                loss_sum += step(x, y).float() * len(y)
         method.end_epoch()
         train_loss = float(loss_sum) / len(data.y_train)
         record = _record(epoch, train_loss, model, data, eval_x, eval_y, time.perf_counter() - t0,
                          method.epoch_log())
-        if not (_finite(train_loss) and all(_finite(v) for v in record["h_norms"])):
+        if not (_finite(train_loss) and all(_finite(v) for v in record["h_norms"])
+                and weights_finite(model)):
             bad = store.json_safe(record)
             return finish("diverged", f"non-finite values at epoch {epoch} (train loss {train_loss}, "
                           f"‖h_l‖ {bad['h_norms']}); kept the checkpoint of epoch {epoch - 1}",
@@ -133,6 +191,13 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
         if message:
             return finish("stopped", message)
     return finish("finished", f"trained {config.epochs} epochs")
+
+
+def weights_finite(model: torch.nn.Module) -> bool:
+    """Whether every parameter is finite (one host read per epoch): a step can leave non-finite
+    weights whose eval batch still reads finite (e.g. a NaN in a weight the batch does not reach),
+    and such a checkpoint must not be kept as the run's last finite one."""
+    return bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all())
 
 
 def _record(epoch: int, train_loss: float | None, model, data: ArrayDataset, eval_x: torch.Tensor,

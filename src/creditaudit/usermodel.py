@@ -78,9 +78,11 @@ def load_weights(model: torch.nn.Module, path: str | Path, what: str = "weights"
 
 
 def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str | None = None,
-                        init: str | None = None, device: torch.device = torch.device("cpu")) -> dict:
+                        init: str | None = None, device: torch.device | None = None) -> dict:
     """The model and what `protocol.diagnose` needs beside it: its test accuracy, the frozen
-    control's accuracy (or None), and a two-row monitor history (init, now) when `init` is given."""
+    control's accuracy (or None), and a two-row monitor history (init, now) when `init` is given.
+    The models are put on `device`, by default where the data are."""
+    device = data.device if device is None else device
     model = load_weights(build_user_model(spec), weights).to(device).eval()
     test_acc = accuracy(model, data.eval_batches("test", 1000))
     frozen_acc = None

@@ -2,7 +2,8 @@
 
 Following airbench: the data live as one tensor per split on the device; a training batch is an
 index into it, and augmentation is a few batched tensor ops — no per-sample Python, no DataLoader.
-Images are kept as raw uint8 (N, C, H, W) and converted + normalised per batch, so the crop's zero
+An epoch's order and augmentation are drawn at once (`train_batches`), so a training step makes no
+host round trip. Images are kept as raw uint8 (N, C, H, W) and converted + normalised per batch, so the crop's zero
 padding is a black pixel exactly as in torchvision's `RandomCrop(32, padding=4)` applied before
 `Normalize` (the paper's pipeline).
 """
@@ -16,21 +17,33 @@ import torch
 import torch.nn.functional as F
 
 
-def random_crop_flip(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
-    """Per-sample random crop with `pad`-pixel zero padding, then a random horizontal flip (p=½).
+def draw_crop_flip(n: int, pad: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The random part of `crop_flip` for n samples: offsets (n, 2) ∈ {0…2·pad}² and flips (n,)
+    bool (p = ½), drawn on the CPU generator `gen` (so a run draws the same numbers on any device)."""
+    offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=gen)
+    flip = torch.rand(n, generator=gen) < 0.5
+    return offsets, flip
 
-    x: (N, C, H, W) of any dtype. Equivalent to padding each image by `pad` zeros, taking an
-    H×W window at offset (top, left) ∈ {0…2·pad}², and mirroring left-right with probability ½.
-    The padded batch is viewed as all its (2·pad+1)² windows (`unfold`, no copy) and each
-    sample's window is picked with one advanced index. Random numbers come from the CPU
-    generator `gen`, so a run is reproducible on any device.
+
+def crop_flip(x: torch.Tensor, pad: int, offsets: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
+    """Per-sample crop with `pad`-pixel zero padding at the given offsets, then the given flips.
+
+    x: (N, C, H, W) of any dtype; offsets (N, 2) = (top, left) ∈ {0…2·pad}², flip (N,) bool, both
+    on x's device. Equivalent to padding each image by `pad` zeros, taking the H×W window at
+    (top, left) and mirroring it left-right where flip is set. The padded batch is viewed as all
+    its (2·pad+1)² windows (`unfold`, no copy) and each sample's window is picked with one
+    advanced index: a few tensor ops, no host round trip.
     """
     n, c, h, w = x.shape
-    offsets = torch.randint(0, 2 * pad + 1, (n, 2), generator=gen).to(x.device)
-    flip = (torch.rand(n, generator=gen) < 0.5).to(x.device)
     windows = F.pad(x, (pad, pad, pad, pad)).unfold(2, h, 1).unfold(3, w, 1)   # (N, C, 2p+1, 2p+1, H, W)
     crops = windows[torch.arange(n, device=x.device), :, offsets[:, 0], offsets[:, 1]]  # (N, C, H, W)
     return torch.where(flip[:, None, None, None], crops.flip(-1), crops)
+
+
+def random_crop_flip(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
+    """`crop_flip` with offsets and flips drawn from the CPU generator `gen` (`draw_crop_flip`)."""
+    offsets, flip = draw_crop_flip(x.shape[0], pad, gen)
+    return crop_flip(x, pad, offsets.to(x.device), flip.to(x.device))
 
 
 @dataclass
@@ -93,13 +106,19 @@ class ArrayDataset:
                        x_test=move(self.x_test), y_test=move(self.y_test),
                        mean=move(self.mean), std=move(self.std))
 
-    def prepare(self, x: torch.Tensor, train: bool = False,
-                gen: torch.Generator | None = None) -> torch.Tensor:
-        """Raw batch → float32 network input (N, *input_shape): augment (train only), scale, normalise."""
+    def prepare(self, x: torch.Tensor, train: bool = False, gen: torch.Generator | None = None,
+                draws: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Raw batch → float32 network input (N, *input_shape): augment (train only), scale, normalise.
+
+        Augmentation uses `draws` = (offsets, flips) already on the device when given (the
+        epoch-wide draws of `train_batches`), else draws them from the CPU generator `gen`."""
         if train and self.augment:
-            if gen is None:
+            if draws is not None:
+                x = crop_flip(x, self.pad, *draws)
+            elif gen is None:
                 raise ValueError("augmentation needs a generator")
-            x = random_crop_flip(x, self.pad, gen)
+            else:
+                x = random_crop_flip(x, self.pad, gen)
         if x.dtype == torch.uint8:
             x = x.float().div_(255.0)
         else:
@@ -110,11 +129,25 @@ class ArrayDataset:
 
     def train_batches(self, batch_size: int, gen: torch.Generator
                       ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of shuffled, augmented training batches (the last one may be smaller)."""
-        order = torch.randperm(len(self.y_train), generator=gen).to(self.device)
-        for start in range(0, len(order), batch_size):
+        """One epoch of shuffled, augmented training batches (the last one may be smaller).
+
+        The whole epoch's randomness is drawn at once, before the first batch: the order
+        (randperm of the training set) and, for augmented images, every sample's crop offsets and
+        flip (`draw_crop_flip`, in the order's positions), all from the CPU generator `gen` and
+        copied to the data's device once per epoch. A batch is then slices of device tensors and
+        a gather: the training step touches the host never. Drawing on the CPU keeps a run's
+        order and augmentation the same on every device (the trainer's generator is a CPU one).
+        """
+        n = len(self.y_train)
+        order = torch.randperm(n, generator=gen)
+        draws = draw_crop_flip(n, self.pad, gen) if self.augment else None
+        order = order.to(self.device)
+        if draws is not None:
+            draws = tuple(t.to(self.device) for t in draws)
+        for start in range(0, n, batch_size):
             idx = order[start:start + batch_size]
-            yield self.prepare(self.x_train[idx], train=True, gen=gen), self.y_train[idx]
+            batch_draws = None if draws is None else tuple(t[start:start + batch_size] for t in draws)
+            yield self.prepare(self.x_train[idx], train=True, draws=batch_draws), self.y_train[idx]
 
     def eval_batches(self, split: str = "test", batch_size: int = 128
                      ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -11,6 +11,7 @@ from typing import Sequence
 from .. import __version__, store
 from ..config import AuditConfig, RunConfig
 from ..store import json_number as _num
+from ..runs import canonical_control
 from ..verdict import (SeedEvidence, SeedNoise, Thresholds, flag_table, interval, method_verdict,
                        seed_noise, threshold_sensitivity, verdict_of)
 from .common import Execution, Outcome, dataset, deep_mean, mean_std, median_of, run_all
@@ -18,10 +19,12 @@ from .common import Execution, Outcome, dataset, deep_mean, mean_std, median_of,
 STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
 
 
-def execution_of(config: AuditConfig) -> Execution:
+def execution_of(config: AuditConfig, compile_step: bool | None = False) -> Execution:
+    """compile_step: False (eager, the library default), True, or None = on CUDA only (the
+    command line's default; `train.compile_mode_for`)."""
     return Execution(data_dir=config.data_dir, device=config.device, jobs=config.jobs,
                      executor=config.executor, address=config.address, max_retries=config.max_retries,
-                     stack=config.stack)
+                     stack=config.stack, compile_step=compile_step)
 
 
 def _frozen_by_seed(method: str, outcomes: Sequence[Outcome]) -> dict[int, float]:
@@ -141,16 +144,17 @@ def frozen_control_of(config: RunConfig) -> RunConfig | None:
     """The frozen-blocks control of the same method and seed (None for a control itself)."""
     if config.control != "none" or config.blocks == 0:
         return None
-    return config.replace(trainable_blocks=0)
+    return canonical_control(config.replace(trainable_blocks=0))
 
 
-def audit(config: AuditConfig, progress: bool = True) -> dict:
+def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None = False) -> dict:
     """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back."""
     out = Path(config.out)
     thresholds = Thresholds(**config.thresholds)
-    runs = config.run_configs()
+    canonical = [canonical_control(c) for c in config.run_configs()]
+    runs = list({c.run_key: c for c in canonical}.values())     # provably equal runs, trained once
     t0 = time.perf_counter()
-    outcomes = run_all(runs, out, execution=execution_of(config), thresholds=thresholds,
+    outcomes = run_all(runs, out, execution=execution_of(config, compile_step), thresholds=thresholds,
                        n_eval=config.eval_batches, frozen_of=frozen_control_of, progress=progress)
     # (d)'s seed noise is pooled over every method of the audit, and floored by the binomial
     # variance of accuracies measured on the whole test split
@@ -195,4 +199,5 @@ def header(config: AuditConfig, base: RunConfig) -> str:
     seeds = ", ".join(map(str, config.seeds))
     return (f"{preset}{config.dataset}, {base.arch} d={base.width} L={base.blocks}, "
             f"{config.epochs} epochs; seed{'s' if len(config.seeds) > 1 else ''} {seeds}; "
-            f"controls: {', '.join(config.controls) or 'none'}; {config.eval_batches} eval batches")
+            f"controls: {', '.join(config.controls) or 'none'}; {config.eval_batches} eval batches; "
+            f"{base.precision} training")

@@ -25,7 +25,7 @@ from ..errors import CreditAuditError
 from ..metrics import accuracy
 from ..protocol import diagnose
 from ..runner import make_executor
-from ..runs import DONE, Run, failure_record, load_run, read_status, resolve_device, run_dir_for
+from ..runs import DONE, Run, as_device, failure_record, load_run, read_status, run_dir_for
 from ..stacked import StackJob, group_stacks, stack_job, stacking_pays
 from ..store import json_number as _num
 from ..train import train_run
@@ -71,6 +71,7 @@ class Job:
     device: str
     threads: int
     thresholds: dict = field(default_factory=dict)
+    compile_step: bool | None = False         # train_run's compile_step (None: on CUDA only)
 
 
 def train_job(job: Job) -> dict[str, Any]:
@@ -83,7 +84,8 @@ def train_job(job: Job) -> dict[str, Any]:
         was_done = read_status(run_dir).get("status") in DONE
         data = dataset(config.dataset, job.data_dir, job.device)
         run = train_run(config, run_dir, data=data, device=job.device, progress=False,
-                        stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**config.stop_thresholds)))
+                        stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**config.stop_thresholds)),
+                        compile_step=job.compile_step)
         (run_dir / "error.txt").unlink(missing_ok=True)
         return {"status": run.status["status"], "message": run.status["message"],
                 "trained": not was_done, "seconds": time.perf_counter() - t0}
@@ -194,6 +196,7 @@ class Execution:
     address: str | None = default(AuditConfig, "address")
     max_retries: int = default(AuditConfig, "max_retries")
     stack: bool | None = default(AuditConfig, "stack")   # one stack per model shape; None = where it pays
+    compile_step: bool | None = False  # compile each run's step; None = on CUDA only (the CLI's default)
 
 
 def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = Execution(),
@@ -206,7 +209,9 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     frozen_of(config) names the frozen control whose accuracy (d) compares against; a control
     itself is diagnosed without ρ (it only needs to exist as the yardstick).
     """
-    dev = resolve_device(execution.device)
+    # the command line has resolved "auto" by now; a Python caller's unresolved "auto" (the
+    # AuditConfig default) runs on the CPU like every library call without inputs
+    dev = as_device(None if execution.device == "auto" else execution.device)
     workers = execution.jobs or default_workers(dev, len(configs))
     # a Ray task reserves one CPU, and parallel local workers share the cores: one thread each
     threads = 1 if workers > 1 or execution.executor == "ray" else max(1, torch.get_num_threads())
@@ -218,8 +223,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
                              max_retries=execution.max_retries,
                              gpus_per_job=1.0 if dev.type == "cuda" else 0.0)
     dirs = [run_dir_for(root, c) for c in configs]
-    train_jobs = [Job(c.to_dict(), str(d), execution.data_dir, str(dev), threads, asdict(thresholds))
-                  for c, d in zip(configs, dirs)]
+    train_jobs = [Job(c.to_dict(), str(d), execution.data_dir, str(dev), threads, asdict(thresholds),
+                      execution.compile_step) for c, d in zip(configs, dirs)]
     use_stack = stacking_pays(dev) if execution.stack is None else execution.stack
     groups = (group_stacks(configs, max_size=math.ceil(len(configs) / workers) if dev.type == "cpu" else None)
               if use_stack else [[i] for i in range(len(configs))])
@@ -259,8 +264,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
         control = by_key.get(frozen.run_key) if frozen else None
         frozen_acc = control.test_acc if control is not None and control.status == "finished" else None
         diag_jobs.append(DiagnoseJob(o.config.to_dict(), str(o.run_dir), execution.data_dir, str(dev),
-                                     threads, asdict(thresholds), frozen_acc, n_eval,
-                                     rho and o.config.control == "none"))
+                                     threads, asdict(thresholds), frozen_acc=frozen_acc, n_eval=n_eval,
+                                     rho=rho and o.config.control == "none"))
         diag_index.append(i)
     bar = tqdm(total=len(diag_jobs), desc="diagnoses", unit="run", disable=not progress,
                dynamic_ncols=True)

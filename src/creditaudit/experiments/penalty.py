@@ -1,5 +1,6 @@
 """The penalty sweep: a method with a residual penalty over its λ values (λ = 0 is the method
-without it), each with its frozen-blocks control: accuracy, ‖h_L‖, ‖g_L‖, readout gain, deep Γ
+without it), each with its frozen-blocks control (λ acts only on trainable blocks, so one control,
+trained once, serves every λ: `runs.canonical_control`): accuracy, ‖h_L‖, ‖g_L‖, readout gain, deep Γ
 with its fresh-feedback null, deep ρ, verdict. Writes <out>/penalty_sweep.json."""
 from __future__ import annotations
 
@@ -27,8 +28,14 @@ def penalty_sweep(base: Sequence[RunConfig], out: Path, *, lambdas: Sequence[flo
     outcomes = run_all(configs, out, execution=execution, thresholds=thresholds, n_eval=n_eval,
                        rho=True, frozen_of=frozen_control_of, progress=progress)
     rows = []
-    at_lam = {lam: [o for o in outcomes if o.config.lam == float(lam)] for lam in lambdas}
-    # (d)'s seed noise pooled over every λ (each λ with its own controls), as in an audit
+    by_key = {o.config.run_key: o for o in outcomes}
+    at_lam = {}
+    for lam in lambdas:
+        mains_at = [o for o in outcomes if o.config.control == "none" and o.config.lam == float(lam)]
+        controls = [by_key[f.run_key] for f in (frozen_control_of(o.config) for o in mains_at)
+                    if f is not None and f.run_key in by_key]     # one control may serve every λ
+        at_lam[lam] = mains_at + list({id(o): o for o in controls}.values())
+    # (d)'s seed noise pooled over every λ (each λ with its controls), as in an audit
     n_test = len(dataset(base[0].dataset, execution.data_dir, "cpu").y_test)
     noise = seed_noise([method_evidence(base[0].method, at, n_test) for at in at_lam.values()])
     for lam in lambdas:

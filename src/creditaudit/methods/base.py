@@ -18,6 +18,7 @@ Only blocks listed in `settings.trainable_blocks` may change; the rest stay bit-
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -70,6 +71,10 @@ class Method(ABC):
     option_ranges: ClassVar[dict[str, tuple[float, float]]] = {}  # inclusive [low, high] per knob
     option_help: ClassVar[dict[str, str]] = {}       # one line per knob, for --help and the docs
     sweep: ClassVar[dict[str, tuple]] = {}           # option → values `penalty-sweep` runs over
+    # options that act only on trainable blocks (e.g. the penalty λ on f_l), each with the value a
+    # run without trainable blocks is spelled with: such a run is the same whatever their values
+    # (`runs.canonical_control`)
+    trainable_only_options: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -134,9 +139,86 @@ class Method(ABC):
         return opt
 
     # -- the interface ------------------------------------------------------------------------
-    @abstractmethod
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Update the model on one batch; return the batch's CE loss (detached scalar tensor)."""
+        """Update the model on one batch; return the batch's CE loss (detached scalar tensor).
+
+        The built-in methods split the step in two: `gradients` (forward, credit, backward, clip:
+        pure tensor work with no host sync, so it compiles with torch.compile(fullgraph=True))
+        and `apply_gradients` (the optimizer steps). A user's method may override `train_step`
+        as a whole instead; it then trains uncompiled."""
+        self.clear_gradients()
+        self.prepare_step()
+        try:
+            loss = self.gradients(x, y)
+        finally:
+            self.end_step()
+        self.apply_gradients()
+        return loss
+
+    def prepare_step(self) -> None:
+        """Eager work before `gradients`: draws from the method's generators (a compiled graph
+        cannot hold a torch.Generator), module patches the step relies on. Nothing by default."""
+
+    def end_step(self) -> None:
+        """Eager work after `gradients` (also when it raised): undo what `prepare_step` set up."""
+
+    def gradients(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Fill the .grad of every parameter the step updates (None on entry) and
+        return the batch's CE (detached). No .item(), float(), bool() or data-dependent Python
+        branch: the trainer may compile it (`step_function`)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither train_step nor gradients")
+
+    def clear_gradients(self) -> None:
+        """Every optimized parameter's .grad back to None, before `gradients` fills them (kept
+        after the step, so a test or a user can read the update's gradient)."""
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+    def apply_gradients(self) -> None:
+        """One step of every optimizer on the gradients `gradients` left."""
+        for opt in self.optimizers:
+            opt.step()
+
+    def compilable(self) -> bool:
+        """Whether the step is the `gradients` + `apply_gradients` split (so `gradients` may be
+        compiled); False for a method that overrides `train_step` itself."""
+        return type(self).train_step is Method.train_step
+
+    def step_function(self, fallback: bool = False, **compile_options):
+        """The callable the trainer runs per batch: `train_step`, or with torch.compile options
+        (mode="reduce-overhead" = CUDA graphs, backend="eager", …) `gradients` compiled whole
+        (fullgraph=True: a graph break is an error, not a silent host round trip), between the
+        eager `prepare_step` (generator draws) and `apply_gradients` (the optimizer steps: their
+        first call initialises state, which Dynamo does not trace). A method that overrides
+        `train_step` is never compiled. fallback=True: if the compiled `gradients` raises (a
+        compiler failure: tracing fails before anything is updated), warn once and compute the
+        step's gradients eagerly, then and from then on; the optimizer step is never repeated."""
+        if not compile_options or not self.compilable():
+            return self.train_step
+        state = {"gradients": torch.compile(self.gradients, fullgraph=True, **compile_options)}
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            self.clear_gradients()
+            self.prepare_step()
+            try:
+                gradients = state["gradients"]
+                try:
+                    with torch._dynamo.config.patch(trace_autograd_ops=True):   # backward() in the graph
+                        loss = gradients(x, y)
+                except Exception as err:  # noqa: BLE001 — a compiler failure must not lose the run
+                    if not fallback or gradients == self.gradients:
+                        raise
+                    first = str(err).splitlines()[0] if str(err) else ""
+                    warnings.warn(f"compiling the {self.name} step failed ({type(err).__name__}: "
+                                  f"{first}); training eagerly")
+                    state["gradients"] = self.gradients
+                    self.clear_gradients()
+                    loss = self.gradients(x, y)
+            finally:
+                self.end_step()
+            self.apply_gradients()
+            return loss
+        return step
 
     @abstractmethod
     def credit(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:

@@ -2,7 +2,7 @@
 
 Both learn an auxiliary net that maps a residual state h_l (plus a learned depth embedding t_l and the
 output error s = e, detached) to a credit a_l; the blocks then train with the local loss on it, the
-embedding with a_0, the head with CE (`Method.local_update`, per-block clip at settings.clip);
+embedding with a_0, the head with CE (`LocalMethod.local_gradients`, per-block clip at settings.clip);
 option `lam` > 0 adds dfa-penalty's λ · mean_i ‖f_l(h_l)_i‖² to each block's local loss (the paper
 reports SB/CB with λ = 1e-2, which the audit presets use; the default 0 is the unpenalised probe).
 The credits are in per-sample units (∂ℓ_i/∂h with ℓ_i the sample's CE, no 1/N), so the local loss
@@ -92,6 +92,7 @@ class _Bridge(LocalMethod):
                    "tau": "cb: soft-min temperature τ",
                    "ema": "cb: EMA rate of the target value net V̄",
                    "lam": "residual penalty λ in each block's local loss (the paper's SB/CB use 1e-2)"}
+    trainable_only_options = {"lam": 0.0}      # λ‖f_l‖² enters only trainable blocks' local loss
 
     predicts_state = False          # G_ψ outputs a state (D values), V_φ's q_φ C values
 
@@ -108,6 +109,7 @@ class _Bridge(LocalMethod):
         self.aux.to(device=like.device, dtype=like.dtype)
         self.opt = self.add_optimizer(self.local_param_groups())
         self.aux_opt = self.add_optimizer(self.aux.parameters())
+        self.lam = float(self.opts["lam"])          # a Python number: the step never reads a tensor
         self._last_aux_loss: torch.Tensor | float = float("nan")
 
     @property
@@ -128,17 +130,23 @@ class _Bridge(LocalMethod):
         depth = torch.arange(len(layers), device=h.device).repeat_interleave(n) + layers[0]
         return h, depth, e.repeat(len(layers), 1)
 
-    def train_step(self, x, y):
+    def gradients(self, x, y):
+        """The aux net's gradient and the local update's, in that order. Their parameter sets are
+        disjoint and the credit is computed before either moves, so stepping both optimizers
+        afterwards (`apply_gradients`) is the aux step followed by the local step."""
         fwd = self.local_forward(x)
         hidden, e = fwd.hidden, output_error(fwd.logits.detach(), y)           # s = e
         credit, aux_loss = self._credit_and_aux_loss(hidden, e, y)
-        if aux_loss.requires_grad:                                              # (not with 0 blocks in sb)
-            self.aux_opt.zero_grad(set_to_none=True)
+        if aux_loss.requires_grad:                          # structural (no blocks in sb), not data
             aux_loss.backward()
-            self.aux_opt.step()
-            self._after_aux_step()
         self._last_aux_loss = aux_loss.detach()
-        return self.local_update(self.opt, y, fwd, credit, lam=float(self.opts["lam"]))
+        return self.local_gradients(y, fwd, credit, lam=self.lam)
+
+    def apply_gradients(self):
+        super().apply_gradients()       # an optimizer whose parameters got no .grad leaves them be
+        self._after_aux_step()
+        if isinstance(self._last_aux_loss, torch.Tensor):   # own it: a CUDA-graph step reuses
+            self._last_aux_loss = self._last_aux_loss.clone()   # its output memory next step
 
     def credit(self, x, y):
         with torch.no_grad():
@@ -219,6 +227,14 @@ class CreditBridge(_Bridge):
     def __init__(self, model, settings):
         super().__init__(model, settings)
         self.target = copy.deepcopy(self.aux).requires_grad_(False)               # V̄, the EMA copy
+        # V̄'s noise comes from the method's CPU generator on the CPU; on another device from a
+        # generator there (seeded from it), so that drawing it copies nothing from the host
+        device = model.head_parameters()[0].device
+        self.noise_gen = self.gen
+        if device.type != "cpu":
+            self.noise_gen = torch.Generator(device=device)
+            self.noise_gen.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen)))
+        self._noise: torch.Tensor | None = None
 
     def value(self, net, h, depth, e):
         """V = ⟨q(h, t_l, s), s⟩ through `Probe.forward` (h flattened): the reference definition that
@@ -234,7 +250,7 @@ class CreditBridge(_Bridge):
         table = torch.addmm(lin.bias, net.depth.weight[depths], w_t.T)          # (depths, H)
         return w_h, table[:, None, :] + (e @ w_s.T)                             # + (N, H)
 
-    def _value_pass(self, hidden, e, y, with_aux: bool):
+    def _value_pass(self, hidden, e, y, with_aux: bool, noise: torch.Tensor | None = None):
         """V_φ on h_0 … h_L, its gradient a_l = ∇_{h_l} V_φ, and the aux loss's gradient in φ, all
         in closed form (no autograd graph; tested against the autograd definition in float64).
 
@@ -281,7 +297,7 @@ class CreditBridge(_Bridge):
                 act = F.gelu(u[:n_blocks]).flatten(0, 1)                          # (L·N, H)
                 q = F.linear(act, out.weight, out.bias).view(n_blocks, n, -1)
                 v = (q * e).sum(-1)                                               # V(h_l), l < L
-                err = v - self._bridge_target(hidden, e, ln).view(n_blocks, n)
+                err = v - self._bridge_target(hidden, e, ln, noise).view(n_blocks, n)
                 loss = loss + err.pow(2).mean()
                 c = err.mul_(2 / err.numel())                                     # ∂B/∂V, (L, N)
                 torch.mul(delta[:n_blocks], c[..., None], out=d_u[:n_blocks])      # ∂B/∂u
@@ -297,16 +313,19 @@ class CreditBridge(_Bridge):
                      "net.2.weight": g_w2, "net.2.bias": g_b2}
         return credit, grads, loss
 
-    def train_step(self, x, y):
+    def prepare_step(self):
+        """V̄'s noise for the next step, drawn here, outside `gradients` (a compiled graph
+        cannot hold a generator)."""
+        self._noise = self._draw_noise(self.model.n_blocks, self.model.head_parameters()[0])
+
+    def gradients(self, x, y):
         fwd = self.local_forward(x)
         e = output_error(fwd.logits.detach(), y)                                  # s = e
-        credit, grads, loss = self._value_pass(fwd.hidden, e, y, with_aux=True)
+        credit, grads, loss = self._value_pass(fwd.hidden, e, y, with_aux=True, noise=self._noise)
         for name, param in self.aux.named_parameters():
             param.grad = grads[name]
-        self.aux_opt.step()
-        self._after_aux_step()
         self._last_aux_loss = loss
-        return self.local_update(self.opt, y, fwd, credit, lam=float(self.opts["lam"]))
+        return self.local_gradients(y, fwd, credit, lam=self.lam)
 
     def _credit_and_aux_loss(self, hidden, e, y, with_aux: bool = True):
         if with_aux:
@@ -316,12 +335,13 @@ class CreditBridge(_Bridge):
     def _draw_noise(self, n_blocks: int, like: torch.Tensor) -> torch.Tensor:
         """ε_{k,l} ~ N(0, I), (K, L, D): one draw per (k, depth), shared by the batch's samples."""
         dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
-        eps = torch.randn((int(self.opts["draws"]), n_blocks, self.d_flat), generator=self.gen,
-                          dtype=dtype)
+        eps = torch.randn((int(self.opts["draws"]), n_blocks, self.d_flat), generator=self.noise_gen,
+                          dtype=dtype, device=self.noise_gen.device)
         return eps.to(device=like.device, dtype=like.dtype)
 
     @torch.no_grad()
-    def _bridge_target(self, hidden, e, ln: "_Normalised | None" = None):
+    def _bridge_target(self, hidden, e, ln: "_Normalised | None" = None,
+                       noise: torch.Tensor | None = None):
         """softmin_k V̄(h_{l+1} + σ ε_{k,l}, t_{l+1}, s) for l = 0 … L−1, stacked (L·N,).
 
         The K draws are shared by the batch's samples (each sample still sees K independent
@@ -329,7 +349,8 @@ class CreditBridge(_Bridge):
         correlated). That makes V̄'s big matmul per-sample-free: with c(·) the centring,
         W1_h·LN(h + σε) = rstd · (W1_h c(h) + σ W1_h c(ε)) and
         rstd⁻² = (‖c(h)‖² + 2σ⟨c(h), ε⟩ + σ²‖c(ε)‖²)/D + 1e-5, so the (K·L·N × D)·(D × H) product
-        of the per-sample draws becomes (L·N × D)·(D × H) plus (K·L × D)·(D × H)."""
+        of the per-sample draws becomes (L·N × D)·(D × H) plus (K·L × D)·(D × H).
+        `noise`: ε drawn beforehand (`prepare_step`); None draws it now."""
         k, tau = int(self.opts["draws"]), float(self.opts["tau"])
         n_blocks, n = self.model.n_blocks, e.shape[0]
         if ln is None:
@@ -340,7 +361,7 @@ class CreditBridge(_Bridge):
         var_h = rstd_h.pow(-2) - ln.eps                                           # ‖c(h)‖²/D
         mean_h = ln.mean[rows].view(n_blocks, n)
         sigma = float(self.opts["noise"]) * (var_h + mean_h.pow(2)).sqrt()          # noise·rms(h)
-        eps = self._draw_noise(n_blocks, nrm)                                     # (K, L, D)
+        eps = self._draw_noise(n_blocks, nrm) if noise is None else noise         # (K, L, D)
         ec = eps - eps.mean(-1, keepdim=True)                                     # c(ε)
         w_h, bias = self._split(self.target, e, slice(1, n_blocks + 1))
         a = nrm @ w_h.T                                                           # W1_h c(h)·rstd_h
@@ -362,8 +383,13 @@ class CreditBridge(_Bridge):
                              1 - ema)                                             # V̄ ← ema·V̄ + (1−ema)·V
 
     def extra_state(self):
-        return {"aux": dict(self.aux.state_dict()), "target": dict(self.target.state_dict())}
+        state = {"aux": dict(self.aux.state_dict()), "target": dict(self.target.state_dict())}
+        if self.noise_gen is not self.gen:
+            state["noise_gen"] = self.noise_gen.get_state()
+        return state
 
     def load_extra_state(self, state):
         super().load_extra_state(state)
         self.target.load_state_dict(state["target"])
+        if self.noise_gen is not self.gen and "noise_gen" in state:
+            self.noise_gen.set_state(state["noise_gen"])

@@ -55,11 +55,9 @@ class DFA(LocalMethod):
         self.gen = derived_generator(settings.seed, "method:dfa")
         self.feedback = draw_feedback(model, self.gen)
         self.opt = self.add_optimizer(self.local_param_groups())
-
-    @property
-    def lam(self) -> float:
-        """The residual penalty λ: 0 for dfa, the `lam` option for dfa-penalty."""
-        return float(self.resolve_options(self.settings.options).get("lam", 0.0))
+        # the residual penalty λ: 0 for dfa, the `lam` option for dfa-penalty (a Python number,
+        # read once: the step branches on it, never on a tensor)
+        self.lam = float(self.resolve_options(settings.options).get("lam", 0.0))
 
     def _credit(self, x, y, feedback):
         with torch.no_grad():
@@ -67,11 +65,11 @@ class DFA(LocalMethod):
             e = output_error(logits, y)                                    # e = softmax − onehot
         return hidden, dfa_credit(e, feedback, self.model.n_blocks, self.model.stream_shape)
 
-    def train_step(self, x, y):
+    def gradients(self, x, y):
         fwd = self.local_forward(x)
         e = output_error(fwd.logits.detach(), y)                               # e = softmax − onehot
         credit = dfa_credit(e, self.feedback, self.model.n_blocks, self.model.stream_shape)
-        return self.local_update(self.opt, y, fwd, credit, lam=self.lam)
+        return self.local_gradients(y, fwd, credit, lam=self.lam)
 
     def credit(self, x, y):
         return self._credit(x, y, self.feedback)[1]
@@ -96,3 +94,4 @@ class DFAPenalty(DFA):
     option_ranges = {"lam": (0.0, math.inf)}
     option_help = {"lam": "residual penalty λ in each block's local loss (λ = 0 is plain dfa)"}
     sweep = {"lam": (0.0, 1e-4, 1e-3, 1e-2, 1e-1)}
+    trainable_only_options = {"lam": 0.0}      # λ‖f_l‖² enters only trainable blocks' local loss

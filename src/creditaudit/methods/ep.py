@@ -27,10 +27,13 @@ plain steps a ← a + d already converge at small β/N (d(0) = g: the first swee
 is a BP pass), and per-sample L-BFGS steps (memory 5, H_0 = γ_i·I with γ_i ≤ 1 from the last pair)
 handle the stiffer samples. Safeguard: a step that would raise a sample's F_i is rejected and that
 sample's step length halved (options["alpha"] = its first step length), so no sample can diverge
-(F_i(h^β) ≤ F_i(h^free), tested up to β = 1e4; one host sync per step checks whether a sample's
-last step was rejected, and only then is the final forward redone). "steps" counts sweeps: `steps` = K costs K+1
-forwards and K input-only backwards, then the update's backward (f_0(h_0) is computed once: h_0
-is clamped); option "tol" > 0 stops earlier once ‖d‖ ≤ tol·‖d(0)‖ (one host sync per sweep).
+(F_i(h^β) ≤ F_i(h^free), tested up to β = 1e4). The step never reads a tensor on the host: the
+last sweep's acceptance test is a masked update (credit ← where(F_i did not rise, trial, credit)),
+followed by the forward that keeps the parameters' graph. "steps" counts sweeps: `steps` = K costs
+K+2 forwards (the last trial's energy is a no-grad forward) and K input-only backwards, then the
+update's backward (f_0(h_0) is computed once: h_0 is clamped); option "tol" > 0 freezes the
+credit once ‖d‖ ≤ tol·‖d(0)‖ (a masked update too: later sweeps still run, and change nothing),
+so it bounds the relaxation without saving time.
 Samples relax independently for a per-sample model; for one that couples samples (BatchNorm in
 training mode) the sweeps still solve the joint system, since each backward is the batch's own.
 
@@ -123,7 +126,7 @@ class Relaxed:
     a_1 … a_L (detached, a_{l+1} = −r_l/β); leaves: h_0^β … h_{L−1}^β as fresh leaves, with
     branches[l] = f_l(leaves[l]) and its graph (parameters included); h_last: h_L^β as a leaf and
     logits = readout(h_last) with its graph; scale: β‖∂CE/∂h_L(h^free)‖ (batch norm, 0-d);
-    sweeps: how many were run."""
+    sweeps: how many changed the credit (0-d tensor; all `steps` unless "tol" froze it)."""
 
     free_logits: torch.Tensor
     h0: torch.Tensor
@@ -133,7 +136,7 @@ class Relaxed:
     h_last: torch.Tensor
     logits: torch.Tensor
     scale: torch.Tensor
-    sweeps: int
+    sweeps: torch.Tensor
 
 
 class EP(Method):
@@ -237,18 +240,25 @@ class EP(Method):
             gamma = torch.ones_like(energy)                              # H_0 = γ·I, γ ≤ 1
             slack = 1 + 16 * torch.finfo(h0.dtype).eps
             first = step.pow(2).sum()
+            active = torch.ones((), dtype=torch.bool, device=h0.device)  # tol not reached yet (0-d)
+            sweeps = torch.zeros((), device=h0.device)
             for k in range(self.steps):
                 trial = credit + _bcast(length, step) * self._direction(step, pairs, gamma)
-                last = k == self.steps - 1 or (                          # max sweeps, or converged:
-                    k > 0 and self.tol > 0 and bool(step.pow(2).sum() <= self.tol ** 2 * first))
-                if last:                                                 # the update's graph
-
-                    fwd = self._forward(clamp, f0, trial)
-                    ok = self._energy(trial, fwd[3], y).detach() <= energy * slack
+                sweeps = sweeps + active
+                if self.tol > 0 and k > 0:       # converged: this sweep is the last that moves a
+                    now = active
+                    active = active & (step.pow(2).sum() > self.tol ** 2 * first)
+                else:
+                    now = active
+                if k == self.steps - 1:                                  # the last trial: accept or
+                    with torch.no_grad():                                # keep, sample by sample
+                        _, logits = self._chain(clamp, f0, trial)
+                        ok = self._energy(trial, logits, y) <= energy * slack
+                    credit = torch.where(_bcast(ok & now, step), trial, credit)
                     break
                 states, logits = self._chain(clamp, f0, trial)
                 new_energy = self._energy(trial, logits, y).detach()
-                ok = new_energy <= energy * slack                        # F_i did not go up
+                ok = (new_energy <= energy * slack) & now                # F_i did not go up
                 new_step = self._sweep(states, logits, y) - trial        # d = T(a) − a ∝ −∂F/∂r
                 keep = _bcast(ok, step)
                 s = torch.where(keep, trial - credit, 0.0)
@@ -262,19 +272,15 @@ class EP(Method):
                 step = torch.where(keep, new_step, step)
                 energy = torch.where(ok, new_energy, energy)
                 length = torch.where(ok, 1.0, length / 2)
-            if bool(ok.all()):                                       # the usual case: no extra pass
-                credit = trial
-            else:                                                    # some F_i rose: forward at the
-                credit = torch.where(_bcast(ok, step), trial, credit)   # last accepted credit instead
-                fwd = self._forward(clamp, f0, credit)
+            fwd = self._forward(clamp, f0, credit)                       # the update's graph
         leaves, branches, h_last, logits = fwd
         return Relaxed(free_logits, h0, list(credit.detach().unbind(0)), [h0_leaf] + leaves,
-                       [f0] + branches, h_last, logits, scale.detach(), k + 1)
+                       [f0] + branches, h_last, logits, scale.detach(), sweeps)
 
     # -- the update and the credit ------------------------------------------------------------------
-    def train_step(self, x, y):
+    def gradients(self, x, y):
         if not self.model.n_blocks:
-            return self._train_shallow(x, y)
+            return self._shallow_gradients(x, y)
         rel = self.relax(x, y)
         a = rel.credit                                                      # a_1 … a_L
         # One backward: head CE at h_L^β, the local loss Σ_i a_{l+1,i}·f_l(h_l^β)_i of every block.
@@ -283,21 +289,21 @@ class EP(Method):
         total = F.cross_entropy(rel.logits, y)
         for f, al in zip(rel.branches, a):
             total = total + (f * al).sum()
-        inputs = self.trainable_block_params() + self.head_params() + rel.leaves + [rel.h_last]
-        self.opt.zero_grad(set_to_none=True)
-        total.backward(inputs=inputs)
-        a0 = a[0] + rel.leaves[0].grad                                      # (I + ∂f_0)ᵀ a_1
-        rel.h0.backward(a0)                                                 # embed: Σ_i h_0,i · a_0,i
-        self.opt.step()
-        self._log(rel, [leaf.grad for leaf in rel.leaves[1:]], rel.h_last.grad)
+        params = self.trainable_block_params() + self.head_params()
+        grads = torch.autograd.grad(total, params + rel.leaves + [rel.h_last], allow_unused=True)
+        leaf_grads, grad_last = grads[len(params):-1], grads[-1]
+        a0 = a[0] + leaf_grads[0]                                           # (I + ∂f_0)ᵀ a_1
+        embed = self.embed_params()
+        grads = grads[:len(params)] + torch.autograd.grad(rel.h0, embed, a0, allow_unused=True)  # embed
+        for p, g in zip(params + embed, grads):
+            p.grad = g
+        self._log(rel, leaf_grads[1:], grad_last)
         return F.cross_entropy(rel.free_logits, y).detach()
 
-    def _train_shallow(self, x, y):
+    def _shallow_gradients(self, x, y):
         """No blocks: nothing to relax; a_0 = ∂CE/∂h_0 and the step is BP's."""
         loss = F.cross_entropy(self.model(x), y)
-        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        self.opt.step()
         return loss.detach()
 
     def credit(self, x, y):
@@ -310,7 +316,9 @@ class EP(Method):
 
     # -- convergence log ----------------------------------------------------------------------------
     def _log(self, rel: Relaxed, vjps, grad_last) -> None:
-        """Accumulate ‖∂F/∂h(h^β)‖/‖∂F/∂h(h^free)‖ on the device (no host sync per step).
+        """This step's ‖∂F/∂h(h^β)‖/‖∂F/∂h(h^free)‖ and sweep count, as device tensors (no host
+        sync); `apply_gradients` adds them to the epoch's sums, eagerly: the step only writes
+        fresh tensors, so a compiled (CUDA-graph) step never reads last step's outputs.
 
         With a = −r/β: ∂F/∂h_l = −β (a_l − a_{l+1} − ∂f_lᵀ a_{l+1}), ∂F/∂h_L = β (∂CE/∂h_L − a_L)."""
         with torch.no_grad():
@@ -319,11 +327,19 @@ class EP(Method):
             for l, vjp in enumerate(vjps, start=1):
                 sq = sq + _batch_norm2(a[l - 1] - a[l] - vjp)
             ratio = self.beta * sq.sqrt() / rel.scale.clamp_min(torch.finfo(rel.scale.dtype).tiny)
-            self._res_sum = ratio if self._res_sum is None else self._res_sum + ratio
-            self._sweep_sum += rel.sweeps
+            self._step_log = (ratio, rel.sweeps)
+
+    def apply_gradients(self):
+        super().apply_gradients()
+        if self._step_log is not None:
+            ratio, sweeps = self._step_log
+            self._step_log = None
+            self._res_sum = ratio.double() if self._res_sum is None else self._res_sum + ratio
+            self._sweep_sum = self._sweep_sum + sweeps
             self._count += 1
 
     def _reset_log(self) -> None:
+        self._step_log: tuple[torch.Tensor, torch.Tensor] | None = None
         self._res_sum: torch.Tensor | None = None
         self._sweep_sum, self._count = 0, 0
 
@@ -333,6 +349,6 @@ class EP(Method):
         if not self._count:
             return {}
         out = {"ep_residual": float(self._res_sum) / self._count,
-               "ep_steps": self._sweep_sum / self._count}
+               "ep_steps": float(self._sweep_sum) / self._count}
         self._reset_log()
         return out

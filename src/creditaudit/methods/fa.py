@@ -179,15 +179,28 @@ class FA(Method):
         self.feedback = draw_feedback(model, self.gen)
         self.opt = self.add_optimizer(self.embed_params() + self.trainable_block_params()
                                       + self.head_params())
+        self._routing: contextlib.AbstractContextManager | None = None
+
+    def prepare_step(self):
+        """Route the blocks through B for the step, here, eagerly: patching a module's forward is
+        not something a compiled graph can do (`gradients` then runs on the patched blocks)."""
+        self._routing = route_through_feedback(self.model.blocks, self.feedback)
+        self._routing.__enter__()
+
+    def end_step(self):
+        routing, self._routing = self._routing, None
+        if routing is not None:
+            routing.__exit__(None, None, None)
 
     def forward(self, h0: torch.Tensor, feedback, train: bool) -> list[torch.Tensor]:
         """[h_0, …, h_L] with every block Linear/Conv2d routed through its feedback B.
 
         train=False (or a frozen block) runs the block on detached parameters, so only the states
-        carry grad.
+        carry grad. Inside a step the routing is already in place (`prepare_step`).
         """
         hidden = [h0]
-        with route_through_feedback(self.model.blocks, feedback):
+        routed = self._routing is not None
+        with contextlib.nullcontext() if routed else route_through_feedback(self.model.blocks, feedback):
             for l, block in enumerate(self.model.blocks):
                 if train and self.trainable(l):
                     f = block(hidden[-1])
@@ -197,12 +210,10 @@ class FA(Method):
                 hidden.append(hidden[-1] + f)                                  # h_{l+1} = h_l + f_l(h_l)
         return hidden
 
-    def train_step(self, x, y):
+    def gradients(self, x, y):
         hidden = self.forward(self.model.embed_input(x), self.feedback, train=True)
         loss = F.cross_entropy(self.model.readout(hidden[-1]), y)
-        self.opt.zero_grad(set_to_none=True)
         loss.backward()                                   # δ flows through B; ∂W = δᵀx as usual
-        self.opt.step()
         return loss.detach()
 
     def _credit(self, x, y, feedback) -> list[torch.Tensor]:

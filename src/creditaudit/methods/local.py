@@ -83,9 +83,10 @@ class LocalMethod(Method):
             hidden.append(h)
         return LocalForward(self.model.readout(h), hidden, h0, branches)
 
-    def local_update(self, opt: torch.optim.Optimizer, y: torch.Tensor, fwd: LocalForward,
-                     credit: list[torch.Tensor], lam: float = 0.0) -> torch.Tensor:
-        """One fused step of a local-credit method (dfa, dfa-penalty, sb, cb), given a_0 … a_L:
+    def local_gradients(self, y: torch.Tensor, fwd: LocalForward, credit: list[torch.Tensor],
+                        lam: float = 0.0) -> torch.Tensor:
+        """The gradients of one fused step of a local-credit method (dfa, dfa-penalty, sb, cb),
+        given a_0 … a_L:
 
             J = CE(out_head(out_ln(h_L.detach())), y)                            out_ln, out_head
               + (embed(x) · a_0).sum(-1).mean()                                  embed
@@ -94,7 +95,7 @@ class LocalMethod(Method):
 
         The parameter sets of the terms are disjoint, so ONE backward of J gives each part exactly
         the gradient of its own loss; then each trainable block's gradient is clipped to norm
-        `settings.clip` and one optimizer step is taken. Returns the batch CE (detached).
+        `settings.clip` (the optimizer step is `apply_gradients`). Returns the batch CE (detached).
         """
         a = [t.detach() for t in credit]
         ce = F.cross_entropy(fwd.logits, y)
@@ -103,9 +104,7 @@ class LocalMethod(Method):
             total = total + sample_dot(f, a[l + 1]).mean()
             if lam:
                 total = total + lam * f.pow(2).flatten(1).sum(-1).mean()
-        opt.zero_grad(set_to_none=True)
         total.backward()
         for l in fwd.branches:
             torch.nn.utils.clip_grad_norm_(self.block_params(l), self.settings.clip)
-        opt.step()
         return ce.detach()

@@ -1,0 +1,113 @@
+"""No host in the training step (SPEC §8): every built-in method's `gradients` compiles whole with
+torch.compile(fullgraph=True) — an .item(), float(), bool() or data-dependent branch would be a
+graph break, hence an error — and the compiled step gives the eager step's update. The optimizer
+step (`apply_gradients`) stays outside the compiled region: AdamW's first call initialises its
+state, which Dynamo does not trace; it is one fused kernel per optimizer anyway. backend="eager"
+runs the captured graph with the ordinary kernels, so the check needs no C++ compiler."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from creditaudit.data import ArrayDataset
+from creditaudit.methods import METHODS, MethodSettings, method_class
+from creditaudit.model import build_model
+
+BUILT_IN = tuple(METHODS)          # bp, fa, dfa, dfa-penalty, ep, sb, cb
+SIZES = {"resmlp": dict(width=16, blocks=2), "vit-mini": dict(width=8, blocks=2, options={"heads": 2, "patch": 4}),
+         "resnet-small": dict(width=4, blocks=2)}
+
+
+def pair(name: str, arch: str, device: torch.device, dtype=torch.float64):
+    """Two identical (model, method) pairs: one to step eagerly, one compiled."""
+    shape = (12,) if arch == "resmlp" else (3, 8, 8)
+    torch.manual_seed(0)
+    model = build_model(arch, shape, 10, w2_std=0.3, **SIZES[arch]).to(device=device, dtype=dtype)
+    settings = MethodSettings(epochs=3, seed=0, lr=1e-2, trainable_blocks=(0, 1))
+    twin = copy.deepcopy(model)
+    return (model, method_class(name)(model, settings)), (twin, method_class(name)(twin, settings))
+
+
+def batches(arch: str, device, dtype=torch.float64, n=16, k=2):
+    g = torch.Generator().manual_seed(1)
+    shape = (12,) if arch == "resmlp" else (3, 8, 8)
+    return [(torch.randn((n,) + shape, generator=g).to(device, dtype),
+             torch.randint(0, 10, (n,), generator=g).to(device)) for _ in range(k)]
+
+
+@pytest.mark.parametrize("name, arch", [(m, "resmlp") for m in BUILT_IN]
+                         + [(m, a) for a in ("vit-mini", "resnet-small") for m in ("bp", "dfa")])
+def test_the_step_compiles_whole_and_gives_the_eager_update(name, arch, device):
+    """Also: one graph serves every step of every epoch (a step that read a Python counter or a
+    last-step value would recompile each step)."""
+    torch._dynamo.reset()
+    (model, eager), (twin, compiled) = pair(name, arch, device)
+    step = compiled.step_function(backend="eager")
+    assert step != compiled.train_step                      # it really is the compiled path
+    for i, (x, y) in enumerate(batches(arch, device, k=4)):
+        want = eager.train_step(x, y)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            got = step(x, y)                                # fullgraph: a graph break raises
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        if i == 1:
+            assert eager.epoch_log() == compiled.epoch_log()    # an epoch boundary in between
+    for (k, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=k)
+    for oa, ob in zip(eager.optimizers, compiled.optimizers):     # the same optimizer state too
+        for sa, sb in zip(oa.state.values(), ob.state.values()):
+            torch.testing.assert_close(sb["exp_avg"], sa["exp_avg"], rtol=1e-12, atol=1e-12)
+    assert eager.epoch_log() == compiled.epoch_log()
+
+
+@pytest.mark.parametrize("options", [{"beta": 30.0, "steps": 1}, {"beta": 1.0, "steps": 4, "tol": 0.3}])
+def test_ep_acceptance_and_tol_are_masked_updates_not_host_branches(options):
+    """EP's acceptance test and its tol stop without bool(): at β = 30 one sweep's trial raises
+    F_i for some samples (rejected: their credit stays 0) and not for others; with tol the sweeps
+    stop changing the credit before `steps`. The compiled step (fullgraph) equals the eager one."""
+    torch.manual_seed(0)
+    model = build_model("resmlp", (12,), 10, width=16, blocks=2, w2_std=0.3).double()
+    settings = MethodSettings(epochs=3, seed=0, lr=1e-2, trainable_blocks=(0, 1), options=options)
+    twin = copy.deepcopy(model)
+    eager, compiled = method_class("ep")(model, settings), method_class("ep")(twin, settings)
+    (x, y), = batches("resmlp", "cpu", k=1)
+    rel = eager.relax(x, y)
+    if "tol" in options:
+        assert 1 <= float(rel.sweeps) < options["steps"]
+    else:
+        rejected = torch.stack(rel.credit).flatten(2).abs().sum(-1).sum(0) == 0
+        assert 0 < int(rejected.sum()) < len(y)
+    step = compiled.step_function(backend="eager")
+    eager.train_step(x, y)
+    step(x, y)
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+    assert eager.epoch_log() == compiled.epoch_log()
+
+
+def test_a_step_on_the_device_never_synchronises(device):
+    """On CUDA the epoch's steps run under torch.cuda.set_sync_debug_mode("error"): any
+    host↔device copy or synchronisation inside a step raises. (On a CPU there is nothing to sync.)"""
+    if device.type != "cuda":
+        pytest.skip("needs CUDA: synchronisation is a device notion")
+    g = torch.Generator().manual_seed(0)
+    data = ArrayDataset("img", torch.randint(0, 256, (64, 3, 8, 8), generator=g, dtype=torch.uint8),
+                        torch.randint(0, 10, (64,), generator=g),
+                        torch.randint(0, 256, (16, 3, 8, 8), generator=g, dtype=torch.uint8),
+                        torch.randint(0, 10, (16,), generator=g), 10,
+                        torch.full((3, 1, 1), 0.5), torch.full((3, 1, 1), 0.25), augment=True).to(device)
+    for name in BUILT_IN:
+        torch.manual_seed(0)
+        model = build_model("resmlp", (3, 8, 8), 10, width=16, blocks=2).to(device)
+        method = method_class(name)(model, MethodSettings(epochs=1, trainable_blocks=(0, 1)))
+        batches_ = data.train_batches(16, torch.Generator().manual_seed(0))   # the epoch's one copy
+        x, y = next(batches_)
+        method.train_step(x, y)                                 # optimizer state initialised
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for x, y in batches_:
+                method.train_step(x, y)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
