@@ -108,6 +108,7 @@ def _audit_rows(entry: str, methods: bool = True) -> dict[str, Row]:
         "--stack": Row(["--stack"], lambda c: ex(c).stack, True),
         "--no-stack": Row(["--no-stack"], lambda c: ex(c).stack, False),
         "--quiet": Row(["--quiet"], lambda c: c.kw(entry)["progress"], False),
+        "--no-compile": Row(["--no-compile"], lambda c: ex(c).compile_step, False),
     }
     if methods:
         rows["--methods"] = Row(["--methods", "bp", "fa"], lambda c: {x.method for x in cfgs(c)}, {"bp", "fa"})
@@ -152,6 +153,8 @@ ROWS.update({("train", k): v for k, v in {
     "--quiet": Row(["--quiet"], lambda c: c.kw("train_run")["progress"], False, base=[]),
     "--tensorboard": Row(["--tensorboard", "tb"],
                          lambda c: getattr(c.kw("train_run").get("on_epoch"), "log_dir", None), Path("tb")),
+    "--precision": Row(["--precision", "bf16"], lambda c: train_config(c).precision, "bf16"),
+    "--no-compile": Row(["--no-compile"], lambda c: c.kw("train_run")["compile_step"], False),
 }.items()})
 for sub in ("diagnose", "calibrate"):
     ROWS.update({(sub, k): v for k, v in {
@@ -199,8 +202,8 @@ ROWS.update({("penalty-sweep", k): v for k, v in _audit_rows("penalty_run_all", 
 ROWS.update({("penalty-sweep", k): v for k, v in {
     "--method": Row(["--method", "sb"], lambda c: {x.method for x in c.args("penalty_run_all")[0]}, {"sb"},
                     base=["--out", AUDIT_OUT, "--lambdas", "0.1"]),
-    "--lambdas": Row(["--lambdas", "0.3"], lambda c: {x.options["lam"] for x in c.args("penalty_run_all")[0]},
-                     {0.3}),
+    "--lambdas": Row(["--lambdas", "0.3"], lambda c: {x.options["lam"] for x in c.args("penalty_run_all")[0]
+                                                      if x.control == "none"}, {0.3}),   # controls: λ = 0
 }.items()})
 ROWS.update({("identity-check", k): v for k, v in {
     "--dataset": Row(["--dataset", "digits"], lambda c: (ident_config(c).dataset, c["loads"][-1][0]),
