@@ -195,18 +195,12 @@ def canonical_control(config: RunConfig) -> RunConfig:
     """A run with no trainable block (frozen or shallow control), in the one spelling that all
     provably equal runs share: each of the method's `trainable_only_options` (e.g. λ, which enters
     only a trainable block's local loss) is set to its declared value (λ = 0: the control reads
-    as unpenalised, which is what it is), left out where that is the method's default. Every λ
-    of a penalty sweep thus names the same frozen control, trained once (bit-identical to training
-    it under any of the λ: tests/test_train.py). Any other config is returned as is."""
+    as unpenalised, which is what it is). Every λ of a penalty sweep thus names the same frozen
+    control, trained once (bit-identical to training it under any of the λ: tests/test_train.py).
+    Any other config is returned as is."""
     if config.trainable_block_ids:
         return config
-    cls = method_class(config.method)
-    options = dict(config.options)
-    for key, value in cls.trainable_only_options.items():
-        if cls.option_defaults.get(key) == value:
-            options.pop(key, None)
-        else:
-            options[key] = value
+    options = {**config.options, **method_class(config.method).trainable_only_options}
     return config if options == config.options else config.replace(options=options)
 
 
