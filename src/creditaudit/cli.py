@@ -29,6 +29,23 @@ def _finite_float(text: str) -> float:
     return value
 
 
+MAX_COUNT = 100_000     # an upper bound for every count option: larger is a typo, not a plan
+
+
+def _count(low: int, high: int = MAX_COUNT):
+    """An argparse type: an integer in low … high (an out-of-range count is refused, never run)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer in {low} … {high}, got {text}")
+        return value
+    parse.__name__ = "count"       # argparse names the type in its message
+    return parse
+
+
 def _option(text: str) -> tuple[str, object]:
     """KEY=VALUE for a method option; the value is read as JSON when it parses (numbers, bools)."""
     if "=" not in text:
@@ -80,12 +97,12 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", default=d("arch"), choices=ARCHITECTURES, metavar="NAME",
                    help=h("arch", f"; one of {_choices(ARCHITECTURES)}"))
     p.add_argument("--seed", type=int, default=d("seed"), help=h("seed"))
-    p.add_argument("--epochs", type=int, default=d("epochs"), help=h("epochs"))
-    p.add_argument("--batch-size", type=int, default=d("batch_size"), help=h("batch_size"))
+    p.add_argument("--epochs", type=_count(1), default=d("epochs"), help=h("epochs"))
+    p.add_argument("--batch-size", type=_count(1, 10 ** 7), default=d("batch_size"), help=h("batch_size"))
     p.add_argument("--lr", type=_finite_float, default=d("lr"), help=h("lr"))
     p.add_argument("--weight-decay", type=_finite_float, default=d("weight_decay"), help=h("weight_decay"))
-    p.add_argument("--width", type=int, default=d("width"), help=h("width"))
-    p.add_argument("--blocks", type=int, default=d("blocks"), help=h("blocks"))
+    p.add_argument("--width", type=_count(1), default=d("width"), help=h("width"))
+    p.add_argument("--blocks", type=_count(0), default=d("blocks"), help=h("blocks"))
     p.add_argument("--activation", default=d("activation"), choices=list(ACTIVATIONS), metavar="NAME",
                    help=h("activation", f"; one of {_choices(ACTIVATIONS)}"))
     p.add_argument("--w2-std", type=_finite_float, default=d("w2_std"), help=h("w2_std"))
@@ -94,9 +111,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     depth = p.add_mutually_exclusive_group()
     depth.add_argument("--frozen", action="store_true", help="blocks frozen at init (the frozen-blocks control)")
     depth.add_argument("--shallow", action="store_true", help="no blocks at all (the shallow control)")
-    depth.add_argument("--trainable-blocks", type=int, metavar="K",
+    depth.add_argument("--trainable-blocks", type=_count(0), metavar="K",
                        help="only the last K blocks train (K=0 is the frozen control) (default: all)")
-    p.add_argument("--stop-when-flagged", type=int, metavar="N",
+    p.add_argument("--stop-when-flagged", type=_count(1), metavar="N",
                    help="end the run once (a) or (b′) has held N epochs (default: train to the end)")
     p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="method option, e.g. --option beta=10 (README, Methods) (default: none)")
@@ -108,7 +125,7 @@ def _add_where_args(p: argparse.ArgumentParser, threads: bool = True) -> None:
     p.add_argument("--data-dir", default="data", help="where datasets live (default: data)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     if threads:
-        p.add_argument("--threads", type=int, metavar="N",
+        p.add_argument("--threads", type=_count(1, 4096), metavar="N",
                        help="CPU threads (default: the idle cores, 1 to 4)")
 
 
@@ -131,13 +148,22 @@ def _run_config(args):
 
 
 def _cmd_train(args) -> int:
+    from .experiments.lock import audit_lock
     from .train import train_run
     from .verdict import Thresholds, first_fire_epochs, stop_rule
     config = _run_config(args)
     _set_threads(args)
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
-    run = train_run(config, out, data_dir=args.data_dir, device=args.device, progress=not args.quiet,
-                    stop_rule=stop_rule(config.stop_when_flagged, Thresholds()))
+    made = not out.exists()
+    try:
+        with audit_lock(out):            # a second `train` on this folder is refused, as for audits
+            run = _train_or_record(train_run, config, out, args, stop_rule(config.stop_when_flagged, Thresholds()))
+    finally:
+        if made and out.is_dir() and {p.name for p in out.iterdir()} <= {".creditaudit.lock"}:
+            import shutil                # refused before anything was written: leave no empty folder
+            shutil.rmtree(out, ignore_errors=True)
+    if run is None:
+        return EXIT_INCOMPLETE
     last = run.history[-1]
     fired = first_fire_epochs(run.history, Thresholds())
     print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
@@ -151,6 +177,25 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _train_or_record(train_run, config, out: Path, args, rule):
+    """train_run, with a run that raises (a user's rule, say) recorded like the audit records it:
+    its traceback in <out>/error.txt, one line on stderr, and None (exit 3) instead of a traceback."""
+    import time
+    from .runs import failure_record
+    t0 = time.perf_counter()
+    try:
+        return train_run(config, out, data_dir=args.data_dir, device=args.device,
+                         progress=not args.quiet, stop_rule=rule)
+    except (CreditAuditError, OSError, KeyboardInterrupt):
+        raise
+    except Exception as err:  # noqa: BLE001 — the run failed; its traceback goes to error.txt
+        record = failure_record(out, err, time.perf_counter() - t0)
+        print(f"creditaudit: the run {config.label} failed: {record['message']}; fix the method or "
+              "settings it names, then run the same command again (finished epochs are kept)",
+              file=sys.stderr)
+        return None
+
+
 # -- diagnose / calibrate / check -------------------------------------------------------------------
 def _load_for_diagnosis(args):
     """The run, its eval batches and (optionally) its checked frozen control."""
@@ -160,6 +205,10 @@ def _load_for_diagnosis(args):
     run = load_run(args.run_dir, resolve_device(args.device))
     control = None
     if getattr(args, "frozen_control", None):
+        if Path(args.frozen_control).is_file():
+            raise CreditAuditError(f"--frozen-control {args.frozen_control} is a file; for a run folder "
+                                   "give the control's run folder (`creditaudit train ... --frozen --out "
+                                   "DIR`), a weights file only with --model")
         control = load_run(args.frozen_control, "cpu")
         check_frozen_control(run, control)
     data = load_dataset(run.config.dataset, args.data_dir, next(run.model.parameters()).device)
@@ -182,10 +231,19 @@ def _diagnose_user_model(args):
     batches = eval_batches(data, args.eval_batches)
     ev = user_model_evidence(args.model, args.weights, data, batches, frozen=args.frozen_control,
                              init=args.init_weights, device=device)
-    report = diagnose(ev["model"], batches, frozen_acc=ev["frozen_acc"], test_acc=ev["test_acc"],
-                      monitor_history=ev["history"], rho=getattr(args, "rho", False),
-                      label=f"{args.model} ({Path(args.weights).name})")
+    unverified = ev["control_unverified"]
+    # an unverified control is no evidence for (d): it is not evaluated, so never "trustworthy"
+    report = diagnose(ev["model"], batches, frozen_acc=None if unverified else ev["frozen_acc"],
+                      test_acc=ev["test_acc"], monitor_history=ev["history"],
+                      rho=getattr(args, "rho", False), label=f"{args.model} ({Path(args.weights).name})")
     report.first_fire = None          # two snapshots (init, now) are no training-time monitor
+    if unverified:
+        why = (f"the frozen control {args.frozen_control} (accuracy {ev['frozen_acc']:.4f} vs "
+               f"{ev['test_acc']:.4f}) is unverified: {unverified}")
+        old = report.not_evaluated.get("d")
+        report.not_evaluated["d"] = why
+        report.notes = [n for n in report.notes if old is None or old not in n]
+        report.notes.append(f"(d) not evaluated: {why}.")
     return report
 
 
@@ -203,6 +261,13 @@ def _diagnosis(args):
 def _cmd_diagnose(args) -> int:
     report = _diagnosis(args)
     print(report.to_json(indent=2) if args.json else report)
+    if args.run_dir:                  # saved beside the run, so `creditaudit check RUN_DIR` reads it
+        from .store import write_sealed_json
+        try:
+            write_sealed_json(Path(args.run_dir) / "diagnosis.json", report.to_dict())
+        except OSError as err:
+            print(f"creditaudit: note: could not save {Path(args.run_dir) / 'diagnosis.json'} "
+                  f"({err.strerror or err}); the diagnosis above stands", file=sys.stderr)
     return 0
 
 
@@ -235,6 +300,11 @@ def _audit_raw(args) -> dict:
     raw = load_audit_toml(args.config) if args.config else {"preset": args.preset or "quick"}
     if args.config and args.preset:
         raw["preset"] = args.preset
+    if args.config and "preset" not in raw and "epochs" not in raw and args.epochs is None:
+        # a file without a preset must say how long to train: an empty one must not start the
+        # default schedule (100 epochs per run) silently
+        raise CreditAuditError(f"{args.config} sets neither epochs nor a preset; add epochs = 15 (or "
+                               'preset = "quick") to it, or pass --epochs N')
     for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor",
                 "address", "max_retries", "stack"):
         value = getattr(args, key, None)
@@ -260,7 +330,7 @@ def _cmd_audit(args) -> int:
           f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
     with audit_lock(Path(config.out)):
         result = audit(config, progress=not args.quiet)
-        files = write_report(result, Path(config.out))
+        files = _write_report_together(write_report, result, Path(config.out))
     print()
     print(compact_table(result))
     failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
@@ -270,16 +340,51 @@ def _cmd_audit(args) -> int:
           f"{result['runs_trained_now']} runs trained now, {result['wall_time']:.0f} s")
     parts = []
     if failed:
-        parts.append(f"{len(failed)} run(s) failed (listed in audit.md); run the same command again "
-                     "to retry them — finished runs are reused")
+        parts.append(_failed_runs_advice(failed, "audit.md"))
     if incomplete:
         parts.append(f"incomplete verdict for {', '.join(incomplete)}: evidence missing or "
                      "undetermined (see 'missing' under Reasons in audit.md)")
     if parts:
-        print("creditaudit: " + "; ".join(parts), file=sys.stderr)
+        print("creditaudit: " + "; ".join(parts) + " — exit status 3: the audit is not complete "
+              "(0 = complete; `creditaudit check` gives the verdicts' status)", file=sys.stderr)
     if failed or incomplete:
         return EXIT_INCOMPLETE
     return 0
+
+
+# a failure that may pass on a second try (the disk, the machine); any other failure repeats
+_TRANSIENT = ("cannot write", "interrupted", "worker", "killed", "out of memory")
+
+
+def _failed_runs_advice(failed: list[dict], where: str) -> str:
+    """One clause for failed runs: retry only what a retry can fix; otherwise say what to change."""
+    transient = [r for r in failed if any(t in str(r.get("message", "")).lower() for t in _TRANSIENT)]
+    if len(transient) == len(failed):
+        return (f"{len(failed)} run(s) failed (listed in {where}); run the same command again to "
+                "retry them — finished runs are reused")
+    first = next(r for r in failed if r not in transient)
+    message = " ".join(str(first.get("message", "")).split())
+    message = message if len(message) <= 240 else message[:237] + "..."
+    return (f"{len(failed)} run(s) failed (listed in {where}); they fail the same way on a rerun "
+            f"until the cause is changed — first: {first.get('label')}: {message}")
+
+
+def _write_report_together(write_report, result: dict, out: Path) -> dict:
+    """write_report into a temporary folder beside the report, then move every file in: a write
+    that fails (a full disk) leaves the previous report whole rather than half old, half new."""
+    import shutil
+    import tempfile
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
+    try:
+        staged = write_report(result, staging)
+        files = {}
+        for name, path in staged.items():      # renames within one folder: they need no space
+            os.replace(path, out / path.name)
+            files[name] = out / path.name
+        return files
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _experiment_config(args, methods: list[str] | None = None):
@@ -306,7 +411,7 @@ def _cmd_ladder(args) -> int:
         ladder_figure(result, out / "ladder.png")
     print(ladder_table(result))
     print(f"written: {out / 'ladder.json'}, {out / 'ladder.png'}")
-    return 0
+    return _experiment_exit(result, "ladder.json")
 
 
 def _cmd_penalty(args) -> int:
@@ -317,8 +422,12 @@ def _cmd_penalty(args) -> int:
     from .report.figures import penalty_figure
     from .report.tables import penalty_table
     from .verdict import Thresholds
+    from .methods import resolve_method_name
     sweeps = sweep_defaults()
-    method = args.method or next(iter(sweeps))
+    method = resolve_method_name(args.method) if args.method else next(iter(sweeps))
+    if args.lambdas and len(set(args.lambdas)) != len(args.lambdas):
+        dupes = sorted({f"{v:g}" for v in args.lambdas if args.lambdas.count(v) > 1})
+        raise CreditAuditError(f"--lambdas lists {', '.join(dupes)} more than once; list each λ once")
     if method not in sweeps and not args.lambdas:
         raise CreditAuditError(f"method {method!r} declares no λ sweep; give --lambdas, or choose one "
                                f"of {_choices(sweeps)}")
@@ -332,7 +441,18 @@ def _cmd_penalty(args) -> int:
         penalty_figure(result, out / "penalty_sweep.png")
     print(penalty_table(result))
     print(f"written: {out / 'penalty_sweep.json'}, {out / 'penalty_sweep.png'}")
-    return 0
+    return _experiment_exit(result, "penalty_sweep.json")
+
+
+def _experiment_exit(result: dict, where: str) -> int:
+    """0 when every run of a ladder or sweep ended; else one line and exit 3 (as the audit)."""
+    failed = [r for r in result.get("runs") or [] if r["status"] not in ("finished", "stopped", "diverged")]
+    if not failed:
+        return 0
+    every = " (every run)" if len(failed) == len(result["runs"]) else ""
+    print(f"creditaudit: {_failed_runs_advice(failed, where)}{every} — exit status 3: the result is "
+          "not complete", file=sys.stderr)
+    return EXIT_INCOMPLETE
 
 
 def _cmd_identity(args) -> int:
@@ -377,7 +497,7 @@ def _cmd_report(args) -> int:
     from .report import compact_table, write_report
     audit_dir = Path(args.audit_dir)
     result = read_audit(audit_dir)
-    files = write_report(result, audit_dir)
+    files = _write_report_together(write_report, result, audit_dir)
     print(compact_table(result))
     print(f"\nwritten from {audit_dir / 'audit.json'}: {', '.join(sorted(p.name for p in files.values()))}")
     return 0
@@ -421,18 +541,18 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
                        help="methods to audit, e.g. --methods bp dfa, or PKG.MODULE:CLASS "
                             "(default: from the preset: all built-in methods)")
     p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help=h("seeds"))
-    p.add_argument("--epochs", type=int, help=h("epochs"))
+    p.add_argument("--epochs", type=_count(1), help=h("epochs"))
     p.add_argument("--out", metavar="DIR", help="output folder (default: audits/<preset>, or as named below)")
     p.add_argument("--device", help=f"{field_help(AuditConfig, 'device')} (default: {default(AuditConfig, 'device')})")
     p.add_argument("--data-dir", dest="data_dir", metavar="DIR",
                    help=f"{field_help(AuditConfig, 'data_dir')} (default: {default(AuditConfig, 'data_dir')})")
-    p.add_argument("--jobs", type=int, help=f"{field_help(AuditConfig, 'jobs')} (default: 0)")
-    p.add_argument("--eval-batches", dest="eval_batches", type=int,
+    p.add_argument("--jobs", type=_count(0, 4096), help=f"{field_help(AuditConfig, 'jobs')} (default: 0)")
+    p.add_argument("--eval-batches", dest="eval_batches", type=_count(1),
                    help=f"{field_help(AuditConfig, 'eval_batches')} (default: {default(AuditConfig, 'eval_batches')})")
     p.add_argument("--executor", choices=EXECUTORS,
                    help=f"{field_help(AuditConfig, 'executor')}: {_choices(EXECUTORS)} (default: local)")
     p.add_argument("--address", help=f"{field_help(AuditConfig, 'address')} (default: start a local Ray)")
-    p.add_argument("--max-retries", dest="max_retries", type=int,
+    p.add_argument("--max-retries", dest="max_retries", type=_count(0, 1000),
                    help=f"{field_help(AuditConfig, 'max_retries')} (default: {default(AuditConfig, 'max_retries')})")
     stacking = p.add_mutually_exclusive_group()
     stacking.add_argument("--stack", dest="stack", action="store_const", const=True,
@@ -480,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "diagnose":
             _add_user_model_args(d)
         d.add_argument("--json", action="store_true", help="print the report as JSON")
-        d.add_argument("--eval-batches", type=int, default=8,
+        d.add_argument("--eval-batches", type=_count(1), default=8,
                        help="disjoint test batches; ≥ 8 for stability (c) (default: 8)")
         _add_where_args(d)
         if name == "diagnose":
@@ -490,7 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(default: none, so the verdict is at best incomplete)")
             d.add_argument("--rho", action="store_true", help="also measure ρ at layers 1…L")
         else:
-            d.add_argument("--null-draws", type=int, default=20, help="fresh feedback draws (default: 20)")
+            d.add_argument("--null-draws", type=_count(1), default=20,
+                           help="fresh feedback draws, 1 … 100000 (default: 20)")
 
     c = _sub(sub, "check", "verdict gate for CI: exit 0 trustworthy, 1 walk back, 3 incomplete, 2 error",
              "  creditaudit check audits/quick\n"
@@ -501,7 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_user_model_args(c)
     c.add_argument("--frozen-control", metavar="FILE",
                    help="with --model: the frozen control's weights (default: none)")
-    c.add_argument("--eval-batches", type=int, default=8, help="with --model: eval batches (default: 8)")
+    c.add_argument("--eval-batches", type=_count(1), default=8, help="with --model: eval batches (default: 8)")
     _add_where_args(c)
     c.set_defaults(run_dir=None)
 
@@ -534,8 +655,8 @@ def build_parser() -> argparse.ArgumentParser:
     ident.add_argument("--arch", default=default(RunConfig, "arch"), choices=ARCHITECTURES, metavar="NAME",
                        help=f"one of {_choices(ARCHITECTURES)} (default: resmlp)")
     ident.add_argument("--seeds", nargs="+", type=int, default=[42, 123, 456], help="(default: 42 123 456)")
-    ident.add_argument("--width", type=int, default=default(RunConfig, "width"), help="(default: 256)")
-    ident.add_argument("--blocks", type=int, default=default(RunConfig, "blocks"), help="(default: 4)")
+    ident.add_argument("--width", type=_count(1), default=default(RunConfig, "width"), help="(default: 256)")
+    ident.add_argument("--blocks", type=_count(0), default=default(RunConfig, "blocks"), help="(default: 4)")
     ident.add_argument("--activation", default=default(RunConfig, "activation"), help="(default: gelu)")
     ident.add_argument("--w2-std", type=_finite_float, default=default(RunConfig, "w2_std"), help="(default: 0.01)")
     ident.add_argument("--out", default="audits/identity_check", help="(default: audits/identity_check)")
@@ -556,7 +677,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Bad options are user errors like any other: one line, exit 2 (no usage block)."""
+    """Bad options are user errors like any other: one line, exit 2 (no usage block). Options are
+    never abbreviated (--epoch is not --epochs): a typo must not silently pick an option."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise CreditAuditError(f"{message} (see: {self.prog} --help)")

@@ -22,6 +22,7 @@ from .errors import CreditAuditError
 from .methods import REFERENCE_METHOD
 
 INT64_MAX = 2 ** 63 - 1
+MAX_COUNT = 100_000             # the largest epochs / width / blocks / … accepted: larger is a typo
 PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training] lam goes to every
                                 # method that declares this option
 
@@ -76,12 +77,13 @@ class RunConfig:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise CreditAuditError(f"{name} must be an integer, got {value!r}")
         for name in ("epochs", "batch_size", "width"):
-            if getattr(self, name) < 1:
-                raise CreditAuditError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+            if not 1 <= getattr(self, name) <= (10 ** 7 if name == "batch_size" else MAX_COUNT):
+                raise CreditAuditError(f"{name} must be a positive integer ≤ "
+                                       f"{10 ** 7 if name == 'batch_size' else MAX_COUNT}, got {getattr(self, name)!r}")
         if not 0 <= self.seed <= INT64_MAX:
             raise CreditAuditError(f"seed must lie in 0 … 2^63−1, got {self.seed}")
-        if self.blocks < 0:
-            raise CreditAuditError(f"blocks must be an integer ≥ 0, got {self.blocks!r}")
+        if not 0 <= self.blocks <= MAX_COUNT:
+            raise CreditAuditError(f"blocks must be an integer in 0 … {MAX_COUNT}, got {self.blocks!r}")
         k = self.trainable_blocks
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= self.blocks):
             raise CreditAuditError(
@@ -101,7 +103,7 @@ class RunConfig:
             raise CreditAuditError(f"architecture {self.arch!r} has no option(s) {', '.join(unknown)}; "
                                    f"its options: {', '.join(ARCH_OPTIONS[self.arch]) or 'none'}")
         swf = self.stop_when_flagged
-        if swf is not None and (not isinstance(swf, int) or isinstance(swf, bool) or swf < 1):
+        if swf is not None and (not isinstance(swf, int) or isinstance(swf, bool) or not 1 <= swf <= MAX_COUNT):
             raise CreditAuditError(
                 f"stop_when_flagged must be ≥ 1 epoch, got {self.stop_when_flagged!r}")
 
@@ -267,8 +269,8 @@ def _merge(base: dict, override: dict) -> dict:
 
 def _int(raw: dict, key: str, where: str, low: int, what: str) -> int:
     value = raw.get(key, default(AuditConfig, key))
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise CreditAuditError(f"{key} in {where} must be {what}, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_COUNT:
+        raise CreditAuditError(f"{key} in {where} must be {what} (at most {MAX_COUNT}), got {value!r}")
     return value
 
 
@@ -367,3 +369,6 @@ def load_audit_toml(path: str | Path) -> dict[str, Any]:
         raise CreditAuditError(f"config file {path} is a folder; give a .toml file") from None
     except tomllib.TOMLDecodeError as err:
         raise CreditAuditError(f"{path} is not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise CreditAuditError(f"{path} is not a text file (not UTF-8); give an audit TOML file, "
+                               "e.g. examples/quick.toml") from None

@@ -114,9 +114,11 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> Run:
     """Rebuild a run from its folder (config.json + checkpoint) without unpickling anything."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise CreditAuditError(f"run folder {run_dir} does not exist")
+        raise CreditAuditError(f"{run_dir} is a file, not a run folder; give the folder `creditaudit train "
+                               "--out` wrote" if run_dir.is_file() else f"run folder {run_dir} does not exist")
     config = read_config(run_dir)
     meta, state = store.load_checkpoint(run_dir)
+    store.check_metrics_log(run_dir, state["history"])
     model = build_model(config, tuple(meta["input_shape"]), meta["n_classes"])
     try:
         model.load_state_dict(state.pop("model"))
