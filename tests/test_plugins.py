@@ -16,8 +16,13 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 TINY = ["--dataset", "digits", "--width", "16", "--blocks", "2", "--epochs", "2"]
 
 
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
 def cli(args, cwd, pythonpath, timeout=240):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath),
+    # this checkout's src last on the path: the subprocess runs the code under test, not whichever
+    # creditaudit happens to be installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in [*pythonpath, SRC]),
            "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "creditaudit", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
