@@ -705,6 +705,7 @@ HUGE = "99999999999999999999"
     (["identity-check", "--width", 0], "--width"),
     (["penalty-sweep", "--lambdas", 0.1, 0.1], "more than once"),
     (["penalty-sweep", "--method", "nosuch"], "unknown method 'nosuch'.*bp"),
+    (["train", *TINY, "--epochs", 1, "--device", "meta"], "device 'meta' cannot train"),
 ])
 def test_bad_option_value_is_one_line_and_runs_nothing(argv, needle, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -721,6 +722,7 @@ def test_bad_option_value_is_one_line_and_runs_nothing(argv, needle, capsys, tmp
     (b"epochs = 99999999999999999999\n", "at most 100000"),
     (b"epochs = 2\njobs = 99999999999999999999\n", "jobs .*at most"),
     (b"epochs = 2\n[model]\nwidth = 99999999999\n", "width .* ≤ 100000"),
+    (b"epochs = 2\n[model]\noptions = 3\n", r"options in \[model\] .* must be a table"),
 ])
 def test_empty_binary_or_huge_toml_is_one_line(content, needle, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -322,6 +322,9 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
                 or value < 0:
             raise CreditAuditError(f"threshold {key} in {where} must be a finite number ≥ 0, got {value!r}")
     model = dict(raw.get("model", {}))
+    if not isinstance(model.get("options", {}), dict):
+        raise CreditAuditError(f"options in [model] of {where} must be a table of architecture options "
+                               f"([model.options]), got {model['options']!r}")
     if "blocks" in model and (not isinstance(model["blocks"], int) or model["blocks"] < 1):
         raise CreditAuditError(f"blocks in [model] of {where} must be ≥ 1 (the shallow control, no "
                                f"blocks, is trained by the audit itself), got {model['blocks']!r}")

@@ -37,6 +37,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         dev = torch.device(device)
     except RuntimeError:
         raise CreditAuditError(f"unknown device {device!r}; use cpu, cuda, cuda:N or auto") from None
+    if dev.type not in ("cpu", "cuda"):   # meta, xla, …: no tensor there can be read back or trained
+        raise CreditAuditError(f"device {device!r} cannot train or measure; use cpu, cuda, cuda:N or auto")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise CreditAuditError(f"device {device!r} asked for, but this machine has no CUDA GPU; "
                                "use --device cpu (or auto)")
