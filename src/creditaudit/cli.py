@@ -4,6 +4,7 @@ print one line and exit 2, without a traceback; `check` exits 0 / 1 / 3 by verdi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -154,14 +155,18 @@ def _cmd_train(args) -> int:
     config = _run_config(args)
     _set_threads(args)
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
-    made = not out.exists()
+    from .runs import resolve_device
+    resolve_device(args.device)          # a bad device is refused before any folder is made
+    made = [p for p in (out, *out.parents) if not p.exists()]
     try:
         with audit_lock(out):            # a second `train` on this folder is refused, as for audits
             run = _train_or_record(train_run, config, out, args, stop_rule(config.stop_when_flagged, Thresholds()))
     finally:
         if made and out.is_dir() and {p.name for p in out.iterdir()} <= {".creditaudit.lock"}:
-            import shutil                # refused before anything was written: leave no empty folder
-            shutil.rmtree(out, ignore_errors=True)
+            (out / ".creditaudit.lock").unlink(missing_ok=True)   # refused before anything was
+            for folder in made:                                   # written: leave no empty folders
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
     if run is None:
         return EXIT_INCOMPLETE
     last = run.history[-1]
