@@ -829,3 +829,44 @@ def test_ladder_where_every_run_fails_exits_3_and_says_what_to_change(capsys, tm
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "every run" in lines[0] and "needs image data" in lines[0], err
     assert "run the same command again" not in lines[0]       # it would fail the same way
+
+
+CREDIT_RULES = '''
+from creditaudit.methods.bp import BP
+
+class Short(BP):
+    name = "short"
+    def credit(self, x, y):
+        return super().credit(x, y)[:1]
+
+class WrongShape(BP):
+    name = "wrongshape"
+    def credit(self, x, y):
+        return [a[:, :3] for a in super().credit(x, y)]
+
+class NotAList(BP):
+    name = "notalist"
+    def credit(self, x, y):
+        return "nope"
+
+class Raises(BP):
+    name = "raises"
+    def credit(self, x, y):
+        raise ValueError("credit bug")
+'''
+
+
+@pytest.mark.parametrize("rule, needle", [
+    ("Short", r"returned \[\(\d+, 16\)\]; it must return a list of 3 tensors"),
+    ("WrongShape", r"returned \[\(\d+, 3\), .*shaped like h_l"),
+    ("NotAList", "returned str"),
+    ("Raises", "raised ValueError: credit bug"),
+])
+@pytest.mark.parametrize("command", ["diagnose", "calibrate"])
+def test_a_rule_whose_credit_is_malformed_is_one_line(rule, needle, command, capsys, tmp_path, monkeypatch):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "creditrules.py").write_text(CREDIT_RULES)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    run = tmp_path / "run"
+    assert cli(["train", *TINY, "--method", f"creditrules:{rule}", "--epochs", 1, "--out", run], capsys)[0] == 0
+    one_error_line(*cli([command, run, "--device", "cpu", "--threads", 1], capsys)[::2], needle)

@@ -217,7 +217,31 @@ def _load_for_diagnosis(args):
         control = load_run(args.frozen_control, "cpu")
         check_frozen_control(run, control)
     data = load_dataset(run.config.dataset, args.data_dir, next(run.model.parameters()).device)
-    return run, eval_batches(data, args.eval_batches), control, data
+    batches = eval_batches(data, args.eval_batches)
+    _check_credit(run, *batches[0])
+    return run, batches, control, data
+
+
+def _check_credit(run, x, y) -> None:
+    """A method's credit() must give one tensor per residual position h_0 … h_L, each shaped like
+    h_l: a rule that does not is refused in one line naming what it returned."""
+    import torch
+    from .model import as_stream
+    name = run.config.method
+    try:
+        credit = run.method.credit(x, y)
+    except Exception as err:  # noqa: BLE001 — a user's rule failing is theirs to fix
+        raise CreditAuditError(f"the credit() of method {name!r} raised {type(err).__name__}: "
+                               f"{' '.join(str(err).split())[:200]}; fix the method "
+                               "(docs/WRITING_A_RULE.md)") from None
+    with torch.no_grad():
+        shapes = [tuple(h.shape) for h in as_stream(run.model).hidden(x)]
+    got = ([tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in credit]
+           if isinstance(credit, (list, tuple)) else type(credit).__name__)
+    if got != shapes:
+        raise CreditAuditError(f"the credit() of method {name!r} returned {got}; it must return a list of "
+                               f"{len(shapes)} tensors a_0 … a_L shaped like h_l, {shapes} "
+                               "(docs/WRITING_A_RULE.md)")
 
 
 def _diagnose_user_model(args):
