@@ -5,7 +5,7 @@
     RUN/metrics.jsonl      one line per completed epoch (epoch 0 = at initialisation)
     RUN/status.json        how training ended: finished / stopped / diverged, epochs completed
     RUN/error.txt          the traceback of a run that raised
-    RUN/diagnosis.json     the audit's diagnosis of the run
+    RUN/diagnosis.json     the latest diagnosis of the run (the audit's, or `creditaudit diagnose`'s)
 
 Nothing here trains or judges; `train.py` writes runs, the experiments read them through `load_run`.
 """
