@@ -870,3 +870,14 @@ def test_a_rule_whose_credit_is_malformed_is_one_line(rule, needle, command, cap
     run = tmp_path / "run"
     assert cli(["train", *TINY, "--method", f"creditrules:{rule}", "--epochs", 1, "--out", run], capsys)[0] == 0
     one_error_line(*cli([command, run, "--device", "cpu", "--threads", 1], capsys)[::2], needle)
+
+
+def test_ladder_refuses_to_replace_a_result_of_other_settings(capsys, tmp_path):
+    config = audit_toml(tmp_path / "a.toml")
+    argv = ["ladder", "--config", config, "--dataset", "digits", "--seeds", 42, "--epochs", 1,
+            "--out", tmp_path / "lad", "--jobs", 1, "--device", "cpu", "--quiet"]
+    assert cli([*argv, "--methods", "bp"], capsys)[0] == 0
+    assert cli([*argv, "--methods", "bp"], capsys)[0] == 0          # the same settings: reused
+    before = (tmp_path / "lad" / "ladder.json").read_bytes()
+    one_error_line(*cli([*argv, "--methods", "dfa"], capsys)[::2], "already holds a ladder.json of other settings")
+    assert (tmp_path / "lad" / "ladder.json").read_bytes() == before

@@ -435,6 +435,7 @@ def _cmd_ladder(args) -> int:
     out = Path(args.out or "audits/ladder")
     bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
     with audit_lock(out):
+        _refuse_other_result(out / "ladder.json", {"base": [c.to_dict() for c in bases]})
         result = ladder(bases, out, execution=execution_of(config),
                         thresholds=Thresholds(**config.thresholds), progress=not args.quiet)
         ladder_figure(result, out / "ladder.png")
@@ -465,12 +466,28 @@ def _cmd_penalty(args) -> int:
     out = Path(args.out or "audits/penalty_sweep")
     bases = [config.base_config(method, s) for s in config.seeds]
     with audit_lock(out):
+        _refuse_other_result(out / "penalty_sweep.json", {"base": [c.to_dict() for c in bases],
+                                                          "lambdas": [float(v) for v in lambdas]})
         result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config),
                                thresholds=Thresholds(**config.thresholds), progress=not args.quiet)
         penalty_figure(result, out / "penalty_sweep.png")
     print(penalty_table(result))
     print(f"written: {out / 'penalty_sweep.json'}, {out / 'penalty_sweep.png'}")
     return _experiment_exit(result, "penalty_sweep.json")
+
+
+def _refuse_other_result(path: Path, wanted: dict) -> None:
+    """Refuse to replace a ladder's or sweep's result file with one of other settings (the audit
+    does the same for audit.json): the finished result is kept."""
+    from .store import json_safe, read_sealed_json
+    if not path.exists():
+        return
+    old = read_sealed_json(path, f"creditaudit result ({path.name})")
+    wanted = json.loads(json.dumps(json_safe(wanted)))
+    if any(old.get(k) != v for k, v in wanted.items()):
+        raise CreditAuditError(f"{path.parent} already holds a {path.name} of other settings (methods, "
+                               "seeds, schedule, model or λ); give this one its own --out, or delete "
+                               "that folder to replace it")
 
 
 def _experiment_exit(result: dict, where: str) -> int:
