@@ -580,6 +580,14 @@ class _NoForward(ResidualMLP):
 def no_forward():
     torch.manual_seed(0)
     return _NoForward(64, d=16, n_blocks=2, n_classes=10)
+
+class _StreamRaises(ResidualMLP):
+    def stream(self):
+        raise ValueError("no stream today")
+
+def stream_raises():
+    torch.manual_seed(0)
+    return _StreamRaises(64, d=16, n_blocks=2, n_classes=10)
 '''
 
 
@@ -636,6 +644,12 @@ def test_a_control_that_is_not_a_frozen_control_is_refused(user_weights, control
     one_error_line(*cli(argv, capsys)[::2], needle)
 
 
+def test_a_weights_path_that_is_a_folder_says_so(user_weights, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(user_weights / "pkg"))
+    argv = ["diagnose", *_user_args(user_weights, "--frozen-control", user_weights)]
+    one_error_line(*cli(argv, capsys)[::2], "is a folder; give the .safetensors file")
+
+
 def test_a_real_frozen_control_is_accepted_and_judged(user_weights, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(user_weights / "pkg"))
     argv = ["diagnose", *_user_args(user_weights, "--frozen-control", user_weights / "frozen.safetensors",
@@ -665,6 +679,7 @@ def test_an_unverified_control_is_never_trustworthy(user_weights, capsys, monkey
     ("eight_classes", "dataset has 10 classes"),
     ("wrong_input", r"inputs \(\d+, 1, 8, 8\) raised"),
     ("no_forward", "without a forward"),
+    ("stream_raises", r"\.stream\(\) raised ValueError: no stream today"),
 ])
 def test_a_user_model_that_does_not_fit_the_data_is_one_line(user_weights, factory, needle, capsys,
                                                               monkeypatch, tmp_path):

@@ -60,9 +60,14 @@ def build_user_model(spec: str) -> torch.nn.Module:
         raise CreditAuditError(f"{spec}() returned a {type(model).__name__}; it must return a "
                                "torch.nn.Module with a .stream() method (subclass "
                                "creditaudit.model.ResidualModel, or see docs/ADD_A_METHOD.md)")
-    if not isinstance(model.stream(), ResidualStream):
+    try:
+        stream = model.stream()
+    except Exception as err:  # noqa: BLE001
+        raise CreditAuditError(f"{spec}(): .stream() raised {type(err).__name__}: {err}; it must return "
+                               "a creditaudit.ResidualStream") from None
+    if not isinstance(stream, ResidualStream):
         raise CreditAuditError(f"{spec}(): .stream() must return a creditaudit.ResidualStream, "
-                               f"got {type(model.stream()).__name__}")
+                               f"got {type(stream).__name__}")
     return model
 
 
@@ -71,6 +76,8 @@ def load_weights(model: torch.nn.Module, path: str | Path, what: str = "weights"
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     path = Path(path)
+    if path.is_dir():
+        raise CreditAuditError(f"{what} file {path} is a folder; give the .safetensors file itself")
     if not path.is_file():
         raise CreditAuditError(f"{what} file {path} not found")
     try:
