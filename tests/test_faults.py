@@ -241,6 +241,8 @@ def test_edited_checkpoint_in_an_audit_fails_that_run_instead_of_passing(bp_audi
     assert code == 3 and "Traceback" not in err, (code, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("creditaudit: 1 run(s) failed"), err
+    assert "exit status 3" in lines[0]                               # the closing line explains exit 3
+    assert "run the same command again" not in lines[0] and "integrity" in lines[0]   # it would repeat
     result = json.loads((out / "audit.json").read_text())
     bad = next(r for r in result["runs"] if r["label"] == "bp/s42")
     assert bad["status"] == "failed" and re.search("integrity|modified", bad["message"])
