@@ -790,8 +790,9 @@ def test_audit_refuses_to_replace_a_report_of_another_configuration(bp_audit, ca
     shutil.copytree(bp_audit, out)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     config = audit_toml(tmp_path / "a.toml")
-    for argv in (audit_args(config, out, methods=("bp", "dfa"), seeds=(42, 123, 456), epochs=3),
-                 audit_args(config, out, seeds=(42,), epochs=3)):
+    for argv in (audit_args(config, out, methods=("dfa",), seeds=(42, 123, 456), epochs=3),   # other methods
+                 audit_args(config, out, seeds=(42,), epochs=3),                             # fewer seeds
+                 audit_args(config, out, seeds=(42, 123, 456), epochs=4)):                   # other schedule
         one_error_line(*cli(argv, capsys)[::2], "already holds the report of a different audit", "--out")
     after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".creditaudit.lock"}
     assert after == {k: v for k, v in before.items() if k != ".creditaudit.lock"}

@@ -150,12 +150,12 @@ def _run_config(args):
 
 def _cmd_train(args) -> int:
     from .experiments.lock import audit_lock
+    from .runs import resolve_device
     from .train import train_run
     from .verdict import Thresholds, first_fire_epochs, stop_rule
     config = _run_config(args)
     _set_threads(args)
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
-    from .runs import resolve_device
     resolve_device(args.device)          # a bad device is refused before any folder is made
     made = [p for p in (out, *out.parents) if not p.exists()]
     try:
@@ -329,11 +329,6 @@ def _audit_raw(args) -> dict:
     raw = load_audit_toml(args.config) if args.config else {"preset": args.preset or "quick"}
     if args.config and args.preset:
         raw["preset"] = args.preset
-    if args.config and "preset" not in raw and "epochs" not in raw and args.epochs is None:
-        # a file without a preset must say how long to train: an empty one must not start the
-        # default schedule (100 epochs per run) silently
-        raise CreditAuditError(f"{args.config} sets neither epochs nor a preset; add epochs = 15 (or "
-                               'preset = "quick") to it, or pass --epochs N')
     for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor",
                 "address", "max_retries", "stack"):
         value = getattr(args, key, None)
@@ -348,12 +343,22 @@ def _audit_raw(args) -> dict:
     return raw
 
 
+def _require_schedule(args, raw: dict) -> None:
+    """A config file without a preset must say how long to train (checked after its keys are
+    validated): an empty one must not start the default schedule, 100 epochs per run, silently."""
+    if args.config and "preset" not in raw and "epochs" not in raw:
+        raise CreditAuditError(f"{args.config} sets neither epochs nor a preset; add epochs = 15 (or "
+                               'preset = "quick") to it, or pass --epochs N')
+
+
 def _cmd_audit(args) -> int:
     from .config import audit_config_from_dict
     from .experiments import audit
     from .experiments.lock import audit_lock
     from .report import compact_table, write_report
-    config = audit_config_from_dict(_audit_raw(args), where=args.config or "the audit settings")
+    raw = _audit_raw(args)
+    config = audit_config_from_dict(raw, where=args.config or "the audit settings")
+    _require_schedule(args, raw)
     n_runs = len(config.run_configs())
     print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
           f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
@@ -421,7 +426,9 @@ def _experiment_config(args, methods: list[str] | None = None):
     raw = _audit_raw(args)
     if methods is not None:
         raw["methods"] = methods
-    return audit_config_from_dict(raw, where=args.config or "the settings")
+    config = audit_config_from_dict(raw, where=args.config or "the settings")
+    _require_schedule(args, raw)
+    return config
 
 
 def _cmd_ladder(args) -> int:

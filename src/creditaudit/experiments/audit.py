@@ -169,14 +169,17 @@ _RESULT_KEYS = ("dataset", "methods", "seeds", "epochs", "controls", "eval_batch
 
 def check_same_audit(out: Path, config: AuditConfig) -> None:
     """Refuse to replace <out>/audit.json (and its report) with an audit of another configuration:
-    the finished report is kept, and the user picks another --out or deletes the folder."""
+    the finished report is kept, and the user picks another --out or deletes the folder. An audit
+    that extends the old one (more methods or seeds, every other setting equal) is allowed: its
+    report holds every row of the old one, so nothing is lost."""
     path = Path(out) / "audit.json"
     if not path.exists():
         return
     old = read_audit(out).get("config") or {}
     new = json.loads(json.dumps({k: (list(v) if isinstance(v, tuple) else v)
                                  for k, v in asdict(config).items()}))
-    differ = [k for k in _RESULT_KEYS if old.get(k) != new.get(k)]
+    extends = lambda k: k in ("methods", "seeds") and set(old.get(k) or []) <= set(new.get(k) or [])
+    differ = [k for k in _RESULT_KEYS if old.get(k) != new.get(k) and not extends(k)]
     if differ:
         shown = ", ".join(f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:2])
         raise CreditAuditError(f"{out} already holds the report of a different audit ({shown}); give "
