@@ -723,6 +723,7 @@ HUGE = "99999999999999999999"
     (["penalty-sweep", "--lambdas", 0.1, 0.1], "more than once"),
     (["penalty-sweep", "--method", "nosuch"], "unknown method 'nosuch'.*bp"),
     (["train", *TINY, "--epochs", 1, "--device", "meta"], "device 'meta' cannot train"),
+    (["audit", "--out", ""], "out in the audit settings must be a non-empty string"),
 ])
 def test_bad_option_value_is_one_line_and_runs_nothing(argv, needle, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

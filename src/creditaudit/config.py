@@ -335,8 +335,8 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
     if address is not None and not isinstance(address, str):
         raise CreditAuditError(f"address in {where} must be a string (auto or HOST:PORT), got {address!r}")
     for key in ("dataset", "out", "data_dir", "device"):
-        if key in raw and not isinstance(raw[key], str):
-            raise CreditAuditError(f"{key} in {where} must be a string, got {raw[key]!r}")
+        if key in raw and (not isinstance(raw[key], str) or not raw[key].strip()):
+            raise CreditAuditError(f"{key} in {where} must be a non-empty string, got {raw[key]!r}")
     stack = raw.get("stack")
     if stack is not None and not isinstance(stack, bool):
         raise CreditAuditError(f"stack in {where} must be true or false, got {stack!r}")
