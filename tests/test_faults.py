@@ -241,6 +241,8 @@ def test_edited_checkpoint_in_an_audit_fails_that_run_instead_of_passing(bp_audi
     assert code == 3 and "Traceback" not in err, (code, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("creditaudit: 1 run(s) failed"), err
+    assert "exit status 3" in lines[0]                               # the closing line explains exit 3
+    assert "run the same command again" not in lines[0] and "integrity" in lines[0]   # it would repeat
     result = json.loads((out / "audit.json").read_text())
     bad = next(r for r in result["runs"] if r["label"] == "bp/s42")
     assert bad["status"] == "failed" and re.search("integrity|modified", bad["message"])
@@ -555,3 +557,346 @@ def test_check_exit_code_matches_the_dfa_verdict(killed_then_raced, capsys):
 
 def test_check_of_a_missing_path_is_a_user_error(capsys, tmp_path):
     one_error_line(*cli(["check", tmp_path / "nope"], capsys)[::2], "neither an audit folder")
+
+
+# -- 9. issue 18: a user model's frozen control is verified --------------------------------------------
+USER_MODELS = '''
+import torch
+from creditaudit.model import ResidualMLP
+
+def make():
+    torch.manual_seed(0)
+    return ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+
+def eight_classes():
+    torch.manual_seed(0)
+    return ResidualMLP(64, d=16, n_blocks=2, n_classes=8)
+
+def wrong_input():
+    torch.manual_seed(0)
+    return ResidualMLP(40, d=16, n_blocks=2, n_classes=10)
+
+class _NoForward(ResidualMLP):
+    forward = torch.nn.Module.forward
+
+def no_forward():
+    torch.manual_seed(0)
+    return _NoForward(64, d=16, n_blocks=2, n_classes=10)
+
+class _StreamRaises(ResidualMLP):
+    def stream(self):
+        raise ValueError("no stream today")
+
+def stream_raises():
+    torch.manual_seed(0)
+    return _StreamRaises(64, d=16, n_blocks=2, n_classes=10)
+'''
+
+
+@pytest.fixture(scope="module")
+def user_weights(tmp_path_factory):
+    """Init, trained and frozen-control weights of a tiny ResidualMLP on digits, plus the package."""
+    import torch
+    from safetensors.torch import save_file
+    from creditaudit.data import load_dataset
+    from creditaudit.methods import MethodSettings, method_class
+    from creditaudit.model import ResidualMLP
+    root = tmp_path_factory.mktemp("usermodel")
+    (root / "pkg").mkdir()
+    (root / "pkg" / "faultnets.py").write_text(USER_MODELS)
+    torch.manual_seed(0)
+    init = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+    data = load_dataset("digits")
+    models = {}
+    for name, blocks in (("trained", (0, 1)), ("frozen", ())):
+        model = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+        model.load_state_dict(init.state_dict())
+        bp = method_class("bp")(model, MethodSettings(epochs=3, trainable_blocks=blocks, lr=3e-3))
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(3):
+            for x, y in data.train_batches(128, gen):
+                bp.train_step(x, y)
+            bp.end_epoch()
+        models[name] = model
+    # a "control" whose blocks trained too: the frozen control with its blocks nudged off init
+    moved = {k: v + 0.01 if k.startswith("blocks.") else v for k, v in models["frozen"].state_dict().items()}
+    files = {"init": init.state_dict(), "trained": models["trained"].state_dict(),
+             "frozen": models["frozen"].state_dict(), "moved": moved}
+    for name, state in files.items():
+        save_file({k: v.contiguous() for k, v in state.items()}, str(root / f"{name}.safetensors"))
+    return root
+
+
+def _user_args(root: Path, *extra) -> list:
+    return ["--model", "faultnets:make", "--weights", root / "trained.safetensors", "--dataset", "digits",
+            "--eval-batches", 2, "--threads", 1, "--device", "cpu", *extra]
+
+
+@pytest.mark.parametrize("control, needle", [
+    ("init", "untrained: its embedding"),                 # the issue's attack: init weights as the control
+    ("trained", "same weights as --weights"),             # gap 0 by construction
+    ("moved", "not frozen at initialisation"),            # its blocks trained too
+])
+@pytest.mark.parametrize("command", ["diagnose", "check"])
+def test_a_control_that_is_not_a_frozen_control_is_refused(user_weights, control, needle, command,
+                                                             capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(user_weights / "pkg"))
+    argv = [command, *_user_args(user_weights, "--frozen-control", user_weights / f"{control}.safetensors",
+                                 "--init-weights", user_weights / "init.safetensors")]
+    one_error_line(*cli(argv, capsys)[::2], needle)
+
+
+def test_a_weights_path_that_is_a_folder_says_so(user_weights, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(user_weights / "pkg"))
+    argv = ["diagnose", *_user_args(user_weights, "--frozen-control", user_weights)]
+    one_error_line(*cli(argv, capsys)[::2], "is a folder; give the .safetensors file")
+
+
+def test_a_real_frozen_control_is_accepted_and_judged(user_weights, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(user_weights / "pkg"))
+    argv = ["diagnose", *_user_args(user_weights, "--frozen-control", user_weights / "frozen.safetensors",
+                                    "--init-weights", user_weights / "init.safetensors", "--json")]
+    code, out, err = cli(argv, capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["flags"]["d"] is not None and "d" not in report["not_evaluated"]
+
+
+def test_an_unverified_control_is_never_trustworthy(user_weights, capsys, monkeypatch):
+    """Without --init-weights the control cannot be checked: (d) is not evaluated, the verdict is
+    incomplete, and `check` exits 3 — even with the init weights passed as the control."""
+    monkeypatch.syspath_prepend(str(user_weights / "pkg"))
+    for control in ("init", "frozen"):
+        extra = ["--frozen-control", user_weights / f"{control}.safetensors"]
+        code, out, err = cli(["diagnose", *_user_args(user_weights, *extra, "--json")], capsys)
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["flags"]["d"] is None and "unverified" in report["not_evaluated"]["d"]
+        assert report["verdict"].startswith("incomplete") and "--init-weights" in " ".join(report["notes"])
+        code, out, _ = cli(["check", *_user_args(user_weights, *extra)], capsys)
+        assert code == 3 and "incomplete" in out, (code, out)
+
+
+@pytest.mark.parametrize("factory, needle", [
+    ("eight_classes", "dataset has 10 classes"),
+    ("wrong_input", r"inputs \(\d+, 1, 8, 8\) raised"),
+    ("no_forward", "without a forward"),
+    ("stream_raises", r"\.stream\(\) raised ValueError: no stream today"),
+])
+def test_a_user_model_that_does_not_fit_the_data_is_one_line(user_weights, factory, needle, capsys,
+                                                              monkeypatch, tmp_path):
+    import importlib
+    from safetensors.torch import save_file
+    monkeypatch.syspath_prepend(str(user_weights / "pkg"))
+    model = getattr(importlib.import_module("faultnets"), factory)()
+    save_file(model.state_dict(), str(tmp_path / "w.safetensors"))
+    for command in ("diagnose", "check"):
+        argv = [command, "--model", f"faultnets:{factory}", "--weights", tmp_path / "w.safetensors",
+                "--dataset", "digits", "--eval-batches", 2, "--device", "cpu"]
+        one_error_line(*cli(argv, capsys)[::2], needle)
+
+
+# -- 10. issue 18: bad values refused in one line, before anything runs ----------------------------------
+HUGE = "99999999999999999999"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--epochs", HUGE], "--epochs"),
+    (["train", "--batch-size", HUGE], "--batch-size"),
+    (["train", "--width", HUGE], "--width"),
+    (["train", "--blocks", HUGE], "--blocks"),
+    (["train", "--stop-when-flagged", 0], "--stop-when-flagged"),
+    (["train", "--trainable-blocks", -1], "--trainable-blocks"),
+    (["train", "--threads", -4], "--threads"),
+    (["train", "--threads", 0], "--threads"),
+    (["train", "--epoch", 3], "unrecognized arguments: --epoch"),          # no abbreviations
+    (["audit", "--epoch", 3], "unrecognized arguments: --epoch"),
+    (["audit", "--epochs", HUGE], "--epochs"),
+    (["audit", "--jobs", -1], "--jobs"),
+    (["audit", "--eval-batches", 0], "--eval-batches"),
+    (["audit", "--max-retries", -1], "--max-retries"),
+    (["ladder", "--epochs", HUGE], "--epochs"),
+    (["calibrate", "run", "--null-draws", 0], "--null-draws"),
+    (["calibrate", "run", "--null-draws", -5], "--null-draws"),
+    (["diagnose", "run", "--eval-batches", -1], "--eval-batches"),
+    (["identity-check", "--width", 0], "--width"),
+    (["penalty-sweep", "--lambdas", 0.1, 0.1], "more than once"),
+    (["penalty-sweep", "--method", "nosuch"], "unknown method 'nosuch'.*bp"),
+    (["train", *TINY, "--epochs", 1, "--device", "meta"], "device 'meta' cannot train"),
+    (["audit", "--out", ""], "out in the audit settings must be a non-empty string"),
+])
+def test_bad_option_value_is_one_line_and_runs_nothing(argv, needle, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(argv, capsys)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, (code, err)
+    assert re.search(needle, err), err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"", "sets neither epochs nor a preset"),
+    (b"# only a comment\n[model]\nwidth = 16\n", "sets neither epochs nor a preset"),
+    (bytes(range(256)) * 4, "not a text file"),
+    (b"epochs = 99999999999999999999\n", "at most 100000"),
+    (b"epochs = 2\njobs = 99999999999999999999\n", "jobs .*at most"),
+    (b"epochs = 2\n[model]\nwidth = 99999999999\n", "width .* ≤ 100000"),
+    (b"epochs = 2\n[model]\noptions = 3\n", r"options in \[model\] .* must be a table"),
+])
+def test_empty_binary_or_huge_toml_is_one_line(content, needle, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.toml").write_bytes(content)
+    for command in ("audit", "ladder"):
+        one_error_line(*cli([command, "--config", "a.toml", "--quiet"], capsys)[::2], needle)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.toml"]
+
+
+# -- 11. issue 18: records and reports ------------------------------------------------------------
+def test_edited_metrics_log_is_refused_and_a_short_one_accepted(trained_run, capsys, tmp_path):
+    run = tmp_path / "r"
+    shutil.copytree(trained_run, run)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")   # killed before the log caught up
+    assert cli(["diagnose", run, "--threads", 1, "--device", "cpu"], capsys)[0] == 0
+    last = json.loads(lines[-1])
+    last["test_acc"] = 0.999
+    (run / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
+    line = one_error_line(*cli(["diagnose", run, "--threads", 1, "--device", "cpu"], capsys)[::2],
+                          "disagrees with the sealed checkpoint", "epoch 2")
+    assert "metrics.jsonl" in line
+
+
+def test_check_of_an_undiagnosed_run_gives_advice_that_works(trained_run, capsys, tmp_path):
+    run = tmp_path / "r"
+    shutil.copytree(trained_run, run)
+    (run / "diagnosis.json").unlink(missing_ok=True)
+    line = one_error_line(*cli(["check", run], capsys)[::2], "no diagnosis yet")
+    advice = re.search(r"`creditaudit (diagnose [^`]*)`", line).group(1).split()
+    advice = [str(run) if a == str(run) else a for a in advice if a not in ("--frozen-control", "CONTROL_DIR")]
+    assert cli([*advice, "--threads", 1, "--device", "cpu"], capsys)[0] == 0      # follow it
+    code, out, _ = cli(["check", run], capsys)
+    assert code == 3 and "incomplete" in out, (code, out)     # no control given: incomplete, not a loop
+
+
+def test_a_control_path_that_is_a_file_says_so(trained_run, capsys, tmp_path):
+    (tmp_path / "control.safetensors").write_bytes(b"x")
+    one_error_line(*cli(["diagnose", trained_run, "--frozen-control", tmp_path / "control.safetensors",
+                         "--device", "cpu"], capsys)[::2], "is a file", "run folder")
+    one_error_line(*cli(["diagnose", tmp_path / "control.safetensors", "--device", "cpu"], capsys)[::2],
+                   "is a file, not a run folder")
+
+
+def test_audit_refuses_to_replace_a_report_of_another_configuration(bp_audit, capsys, tmp_path):
+    """The issue's case: the ADD_A_METHOD command without --out replaced a 7-method report."""
+    out = tmp_path / "aud"
+    shutil.copytree(bp_audit, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    config = audit_toml(tmp_path / "a.toml")
+    for argv in (audit_args(config, out, methods=("dfa",), seeds=(42, 123, 456), epochs=3),   # other methods
+                 audit_args(config, out, seeds=(42,), epochs=3),                             # fewer seeds
+                 audit_args(config, out, seeds=(42, 123, 456), epochs=4)):                   # other schedule
+        one_error_line(*cli(argv, capsys)[::2], "already holds the report of a different audit", "--out")
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".creditaudit.lock"}
+    assert after == {k: v for k, v in before.items() if k != ".creditaudit.lock"}
+
+
+def test_a_failed_report_write_leaves_the_old_report_whole(bp_audit, capsys, tmp_path, monkeypatch):
+    import creditaudit.report as report
+    out = tmp_path / "aud"
+    shutil.copytree(bp_audit, out)
+    (out / "audit.md").write_text("the previous report\n")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(report, "report_html", full_disk)      # report.html is written after audit.md
+    one_error_line(*cli(["report", out], capsys)[::2], "cannot write|no space")
+    assert (out / "audit.md").read_text() == "the previous report\n"
+    assert not list(out.glob(".report-*"))                     # no staging folder left behind
+
+
+def test_second_train_on_one_folder_is_refused(capsys, tmp_path):
+    from creditaudit.experiments.lock import audit_lock
+    out = tmp_path / "run"
+    with audit_lock(out):                                      # another `train` holds the folder
+        one_error_line(*cli(["train", *TINY, "--epochs", 1, "--out", out], capsys)[::2],
+                       "another creditaudit process", re.escape(str(out)))
+    assert not store.has_checkpoint(out)
+    assert cli(["train", *TINY, "--epochs", 1, "--out", out], capsys)[0] == 0   # free again: trains
+
+
+def test_a_raising_user_method_under_train_is_one_line_with_error_txt(capsys, tmp_path, monkeypatch):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "raisingrule.py").write_text(
+        "from creditaudit.methods.bp import BP\n\n"
+        "class Raising(BP):\n    name = 'raising'\n\n"
+        "    def train_step(self, x, y):\n        raise RuntimeError('my rule has a bug')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    argv = ["train", *TINY, "--method", "raisingrule:Raising", "--epochs", 1, "--out", tmp_path / "run"]
+    code, _, err = cli(argv, capsys)
+    assert code == 3 and "Traceback" not in err and len(err.strip().splitlines()) == 1, (code, err)
+    assert "my rule has a bug" in err and "error.txt" in err
+    assert "my rule has a bug" in (tmp_path / "run" / "error.txt").read_text()
+    assert store.has_checkpoint(tmp_path / "run")              # epoch 0 is kept for the rerun
+
+
+def test_ladder_where_every_run_fails_exits_3_and_says_what_to_change(capsys, tmp_path):
+    config = tmp_path / "a.toml"
+    config.write_text("[model]\nwidth = 8\nblocks = 1\narch = \"vit-mini\"\n")
+    argv = ["ladder", "--config", config, "--dataset", "synthetic", "--methods", "bp", "--seeds", 42,
+            "--epochs", 1, "--out", tmp_path / "lad", "--jobs", 1, "--device", "cpu", "--quiet"]
+    code, _, err = cli(argv, capsys)
+    assert code == 3 and "Traceback" not in err, (code, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "every run" in lines[0] and "needs image data" in lines[0], err
+    assert "run the same command again" not in lines[0]       # it would fail the same way
+
+
+CREDIT_RULES = '''
+from creditaudit.methods.bp import BP
+
+class Short(BP):
+    name = "short"
+    def credit(self, x, y):
+        return super().credit(x, y)[:1]
+
+class WrongShape(BP):
+    name = "wrongshape"
+    def credit(self, x, y):
+        return [a[:, :3] for a in super().credit(x, y)]
+
+class NotAList(BP):
+    name = "notalist"
+    def credit(self, x, y):
+        return "nope"
+
+class Raises(BP):
+    name = "raises"
+    def credit(self, x, y):
+        raise ValueError("credit bug")
+'''
+
+
+@pytest.mark.parametrize("rule, needle", [
+    ("Short", r"returned \[\(\d+, 16\)\]; it must return a list of 3 tensors"),
+    ("WrongShape", r"returned \[\(\d+, 3\), .*shaped like h_l"),
+    ("NotAList", "returned str"),
+    ("Raises", "raised ValueError: credit bug"),
+])
+@pytest.mark.parametrize("command", ["diagnose", "calibrate"])
+def test_a_rule_whose_credit_is_malformed_is_one_line(rule, needle, command, capsys, tmp_path, monkeypatch):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "creditrules.py").write_text(CREDIT_RULES)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    run = tmp_path / "run"
+    assert cli(["train", *TINY, "--method", f"creditrules:{rule}", "--epochs", 1, "--out", run], capsys)[0] == 0
+    one_error_line(*cli([command, run, "--device", "cpu", "--threads", 1], capsys)[::2], needle)
+
+
+def test_ladder_refuses_to_replace_a_result_of_other_settings(capsys, tmp_path):
+    config = audit_toml(tmp_path / "a.toml")
+    argv = ["ladder", "--config", config, "--dataset", "digits", "--seeds", 42, "--epochs", 1,
+            "--out", tmp_path / "lad", "--jobs", 1, "--device", "cpu", "--quiet"]
+    assert cli([*argv, "--methods", "bp"], capsys)[0] == 0
+    assert cli([*argv, "--methods", "bp"], capsys)[0] == 0          # the same settings: reused
+    before = (tmp_path / "lad" / "ladder.json").read_bytes()
+    one_error_line(*cli([*argv, "--methods", "dfa"], capsys)[::2], "already holds a ladder.json of other settings")
+    assert (tmp_path / "lad" / "ladder.json").read_bytes() == before

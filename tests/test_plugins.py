@@ -16,11 +16,14 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 TINY = ["--dataset", "digits", "--width", "16", "--blocks", "2", "--epochs", "2"]
 
 
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
 def cli(args, cwd, pythonpath, timeout=240):
-    # the user's packages first, then whatever made creditaudit importable here (a source checkout
-    # run with PYTHONPATH=src has no installed package: replacing PYTHONPATH would lose it)
+    # the user's packages first, then this checkout's src (the subprocess runs the code under test,
+    # not whichever creditaudit happens to be installed), then whatever else was on the path
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(p) for p in pythonpath] + inherited),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(p) for p in [*pythonpath, SRC]] + inherited),
            "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "creditaudit", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -161,3 +164,19 @@ def test_user_model_errors_are_one_line(tmp_path):
                                                tmp_path, [pkg]))
     assert "do not fit" in one_error_line(cli([*base, "--model", "mynets:make", "--weights", "bad.safetensors"],
                                               tmp_path, [pkg]))
+
+
+def test_writing_a_rule_example_trains_and_is_diagnosed_through_the_cli(tmp_path):
+    """docs/WRITING_A_RULE.md's worked rule (docs/examples/drtp.py): its option is validated, it
+    trains, its credit is measured at every position with its null, and `check` reads the result."""
+    bad = cli(["train", "--method", "drtp:DRTP", *TINY, "--option", "mix=2"], tmp_path, [EXAMPLES])
+    assert "mix" in one_error_line(bad)
+    run = cli(["train", "--method", "drtp:DRTP", *TINY, "--option", "mix=0.5", "--out", "run",
+               "--quiet", "--threads", "1"], tmp_path, [EXAMPLES])
+    assert run.returncode == 0 and "finished after 2/2 epochs" in run.stdout, run.stderr
+    diag = cli(["diagnose", "run", "--json", "--threads", "1"], tmp_path, [EXAMPLES])
+    assert diag.returncode == 0, diag.stderr
+    report = json.loads(diag.stdout)
+    assert len(report["gamma"]) == 3 and report["null"] is not None      # Γ at l = 0…L and its null
+    check = cli(["check", "run"], tmp_path, [EXAMPLES])                  # diagnose saved diagnosis.json
+    assert check.returncode == 3 and "incomplete" in check.stdout, check.stderr   # no frozen control

@@ -37,8 +37,9 @@ from creditaudit.data import load_dataset
 WORK = Path("settings-work")          # relative: every test runs in its own tmp folder (chdir)
 
 
-class Stop(Exception):
-    """Raised by the recorded terminal call: the command got as far as it needed to."""
+class Stop(BaseException):
+    """Raised by the recorded terminal call: the command got as far as it needed to (a
+    BaseException, so that no `except Exception` that records a failed run swallows it)."""
 
 
 @dataclass

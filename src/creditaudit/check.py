@@ -63,7 +63,8 @@ def check_path(path: Path) -> tuple[list[str], int, dict]:
         where = f"{path / 'run.json'}"
     elif (path / "config.json").exists():
         raise CreditAuditError(f"{path} has no diagnosis yet; run `creditaudit diagnose {path} "
-                               "--frozen-control CONTROL_DIR --json`, or audit it")
+                               "--frozen-control CONTROL_DIR` (it saves diagnosis.json there), then "
+                               "check again")
     else:
         raise CreditAuditError(f"{path} is neither an audit folder (audit.json) nor a run folder; "
                                "point at the folder `creditaudit audit --out` wrote")

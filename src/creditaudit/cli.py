@@ -4,6 +4,7 @@ print one line and exit 2, without a traceback; `check` exits 0 / 1 / 3 by verdi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -27,6 +28,23 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
+
+
+from .config import MAX_COUNT   # the upper bound of every count option: larger is a typo, not a plan
+
+
+def _count(low: int, high: int = MAX_COUNT):
+    """An argparse type: an integer in low … high (an out-of-range count is refused, never run)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer in {low} … {high}, got {text}")
+        return value
+    parse.__name__ = "count"       # argparse names the type in its message
+    return parse
 
 
 def _option(text: str) -> tuple[str, object]:
@@ -80,12 +98,12 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", default=d("arch"), choices=ARCHITECTURES, metavar="NAME",
                    help=h("arch", f"; one of {_choices(ARCHITECTURES)}"))
     p.add_argument("--seed", type=int, default=d("seed"), help=h("seed"))
-    p.add_argument("--epochs", type=int, default=d("epochs"), help=h("epochs"))
-    p.add_argument("--batch-size", type=int, default=d("batch_size"), help=h("batch_size"))
+    p.add_argument("--epochs", type=_count(1), default=d("epochs"), help=h("epochs"))
+    p.add_argument("--batch-size", type=_count(1, 10 ** 7), default=d("batch_size"), help=h("batch_size"))
     p.add_argument("--lr", type=_finite_float, default=d("lr"), help=h("lr"))
     p.add_argument("--weight-decay", type=_finite_float, default=d("weight_decay"), help=h("weight_decay"))
-    p.add_argument("--width", type=int, default=d("width"), help=h("width"))
-    p.add_argument("--blocks", type=int, default=d("blocks"), help=h("blocks"))
+    p.add_argument("--width", type=_count(1), default=d("width"), help=h("width"))
+    p.add_argument("--blocks", type=_count(0), default=d("blocks"), help=h("blocks"))
     p.add_argument("--activation", default=d("activation"), choices=list(ACTIVATIONS), metavar="NAME",
                    help=h("activation", f"; one of {_choices(ACTIVATIONS)}"))
     p.add_argument("--w2-std", type=_finite_float, default=d("w2_std"), help=h("w2_std"))
@@ -95,9 +113,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     depth = p.add_mutually_exclusive_group()
     depth.add_argument("--frozen", action="store_true", help="blocks frozen at init (the frozen-blocks control)")
     depth.add_argument("--shallow", action="store_true", help="no blocks at all (the shallow control)")
-    depth.add_argument("--trainable-blocks", type=int, metavar="K",
+    depth.add_argument("--trainable-blocks", type=_count(0), metavar="K",
                        help="only the last K blocks train (K=0 is the frozen control) (default: all)")
-    p.add_argument("--stop-when-flagged", type=int, metavar="N",
+    p.add_argument("--stop-when-flagged", type=_count(1), metavar="N",
                    help="end the run once (a) or (b′) has held N epochs (default: train to the end)")
     p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="method option, e.g. --option beta=10 (README, Methods) (default: none)")
@@ -114,7 +132,7 @@ def _add_where_args(p: argparse.ArgumentParser, threads: bool = True) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", default=default(AuditConfig, name),
                        help=f"{field_help(AuditConfig, name)} (default: {default(AuditConfig, name)})")
     if threads:
-        p.add_argument("--threads", type=int, metavar="N",
+        p.add_argument("--threads", type=_count(1, 4096), metavar="N",
                        help="CPU threads (default: the idle cores, 1 to 4)")
 
 
@@ -143,6 +161,7 @@ def _compile_step(args) -> bool | None:
 
 def _cmd_train(args) -> int:
     from .data import load_dataset
+    from .experiments.lock import audit_lock
     from .runs import resolve_device
     from .train import train_run
     from .verdict import Thresholds, first_fire_epochs, stop_rule
@@ -151,19 +170,30 @@ def _cmd_train(args) -> int:
     data = load_dataset(config.dataset, args.data_dir, "cpu")
     config = config.bind_data(data.digest)      # the default folder's key names the data too
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
+    device = resolve_device(args.device)      # a bad device is refused before any folder is made
+    made = [p for p in (out, *out.parents) if not p.exists()]
     tensorboard = None
-    if args.tensorboard:
-        from .trackers import TensorBoardLog
-        tensorboard = TensorBoardLog(args.tensorboard)
     try:
-        run = train_run(config, out, data=data, device=resolve_device(args.device), progress=not args.quiet,
-                        stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**config.stop_thresholds)),
-                        on_epoch=tensorboard, compile_step=_compile_step(args))
-        if tensorboard is not None:
-            tensorboard.log(run.history)     # a run found finished is logged whole
+        with audit_lock(out):            # a second `train` on this folder is refused, as for audits
+            if args.tensorboard:
+                from .trackers import TensorBoardLog
+                tensorboard = TensorBoardLog(args.tensorboard)
+            run = _train_or_record(
+                train_run, config, out, data=data, device=device, progress=not args.quiet,
+                stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**config.stop_thresholds)),
+                on_epoch=tensorboard, compile_step=_compile_step(args))
+            if tensorboard is not None and run is not None:
+                tensorboard.log(run.history)     # a run found finished is logged whole
     finally:
         if tensorboard is not None:
             tensorboard.close()
+        if made and out.is_dir() and {p.name for p in out.iterdir()} <= {".creditaudit.lock"}:
+            (out / ".creditaudit.lock").unlink(missing_ok=True)   # refused before anything was
+            for folder in made:                                   # written: leave no empty folders
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+    if run is None:
+        return EXIT_INCOMPLETE
     last = run.history[-1]
     fired = first_fire_epochs(run.history, Thresholds())
     print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
@@ -177,6 +207,24 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _train_or_record(train_run, config, out: Path, **train_kwargs):
+    """train_run, with a run that raises (a user's rule, say) recorded like the audit records it:
+    its traceback in <out>/error.txt, one line on stderr, and None (exit 3) instead of a traceback."""
+    import time
+    from .runs import failure_record
+    t0 = time.perf_counter()
+    try:
+        return train_run(config, out, **train_kwargs)
+    except (CreditAuditError, OSError, KeyboardInterrupt):
+        raise
+    except Exception as err:  # noqa: BLE001 — the run failed; its traceback goes to error.txt
+        record = failure_record(out, err, time.perf_counter() - t0)
+        print(f"creditaudit: the run {config.label} failed: {record['message']}; fix the method or "
+              "settings it names, then run the same command again (finished epochs are kept)",
+              file=sys.stderr)
+        return None
+
+
 # -- diagnose / calibrate / check -------------------------------------------------------------------
 def _load_for_diagnosis(args):
     """The run, its eval batches and (optionally) its checked frozen control."""
@@ -186,10 +234,38 @@ def _load_for_diagnosis(args):
     run = load_run(args.run_dir, resolve_device(args.device))
     control = None
     if getattr(args, "frozen_control", None):
+        if Path(args.frozen_control).is_file():
+            raise CreditAuditError(f"--frozen-control {args.frozen_control} is a file; for a run folder "
+                                   "give the control's run folder (`creditaudit train ... --frozen --out "
+                                   "DIR`), a weights file only with --model")
         control = load_run(args.frozen_control, "cpu")
         check_frozen_control(run, control)
     data = load_dataset(run.config.dataset, args.data_dir, next(run.model.parameters()).device)
-    return run, eval_batches(data, args.eval_batches), control, data
+    batches = eval_batches(data, args.eval_batches)
+    _check_credit(run, *batches[0])
+    return run, batches, control, data
+
+
+def _check_credit(run, x, y) -> None:
+    """A method's credit() must give one tensor per residual position h_0 … h_L, each shaped like
+    h_l: a rule that does not is refused in one line naming what it returned."""
+    import torch
+    from .model import as_stream
+    name = run.config.method
+    try:
+        credit = run.method.credit(x, y)
+    except Exception as err:  # noqa: BLE001 — a user's rule failing is theirs to fix
+        raise CreditAuditError(f"the credit() of method {name!r} raised {type(err).__name__}: "
+                               f"{' '.join(str(err).split())[:200]}; fix the method "
+                               "(docs/WRITING_A_RULE.md)") from None
+    with torch.no_grad():
+        shapes = [tuple(h.shape) for h in as_stream(run.model).hidden(x)]
+    got = ([tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in credit]
+           if isinstance(credit, (list, tuple)) else type(credit).__name__)
+    if got != shapes:
+        raise CreditAuditError(f"the credit() of method {name!r} returned {got}; it must return a list of "
+                               f"{len(shapes)} tensors a_0 … a_L shaped like h_l, {shapes} "
+                               "(docs/WRITING_A_RULE.md)")
 
 
 def _diagnose_user_model(args):
@@ -208,10 +284,19 @@ def _diagnose_user_model(args):
     batches = eval_batches(data, args.eval_batches)
     ev = user_model_evidence(args.model, args.weights, data, batches, frozen=args.frozen_control,
                              init=args.init_weights, device=device)
-    report = diagnose(ev["model"], batches, frozen_acc=ev["frozen_acc"], test_acc=ev["test_acc"],
-                      monitor_history=ev["history"], rho=getattr(args, "rho", False),
-                      label=f"{args.model} ({Path(args.weights).name})")
+    unverified = ev["control_unverified"]
+    # an unverified control is no evidence for (d): it is not evaluated, so never "trustworthy"
+    report = diagnose(ev["model"], batches, frozen_acc=None if unverified else ev["frozen_acc"],
+                      test_acc=ev["test_acc"], monitor_history=ev["history"],
+                      rho=getattr(args, "rho", False), label=f"{args.model} ({Path(args.weights).name})")
     report.first_fire = None          # two snapshots (init, now) are no training-time monitor
+    if unverified:
+        why = (f"the frozen control {args.frozen_control} (accuracy {ev['frozen_acc']:.4f} vs "
+               f"{ev['test_acc']:.4f}) is unverified: {unverified}")
+        old = report.not_evaluated.get("d")
+        report.not_evaluated["d"] = why
+        report.notes = [n for n in report.notes if old is None or old not in n]
+        report.notes.append(f"(d) not evaluated: {why}.")
     return report
 
 
@@ -238,6 +323,13 @@ def _cmd_diagnose(args) -> int:
     else:
         report = _diagnosis(args)
     print(report.to_json(indent=2) if args.json else report)
+    if args.run_dir:                  # saved beside the run, so `creditaudit check RUN_DIR` reads it
+        from .store import write_sealed_json
+        try:
+            write_sealed_json(Path(args.run_dir) / "diagnosis.json", report.to_dict())
+        except OSError as err:
+            print(f"creditaudit: note: could not save {Path(args.run_dir) / 'diagnosis.json'} "
+                  f"({err.strerror or err}); the diagnosis above stands", file=sys.stderr)
     return 0
 
 
@@ -286,19 +378,29 @@ def _audit_raw(args) -> dict:
     return raw
 
 
+def _require_schedule(args, raw: dict) -> None:
+    """A config file without a preset must say how long to train (checked after its keys are
+    validated): an empty one must not start the default schedule, 100 epochs per run, silently."""
+    if args.config and "preset" not in raw and "epochs" not in raw:
+        raise CreditAuditError(f"{args.config} sets neither epochs nor a preset; add epochs = 15 (or "
+                               'preset = "quick") to it, or pass --epochs N')
+
+
 def _cmd_audit(args) -> int:
     from .config import audit_config_from_dict
     from .experiments import audit
     from .experiments.lock import audit_lock
     from .report import compact_table, write_report
     from .verdict import Thresholds, verdict_of
-    config = audit_config_from_dict(_audit_raw(args), where=args.config or "the audit settings")
+    raw = _audit_raw(args)
+    config = audit_config_from_dict(raw, where=args.config or "the audit settings")
+    _require_schedule(args, raw)
     n_runs = len(config.run_configs())
     print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
           f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
     with audit_lock(Path(config.out)):
         result = audit(config, progress=not args.quiet, compile_step=_compile_step(args))
-        files = write_report(result, Path(config.out))
+        files = _write_report_together(write_report, result, Path(config.out))
     if args.tensorboard:              # every run's monitor history, one log folder per run
         from .trackers import log_runs
         log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))
@@ -311,16 +413,51 @@ def _cmd_audit(args) -> int:
           f"{result['runs_trained_now']} runs trained now, {result['wall_time']:.0f} s")
     parts = []
     if failed:
-        parts.append(f"{len(failed)} run(s) failed (listed in audit.md); run the same command again "
-                     "to retry them — finished runs are reused")
+        parts.append(_failed_runs_advice(failed, "audit.md"))
     if incomplete:
         parts.append(f"incomplete verdict for {', '.join(incomplete)}: evidence missing or "
                      "undetermined (see 'missing' under Reasons in audit.md)")
     if parts:
-        print("creditaudit: " + "; ".join(parts), file=sys.stderr)
+        print("creditaudit: " + "; ".join(parts) + " — exit status 3: the audit is not complete "
+              "(0 = complete; `creditaudit check` gives the verdicts' status)", file=sys.stderr)
     if failed or incomplete:
         return EXIT_INCOMPLETE
     return 0
+
+
+# a failure that may pass on a second try (the disk, the machine); any other failure repeats
+_TRANSIENT = ("cannot write", "interrupted", "worker", "killed", "out of memory")
+
+
+def _failed_runs_advice(failed: list[dict], where: str) -> str:
+    """One clause for failed runs: retry only what a retry can fix; otherwise say what to change."""
+    transient = [r for r in failed if any(t in str(r.get("message", "")).lower() for t in _TRANSIENT)]
+    if len(transient) == len(failed):
+        return (f"{len(failed)} run(s) failed (listed in {where}); run the same command again to "
+                "retry them — finished runs are reused")
+    first = next(r for r in failed if r not in transient)
+    message = " ".join(str(first.get("message", "")).split())
+    message = message if len(message) <= 240 else message[:237] + "..."
+    return (f"{len(failed)} run(s) failed (listed in {where}); they fail the same way on a rerun "
+            f"until the cause is changed — first: {first.get('label')}: {message}")
+
+
+def _write_report_together(write_report, result: dict, out: Path) -> dict:
+    """write_report into a temporary folder beside the report, then move every file in: a write
+    that fails (a full disk) leaves the previous report whole rather than half old, half new."""
+    import shutil
+    import tempfile
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
+    try:
+        staged = write_report(result, staging)
+        files = {}
+        for name, path in staged.items():      # renames within one folder: they need no space
+            os.replace(path, out / path.name)
+            files[name] = out / path.name
+        return files
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _experiment_config(args, methods: list[str] | None = None):
@@ -328,7 +465,9 @@ def _experiment_config(args, methods: list[str] | None = None):
     raw = _audit_raw(args)
     if methods is not None:
         raw["methods"] = methods
-    return audit_config_from_dict(raw, where=args.config or "the settings")
+    config = audit_config_from_dict(raw, where=args.config or "the settings")
+    _require_schedule(args, raw)
+    return config
 
 
 def _cmd_ladder(args) -> int:
@@ -343,13 +482,14 @@ def _cmd_ladder(args) -> int:
     out = Path(args.out or EXPERIMENT_OUT["ladder"])
     bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
     with audit_lock(out):
+        _refuse_other_result(out / "ladder.json", {"base": [c.to_dict() for c in bases]})
         result = ladder(bases, out, execution=execution_of(config, _compile_step(args)),
                         thresholds=Thresholds(**config.thresholds), n_eval=config.eval_batches,
                         progress=not args.quiet)
         ladder_figure(result, out / "ladder.png")
     print(ladder_table(result))
     print(f"written: {out / 'ladder.json'}, {out / 'ladder.png'}")
-    return 0
+    return _experiment_exit(result, "ladder.json")
 
 
 def _cmd_penalty(args) -> int:
@@ -361,8 +501,12 @@ def _cmd_penalty(args) -> int:
     from .report.figures import penalty_figure
     from .report.tables import penalty_table
     from .verdict import Thresholds
+    from .methods import resolve_method_name
     sweeps = sweep_defaults()
-    method = args.method or next(iter(sweeps))
+    method = resolve_method_name(args.method) if args.method else next(iter(sweeps))
+    if args.lambdas and len(set(args.lambdas)) != len(args.lambdas):
+        dupes = sorted({f"{v:g}" for v in args.lambdas if args.lambdas.count(v) > 1})
+        raise CreditAuditError(f"--lambdas lists {', '.join(dupes)} more than once; list each λ once")
     if method not in sweeps and not args.lambdas:
         raise CreditAuditError(f"method {method!r} declares no λ sweep; give --lambdas, or choose one "
                                f"of {_choices(sweeps)}")
@@ -371,13 +515,40 @@ def _cmd_penalty(args) -> int:
     out = Path(args.out or EXPERIMENT_OUT["penalty-sweep"])
     bases = [config.base_config(method, s) for s in config.seeds]
     with audit_lock(out):
+        _refuse_other_result(out / "penalty_sweep.json", {"base": [c.to_dict() for c in bases],
+                                                          "lambdas": [float(v) for v in lambdas]})
         result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config, _compile_step(args)),
                                thresholds=Thresholds(**config.thresholds), n_eval=config.eval_batches,
                                progress=not args.quiet)
         penalty_figure(result, out / "penalty_sweep.png")
     print(penalty_table(result))
     print(f"written: {out / 'penalty_sweep.json'}, {out / 'penalty_sweep.png'}")
-    return 0
+    return _experiment_exit(result, "penalty_sweep.json")
+
+
+def _refuse_other_result(path: Path, wanted: dict) -> None:
+    """Refuse to replace a ladder's or sweep's result file with one of other settings (the audit
+    does the same for audit.json): the finished result is kept."""
+    from .store import json_safe, read_sealed_json
+    if not path.exists():
+        return
+    old = read_sealed_json(path, f"creditaudit result ({path.name})")
+    wanted = json.loads(json.dumps(json_safe(wanted)))
+    if any(old.get(k) != v for k, v in wanted.items()):
+        raise CreditAuditError(f"{path.parent} already holds a {path.name} of other settings (methods, "
+                               "seeds, schedule, model or λ); give this one its own --out, or delete "
+                               "that folder to replace it")
+
+
+def _experiment_exit(result: dict, where: str) -> int:
+    """0 when every run of a ladder or sweep ended; else one line and exit 3 (as the audit)."""
+    failed = [r for r in result.get("runs") or [] if r["status"] not in ("finished", "stopped", "diverged")]
+    if not failed:
+        return 0
+    every = " (every run)" if len(failed) == len(result["runs"]) else ""
+    print(f"creditaudit: {_failed_runs_advice(failed, where)}{every} — exit status 3: the result is "
+          "not complete", file=sys.stderr)
+    return EXIT_INCOMPLETE
 
 
 def _cmd_identity(args) -> int:
@@ -425,7 +596,7 @@ def _cmd_report(args) -> int:
     from .report import compact_table, write_report
     audit_dir = Path(args.audit_dir)
     result = read_audit(audit_dir)
-    files = write_report(result, audit_dir)
+    files = _write_report_together(write_report, result, audit_dir)
     print(compact_table(result))
     print(f"\nwritten from {audit_dir / 'audit.json'}: {', '.join(sorted(p.name for p in files.values()))}")
     return 0
@@ -471,20 +642,20 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
                        help=f"methods to audit: some of {_choices(METHODS)}, or PKG.MODULE:CLASS "
                             "(default: from the preset: all built-in methods)")
     p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help=h("seeds"))
-    p.add_argument("--epochs", type=int, help=h("epochs"))
+    p.add_argument("--epochs", type=_count(1), help=h("epochs"))
     p.add_argument("--out", metavar="DIR", help="output folder (default: audits/<preset>, or as named below)")
     p.add_argument("--device", help=f"{field_help(AuditConfig, 'device')} (default: {default(AuditConfig, 'device')})")
     p.add_argument("--no-compile", action="store_true",
                    help="train every step eagerly (default: compiled into CUDA graphs on a GPU, eager on a CPU)")
     p.add_argument("--data-dir", dest="data_dir", metavar="DIR",
                    help=f"{field_help(AuditConfig, 'data_dir')} (default: {default(AuditConfig, 'data_dir')})")
-    p.add_argument("--jobs", type=int, help=f"{field_help(AuditConfig, 'jobs')} (default: 0)")
-    p.add_argument("--eval-batches", dest="eval_batches", type=int,
+    p.add_argument("--jobs", type=_count(0, 4096), help=f"{field_help(AuditConfig, 'jobs')} (default: 0)")
+    p.add_argument("--eval-batches", dest="eval_batches", type=_count(1),
                    help=f"{field_help(AuditConfig, 'eval_batches')} (default: {default(AuditConfig, 'eval_batches')})")
     p.add_argument("--executor", choices=EXECUTORS,
                    help=f"{field_help(AuditConfig, 'executor')}: {_choices(EXECUTORS)} (default: local)")
     p.add_argument("--address", help=f"{field_help(AuditConfig, 'address')} (default: start a local Ray)")
-    p.add_argument("--max-retries", dest="max_retries", type=int,
+    p.add_argument("--max-retries", dest="max_retries", type=_count(0, 1000),
                    help=f"{field_help(AuditConfig, 'max_retries')} (default: {default(AuditConfig, 'max_retries')})")
     stacking = p.add_mutually_exclusive_group()
     stacking.add_argument("--stack", dest="stack", action="store_const", const=True,
@@ -564,7 +735,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "diagnose":
             _add_user_model_args(d)
         d.add_argument("--json", action="store_true", help="print the report as JSON")
-        d.add_argument("--eval-batches", type=int, default=default(AuditConfig, "eval_batches"),
+        d.add_argument("--eval-batches", type=_count(1), default=default(AuditConfig, "eval_batches"),
                        help=f"{field_help(AuditConfig, 'eval_batches')} "
                             f"(default: {default(AuditConfig, 'eval_batches')})")
         _add_where_args(d)
@@ -576,8 +747,8 @@ def build_parser() -> argparse.ArgumentParser:
             d.add_argument("--rho", action="store_true", help="also measure ρ at layers 1…L")
         else:
             null_k = _param_default(diagnose, "null_k")
-            d.add_argument("--null-draws", type=int, default=null_k,
-                           help=f"fresh feedback draws of Γ's null (default: {null_k})")
+            d.add_argument("--null-draws", type=_count(1), default=null_k,
+                           help=f"fresh feedback draws of Γ's null, 1 … {MAX_COUNT} (default: {null_k})")
 
     c = _sub(sub, "check", "verdict gate for CI: exit 0 trustworthy, 1 walk back, 3 incomplete, 2 error",
              "  creditaudit check audits/quick\n"
@@ -588,7 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_user_model_args(c)
     c.add_argument("--frozen-control", metavar="FILE",
                    help="with --model: the frozen control's weights (default: none)")
-    c.add_argument("--eval-batches", type=int, default=default(AuditConfig, "eval_batches"),
+    c.add_argument("--eval-batches", type=_count(1), default=default(AuditConfig, "eval_batches"),
                    help=f"with --model: eval batches (default: {default(AuditConfig, 'eval_batches')})")
     _add_where_args(c)
     c.set_defaults(run_dir=None)
@@ -627,8 +798,8 @@ def build_parser() -> argparse.ArgumentParser:
     seeds = list(default(AuditConfig, "seeds"))
     ident.add_argument("--seeds", nargs="+", type=int, default=seeds,
                        help=f"(default: {' '.join(map(str, seeds))})")
-    ident.add_argument("--width", type=int, default=r("width"), help=f"(default: {r('width')})")
-    ident.add_argument("--blocks", type=int, default=r("blocks"), help=f"(default: {r('blocks')})")
+    ident.add_argument("--width", type=_count(1), default=r("width"), help=f"(default: {r('width')})")
+    ident.add_argument("--blocks", type=_count(0), default=r("blocks"), help=f"(default: {r('blocks')})")
     ident.add_argument("--activation", default=r("activation"), choices=list(ACTIVATIONS), metavar="NAME",
                        help=f"one of {_choices(ACTIVATIONS)} (default: {r('activation')})")
     ident.add_argument("--w2-std", type=_finite_float, default=r("w2_std"), help=f"(default: {r('w2_std')})")
@@ -651,7 +822,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Bad options are user errors like any other: one line, exit 2 (no usage block)."""
+    """Bad options are user errors like any other: one line, exit 2 (no usage block). Options are
+    never abbreviated (--epoch is not --epochs): a typo must not silently pick an option."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise CreditAuditError(f"{message} (see: {self.prog} --help)")

@@ -29,6 +29,7 @@ from .verdict import Thresholds
 
 INT64_MAX = 2 ** 63 - 1
 PRECISIONS = ("fp32", "tf32", "bf16")   # a run's training-step numerics (RunConfig.precision)
+MAX_COUNT = 100_000             # the largest epochs / width / blocks / … accepted: larger is a typo
 PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training] lam goes to every
                                 # method that declares this option
 
@@ -105,12 +106,13 @@ class RunConfig:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise CreditAuditError(f"{name} must be an integer, got {value!r}")
         for name in ("epochs", "batch_size", "width"):
-            if getattr(self, name) < 1:
-                raise CreditAuditError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+            if not 1 <= getattr(self, name) <= (10 ** 7 if name == "batch_size" else MAX_COUNT):
+                raise CreditAuditError(f"{name} must be a positive integer ≤ "
+                                       f"{10 ** 7 if name == 'batch_size' else MAX_COUNT}, got {getattr(self, name)!r}")
         if not 0 <= self.seed <= INT64_MAX:
             raise CreditAuditError(f"seed must lie in 0 … 2^63−1, got {self.seed}")
-        if self.blocks < 0:
-            raise CreditAuditError(f"blocks must be an integer ≥ 0, got {self.blocks!r}")
+        if not 0 <= self.blocks <= MAX_COUNT:
+            raise CreditAuditError(f"blocks must be an integer in 0 … {MAX_COUNT}, got {self.blocks!r}")
         k = self.trainable_blocks
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= self.blocks):
             raise CreditAuditError(
@@ -141,7 +143,7 @@ class RunConfig:
             raise CreditAuditError(f"precision must be one of {', '.join(PRECISIONS)}, got "
                                    f"{self.precision!r}")
         swf = self.stop_when_flagged
-        if swf is not None and (not isinstance(swf, int) or isinstance(swf, bool) or swf < 1):
+        if swf is not None and (not isinstance(swf, int) or isinstance(swf, bool) or not 1 <= swf <= MAX_COUNT):
             raise CreditAuditError(
                 f"stop_when_flagged must be ≥ 1 epoch, got {self.stop_when_flagged!r}")
         object.__setattr__(self, "stop_thresholds", _stop_thresholds(self.stop_thresholds, swf))
@@ -357,8 +359,8 @@ def _merge(base: dict, override: dict) -> dict:
 
 def _int(raw: dict, key: str, where: str, low: int, what: str) -> int:
     value = raw.get(key, default(AuditConfig, key))
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise CreditAuditError(f"{key} in {where} must be {what}, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_COUNT:
+        raise CreditAuditError(f"{key} in {where} must be {what} (at most {MAX_COUNT}), got {value!r}")
     return value
 
 
@@ -410,6 +412,9 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
                 or value < 0:
             raise CreditAuditError(f"threshold {key} in {where} must be a finite number ≥ 0, got {value!r}")
     model = dict(raw.get("model", {}))
+    if not isinstance(model.get("options", {}), dict):
+        raise CreditAuditError(f"options in [model] of {where} must be a table of architecture options "
+                               f"([model.options]), got {model['options']!r}")
     if "blocks" in model and (not isinstance(model["blocks"], int) or model["blocks"] < 1):
         raise CreditAuditError(f"blocks in [model] of {where} must be ≥ 1 (the shallow control, no "
                                f"blocks, is trained by the audit itself), got {model['blocks']!r}")
@@ -420,8 +425,8 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
     if address is not None and not isinstance(address, str):
         raise CreditAuditError(f"address in {where} must be a string (auto or HOST:PORT), got {address!r}")
     for key in ("dataset", "out", "data_dir", "device"):
-        if key in raw and not isinstance(raw[key], str):
-            raise CreditAuditError(f"{key} in {where} must be a string, got {raw[key]!r}")
+        if key in raw and (not isinstance(raw[key], str) or not raw[key].strip()):
+            raise CreditAuditError(f"{key} in {where} must be a non-empty string, got {raw[key]!r}")
     stack = raw.get("stack")
     if stack is not None and not isinstance(stack, bool):
         raise CreditAuditError(f"stack in {where} must be true or false, got {stack!r}")
@@ -457,3 +462,6 @@ def load_audit_toml(path: str | Path) -> dict[str, Any]:
         raise CreditAuditError(f"config file {path} is a folder; give a .toml file") from None
     except tomllib.TOMLDecodeError as err:
         raise CreditAuditError(f"{path} is not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise CreditAuditError(f"{path} is not a text file (not UTF-8); give an audit TOML file, "
+                               "e.g. examples/quick.toml") from None

@@ -5,7 +5,7 @@
     RUN/metrics.jsonl      one line per completed epoch (epoch 0 = at initialisation)
     RUN/status.json        how training ended: finished / stopped / diverged, epochs completed
     RUN/error.txt          the traceback of a run that raised
-    RUN/diagnosis.json     the audit's diagnosis of the run
+    RUN/diagnosis.json     the latest diagnosis of the run (the audit's, or `creditaudit diagnose`'s)
 
 Nothing here trains or judges; `train.py` writes runs, the experiments read them through `load_run`.
 """
@@ -53,6 +53,8 @@ def as_device(device: str | torch.device | None, default: torch.device | None = 
         dev = torch.device(device)
     except RuntimeError:
         raise CreditAuditError(f"unknown device {device!r}; use cpu, cuda, cuda:N or auto") from None
+    if dev.type not in ("cpu", "cuda"):   # meta, xla, …: no tensor there can be read back or trained
+        raise CreditAuditError(f"device {device!r} cannot train or measure; use cpu, cuda, cuda:N or auto")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise CreditAuditError(f"device {device!r} asked for, but this machine has no CUDA GPU; "
                                "use --device cpu (or auto)")
@@ -134,9 +136,11 @@ def load_run(run_dir: str | Path, device: str | torch.device | None = None) -> R
     `device` (default: the CPU, where a checkpoint's tensors are read)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise CreditAuditError(f"run folder {run_dir} does not exist")
+        raise CreditAuditError(f"{run_dir} is a file, not a run folder; give the folder `creditaudit train "
+                               "--out` wrote" if run_dir.is_file() else f"run folder {run_dir} does not exist")
     config = read_config(run_dir)
     meta, state = store.load_checkpoint(run_dir)
+    store.check_metrics_log(run_dir, state["history"])
     model = build_model(config, tuple(meta["input_shape"]), meta["n_classes"])
     try:
         model.load_state_dict(state.pop("model"))

@@ -292,6 +292,29 @@ def json_number(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
 
+def check_metrics_log(run_dir: Path, history: list[dict]) -> None:
+    """Refuse a metrics.jsonl that disagrees with the sealed checkpoint's history (the truth).
+
+    The log is a readable copy of that history, rewritten after each checkpoint; a kill between the
+    two writes leaves it one epoch short, so a log that is a prefix of the history is accepted. Any
+    other difference (an edited accuracy, a dropped or added line) is refused in one line."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return
+    try:
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        lines = None
+    truth = json.loads(json.dumps([json_safe(r) for r in history], allow_nan=False))
+    if lines is None or len(lines) > len(truth) or len(truth) - len(lines) > 1 \
+            or lines != truth[:len(lines)]:
+        epoch = next((i for i, (a, b) in enumerate(zip(lines or [], truth)) if a != b), None)
+        where = f" at epoch {truth[epoch].get('epoch', epoch)}" if epoch is not None else ""
+        raise CreditAuditError(f"{path} disagrees with the sealed checkpoint history{where} (it was edited "
+                               "or replaced); the checkpoint is the record — restore the file, or delete "
+                               "it to read the run from its checkpoint alone")
+
+
 def write_metrics(run_dir: Path, history: list[dict]) -> None:
     """Rewrite metrics.jsonl from the full history (atomic; at most a few hundred lines)."""
     atomic_write_text(Path(run_dir) / "metrics.jsonl",

@@ -7,10 +7,18 @@ The protocol a model must follow (docs/ADD_A_METHOD.md, "Your own model"): FACTO
 arguments and returns a torch.nn.Module that exposes its residual stream, either by subclassing
 `creditaudit.model.ResidualModel` or by having a `.stream()` method returning a
 `creditaudit.ResidualStream` (embed, steps, readout). Its forward must accept the dataset's
-prepared inputs (images (N, C, H, W) or features (N, D)). Weights are read with safetensors only, so
-loading cannot run code. The frozen control is the same FACTORY with its blocks left at
-initialisation and the rest trained; its weights give (d). The weights at initialisation, when
-given, give (a′) its growth-since-init part.
+prepared inputs (images (N, C, H, W) or features (N, D)) and return logits (N, C) with C the
+dataset's class count; a model that does not is refused in one line before anything is measured.
+Weights are read with safetensors only, so loading cannot run code.
+
+The frozen control is the same FACTORY with its blocks left at initialisation and the rest trained;
+its weights give (d). The weights at initialisation, when given, give (a′) its growth-since-init
+part, and make the control checkable: its block parameters must equal the initial ones exactly, and
+its embedding and its head must each differ from them (a control that fails either is refused in
+one line, exit 2 — passing the initial weights, or the trained weights, as the control is caught).
+Without the initial weights the control cannot be checked: (d) is then "not evaluated" (its
+accuracy and gap are reported in a note, not judged), so the verdict is at best "incomplete".
+Weights identical to --weights are refused as a control either way.
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ import torch
 from .errors import CreditAuditError
 from .metrics import accuracy, monitor_snapshot
 from .model import ResidualStream
+
 
 
 def import_factory(spec: str):
@@ -51,9 +60,14 @@ def build_user_model(spec: str) -> torch.nn.Module:
         raise CreditAuditError(f"{spec}() returned a {type(model).__name__}; it must return a "
                                "torch.nn.Module with a .stream() method (subclass "
                                "creditaudit.model.ResidualModel, or see docs/ADD_A_METHOD.md)")
-    if not isinstance(model.stream(), ResidualStream):
+    try:
+        stream = model.stream()
+    except Exception as err:  # noqa: BLE001
+        raise CreditAuditError(f"{spec}(): .stream() raised {type(err).__name__}: {err}; it must return "
+                               "a creditaudit.ResidualStream") from None
+    if not isinstance(stream, ResidualStream):
         raise CreditAuditError(f"{spec}(): .stream() must return a creditaudit.ResidualStream, "
-                               f"got {type(model.stream()).__name__}")
+                               f"got {type(stream).__name__}")
     return model
 
 
@@ -62,6 +76,8 @@ def load_weights(model: torch.nn.Module, path: str | Path, what: str = "weights"
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     path = Path(path)
+    if path.is_dir():
+        raise CreditAuditError(f"{what} file {path} is a folder; give the .safetensors file itself")
     if not path.is_file():
         raise CreditAuditError(f"{what} file {path} not found")
     try:
@@ -77,22 +93,121 @@ def load_weights(model: torch.nn.Module, path: str | Path, what: str = "weights"
     return model
 
 
+def check_model_fits_data(model: torch.nn.Module, spec: str, x: torch.Tensor, n_classes: int) -> None:
+    """Refuse, in one line, a model whose forward (or residual stream) cannot take the dataset's
+    prepared inputs or does not return (N, n_classes) logits — before any measurement needs it."""
+    shape = tuple(x.shape)
+    try:
+        with torch.no_grad():
+            logits = model(x)
+            stream = model.stream()
+            streamed = stream.forward_from(0, stream.embed(x))
+    except NotImplementedError:
+        raise CreditAuditError(f"{spec}() returned a {type(model).__name__} without a forward; "
+                               "define forward(x) returning logits (N, classes)") from None
+    except Exception as err:  # noqa: BLE001 — the user's forward failing on our inputs is theirs to fix
+        detail = " ".join(str(err).split())[:200]
+        raise CreditAuditError(f"{spec}(): the forward on the dataset's prepared inputs {shape} raised "
+                               f"{type(err).__name__}: {detail}; make the model accept inputs of "
+                               f"shape (N, {', '.join(map(str, shape[1:]))})") from None
+    for what, out in (("forward", logits), (".stream() readout", streamed)):
+        if not isinstance(out, torch.Tensor) or out.dim() != 2 or tuple(out.shape) != (shape[0], n_classes):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise CreditAuditError(f"{spec}(): its {what} returns {got} for {shape[0]} inputs, but the "
+                                   f"dataset has {n_classes} classes; it must return logits "
+                                   f"({shape[0]}, {n_classes})")
+
+
+def _step_module(step) -> torch.nn.Module | None:
+    """The module behind one residual step: the step itself, its `.block`, or a bound method's owner."""
+    for candidate in (step, getattr(step, "block", None), getattr(step, "__self__", None)):
+        if isinstance(candidate, torch.nn.Module):
+            return candidate
+    return None
+
+
+def parameter_groups(model: torch.nn.Module) -> dict[str, set[str]] | None:
+    """Parameter names of the model's blocks, embedding and head (None when the blocks' parameters
+    cannot be told apart from the rest: a `.stream()` whose steps are not modules of the model).
+
+    A ResidualModel names its embedding and head parameters; for a `.stream()` model everything
+    outside the blocks counts as "embedding and head" together."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    stream = model.stream()
+    modules = [_step_module(s) for s in stream.steps]
+    if any(m is None or m is model for m in modules):
+        modules = [_step_module(b) for b in stream.branches or []]
+        if not modules or any(m is None or m is model for m in modules):
+            return None
+    blocks = {names[id(p)] for m in modules for p in m.parameters() if id(p) in names}
+    rest = set(names.values()) - blocks
+    embed_params = getattr(model, "embed_parameters", None)
+    head_params = getattr(model, "head_parameters", None)
+    try:
+        groups = {"embedding": {names[id(p)] for p in embed_params()},
+                  "head": {names[id(p)] for p in head_params()}}
+    except Exception:  # noqa: BLE001 — not a ResidualModel: one group for everything but the blocks
+        groups = {"embedding and head": rest}
+    return {"blocks": blocks, **groups}
+
+
+def check_frozen_control(model: torch.nn.Module, control: torch.nn.Module, init: torch.nn.Module | None,
+                         control_path: str) -> str | None:
+    """Verify that `control` is `model`'s frozen-blocks control; refuse one that is not.
+
+    With the initial weights: every block parameter equals init, and the embedding and the head
+    each moved. Without them only the weights can be compared with the model's: identical ones are
+    refused, anything else is unverified. Returns None when verified, else why it is unverified.
+    """
+    mine, theirs = dict(model.named_parameters()), dict(control.named_parameters())
+    if all(torch.equal(mine[n], theirs[n]) for n in mine):
+        raise CreditAuditError(f"the frozen control {control_path} holds the same weights as --weights "
+                               "(a depth gap of 0 by construction); give the weights of the model "
+                               "trained with its blocks left at initialisation")
+    groups = parameter_groups(control)
+    if init is None:
+        return ("without --init-weights its blocks cannot be checked against initialisation; give "
+                "--init-weights INIT.safetensors")
+    if groups is None:
+        return ("the model's .stream() steps are not modules of the model, so its block parameters "
+                "cannot be compared with --init-weights; make each step an nn.Module (or its .block)")
+    start = dict(init.named_parameters())
+    moved = sorted(n for n in groups["blocks"] if not torch.equal(theirs[n], start[n]))
+    if moved:
+        raise CreditAuditError(f"the frozen control {control_path} is not frozen at initialisation: "
+                               f"{len(moved)} block parameter(s) differ from --init-weights (first: "
+                               f"{moved[0]}); train the control with its blocks left at their initial "
+                               "values")
+    for part, names in groups.items():
+        if part != "blocks" and names and all(torch.equal(theirs[n], start[n]) for n in names):
+            raise CreditAuditError(f"the frozen control {control_path} is untrained: its {part} equal "
+                                   "--init-weights; train its embedding and head with the blocks frozen, "
+                                   "then pass those weights")
+    return None
+
+
 def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str | None = None,
                         init: str | None = None, device: torch.device | None = None) -> dict:
     """The model and what `protocol.diagnose` needs beside it: its test accuracy, the frozen
-    control's accuracy (or None), and a two-row monitor history (init, now) when `init` is given.
-    The models are put on `device`, by default where the data are."""
+    control's accuracy (or None), whether the control was verified (`control_unverified`: why not,
+    or None), and a two-row monitor history (init, now) when `init` is given. The models are put on
+    `device`, by default where the data are."""
     device = data.device if device is None else device
     model = load_weights(build_user_model(spec), weights).to(device).eval()
+    x, y = batches[0]
+    check_model_fits_data(model, spec, x, data.n_classes)
     test_acc = accuracy(model, data.eval_batches("test", 1000))
-    frozen_acc = None
-    if frozen:
-        control = load_weights(build_user_model(spec), frozen, "frozen-control weights").to(device).eval()
-        frozen_acc = accuracy(control, data.eval_batches("test", 1000))
-    history = None
+    start = None
     if init:
         start = load_weights(build_user_model(spec), init, "initial weights").to(device).eval()
-        x, y = batches[0]
+    frozen_acc, unverified = None, None
+    if frozen:
+        control = load_weights(build_user_model(spec), frozen, "frozen-control weights").to(device).eval()
+        unverified = check_frozen_control(model, control, start, frozen)
+        frozen_acc = accuracy(control, data.eval_batches("test", 1000))
+    history = None
+    if start is not None:
         history = [{"epoch": 0, "test_acc": None, **monitor_snapshot(start, x, y).to_dict()},
                    {"epoch": 1, "test_acc": test_acc, **monitor_snapshot(model, x, y).to_dict()}]
-    return {"model": model, "test_acc": test_acc, "frozen_acc": frozen_acc, "history": history}
+    return {"model": model, "test_acc": test_acc, "frozen_acc": frozen_acc,
+            "control_unverified": unverified, "history": history}

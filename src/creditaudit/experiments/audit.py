@@ -2,6 +2,7 @@
 written to <out>/audit.json (the report is drawn from that file alone)."""
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import asdict
@@ -10,6 +11,7 @@ from typing import Sequence
 
 from .. import __version__, store
 from ..config import AuditConfig, RunConfig
+from ..errors import CreditAuditError
 from ..store import json_number as _num
 from ..runs import canonical_control
 from ..verdict import (SeedEvidence, SeedNoise, Thresholds, flag_table, interval, method_verdict,
@@ -150,6 +152,7 @@ def frozen_control_of(config: RunConfig) -> RunConfig | None:
 def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None = False) -> dict:
     """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back."""
     out = Path(config.out)
+    check_same_audit(out, config)
     thresholds = Thresholds(**config.thresholds)
     canonical = [canonical_control(c) for c in config.run_configs()]
     runs = list({c.run_key: c for c in canonical}.values())     # provably equal runs, trained once
@@ -183,6 +186,31 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
     }
     store.write_sealed_json(out / "audit.json", store.json_safe(result))
     return read_audit(out)
+
+
+# what an audit's result depends on; where and how it ran (device, jobs, executor, …) and the
+# preset's name do not change it, so a rerun that differs only there may rewrite the report
+_RESULT_KEYS = ("dataset", "methods", "seeds", "epochs", "controls", "eval_batches", "model",
+                "training", "thresholds", "options")
+
+
+def check_same_audit(out: Path, config: AuditConfig) -> None:
+    """Refuse to replace <out>/audit.json (and its report) with an audit of another configuration:
+    the finished report is kept, and the user picks another --out or deletes the folder. An audit
+    that extends the old one (more methods or seeds, every other setting equal) is allowed: its
+    report holds every row of the old one, so nothing is lost."""
+    path = Path(out) / "audit.json"
+    if not path.exists():
+        return
+    old = read_audit(out).get("config") or {}
+    new = json.loads(json.dumps({k: (list(v) if isinstance(v, tuple) else v)
+                                 for k, v in asdict(config).items()}))
+    extends = lambda k: k in ("methods", "seeds") and set(old.get(k) or []) <= set(new.get(k) or [])
+    differ = [k for k in _RESULT_KEYS if old.get(k) != new.get(k) and not extends(k)]
+    if differ:
+        shown = ", ".join(f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:2])
+        raise CreditAuditError(f"{out} already holds the report of a different audit ({shown}); give "
+                               "this audit its own --out, or delete that folder to replace it")
 
 
 def read_audit(out: Path) -> dict:

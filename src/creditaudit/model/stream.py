@@ -17,13 +17,15 @@ from ..errors import CreditAuditError
 class ResidualStream:
     """What the audit protocol needs from a model, and nothing more.
 
-    embed:    x ↦ h_0, shape (N, d)
+    embed:    x ↦ h_0, shape (N, d), (N, T, d) (a token stream) or (N, C, H, W) (a feature map)
     steps:    one callable per block, h_l ↦ h_{l+1} (the full block, skip connection included)
     readout:  h_L ↦ logits (N, C); for a pre-LN model this contains the terminal LayerNorm
     branches: optional, one callable per block giving the residual branch f_l(h_l) alone; the
               frozen-init identity check uses it, and falls back to step(h) − h without it.
 
-    Hidden states must be (N, d) per sample; a token model pools or flattens its tokens first.
+    Every h_l keeps one shape: (N, d), (N, T, d) or (N, C, H, W). Per-sample norms, cosines and
+    gradients flatten everything after the batch dimension, so a token stream or a feature map is
+    measured as one vector per sample (SPEC §2); nothing needs pooling first.
     """
 
     embed: Callable[[torch.Tensor], torch.Tensor]

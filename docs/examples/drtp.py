@@ -1,0 +1,69 @@
+"""drtp — direct random target projection (Frenkel, Lefebvre & Bol 2021), with a knob towards DFA.
+
+DFA projects the output error e = softmax(logits) − onehot(y) to every block through a fixed random
+matrix. DRTP projects the *target* alone, so a block's credit needs no forward result at all:
+
+    s       = (1 − mix) · (−onehot(y)) + mix · e            mix = 0: DRTP, mix = 1: DFA   (N, C)
+    B_l     ~ N(0, 1/C), shape (D, C), drawn once from the method's seeded generator
+    a_{l+1} = rms_normalise(s · B_lᵀ),  a_0 = rms_normalise(s · B_0ᵀ)     (DFA's credit mapping)
+
+    block l:  (f_l(h_l.detach()) · a_{l+1}).sum(-1).mean()         (LocalMethod.local_update)
+    embed:    (embed(x) · a_0).sum(-1).mean()
+    head:     CE(readout(h_L.detach()), y)
+
+−onehot(y) points in the direction of increasing loss for the true class's logit (as e does), so
+the sign convention of `credit` is the protocol's. Run it (docs/WRITING_A_RULE.md):
+
+    PYTHONPATH=docs/examples creditaudit audit --methods drtp:DRTP bp --epochs 15 --out audits/drtp
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from creditaudit.methods import LocalMethod, output_error
+from creditaudit.methods.dfa import dfa_credit, draw_feedback
+
+
+class DRTP(LocalMethod):
+    """Direct random target projection; option `mix` blends in the output error (1 = DFA)."""
+
+    name = "drtp"
+    random_feedback = True                      # Γ gets its null: fresh_feedback_credit below
+    option_defaults = {"mix": 0.0}
+    option_ranges = {"mix": (0.0, 1.0)}
+    option_help = {"mix": "0 = project the target only (DRTP), 1 = project the output error (DFA)"}
+
+    def __init__(self, model, settings):
+        super().__init__(model, settings)
+        self.mix = float(self.option(settings.options, "mix"))       # read once, not per step
+        self.feedback = draw_feedback(model, self.gen)                # B_l from (seed, "method:drtp")
+        self.opt = self.add_optimizer(self.local_param_groups())     # embed, trainable blocks, head
+
+    def _signal(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """s = (1 − mix) · (−onehot(y)) + mix · e."""
+        target = -F.one_hot(y, logits.shape[-1]).to(logits.dtype)
+        return target if self.mix == 0.0 else (1 - self.mix) * target + self.mix * output_error(logits, y)
+
+    def _credit(self, logits, y, feedback) -> list[torch.Tensor]:
+        return dfa_credit(self._signal(logits, y), feedback, self.model.n_blocks, self.model.stream_shape)
+
+    def train_step(self, x, y):
+        fwd = self.local_forward(x)                  # one forward: the model's and every local graph
+        credit = self._credit(fwd.logits.detach(), y, self.feedback)
+        return self.local_update(self.opt, y, fwd, credit)      # one fused, per-block-clipped step
+
+    @torch.no_grad()
+    def credit(self, x, y):
+        return self._credit(self.model(x), y, self.feedback)
+
+    @torch.no_grad()
+    def fresh_feedback_credit(self, x, y, gen):
+        return self._credit(self.model(x), y, draw_feedback(self.model, gen))
+
+    def extra_state(self):
+        return {"feedback": {f"B{l}": b for l, b in enumerate(self.feedback)}}
+
+    def load_extra_state(self, state):
+        for l, b in enumerate(self.feedback):
+            b.copy_(state["feedback"][f"B{l}"])
