@@ -167,6 +167,9 @@ def test_changed_stop_thresholds_retrain(tmp_path):
         toml.write_text(f'dataset = "digits"\nmethods = ["bp"]\nseeds = [1]\nepochs = 2\njobs = 1\n'
                         f'controls = []\n[model]\nwidth = 16\nblocks = 1\n[training]\nstop_when_flagged = 1\n'
                         f'[thresholds]\ngain = {gain}\n')
+        # the report of the other thresholds is removed first (an audit never overwrites a report of
+        # another configuration); its runs stay, so only the run key decides what is reused
+        (tmp_path / "x" / "audit.json").unlink(missing_ok=True)
         assert cli_main(["audit", "--config", str(toml), "--out", str(tmp_path / "x"), "--quiet"]) in (0, 1, 3)
         result = json.loads((tmp_path / "x" / "audit.json").read_text())
         run = result["runs"][0]
