@@ -291,6 +291,17 @@ def run_cli(folders, monkeypatch):
         calls["loads"].append((name, str(data_dir)))
         return small["digits" if name == "digits" else "synthetic"].to(device)
 
+    # "meta" stands for a device other than the default: the real resolver refuses it (only cpu and
+    # cuda train), so it is let through here, where nothing runs on it
+    import creditaudit.runs
+    real_resolve = creditaudit.runs.resolve_device
+    real_as_device = creditaudit.runs.as_device
+    monkeypatch.setattr(creditaudit.runs, "resolve_device",
+                        lambda d="auto": torch.device("meta") if str(d) == "meta" else real_resolve(d))
+    monkeypatch.setattr(creditaudit.runs, "as_device", lambda d, default=None: torch.device("meta")
+                        if str(d) == "meta" else real_as_device(d, default))
+    import creditaudit.cli
+    monkeypatch.setattr(creditaudit.cli, "_check_credit", lambda *a, **k: None)   # runs credit(): not on meta
     real_set_threads = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls["threads"].append(n), real_set_threads(1)))
     monkeypatch.setattr(creditaudit.data, "load_dataset", fake_load)

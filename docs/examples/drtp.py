@@ -7,7 +7,7 @@ matrix. DRTP projects the *target* alone, so a block's credit needs no forward r
     B_l     ~ N(0, 1/C), shape (D, C), drawn once from the method's seeded generator
     a_{l+1} = rms_normalise(s · B_lᵀ),  a_0 = rms_normalise(s · B_0ᵀ)     (DFA's credit mapping)
 
-    block l:  (f_l(h_l.detach()) · a_{l+1}).sum(-1).mean()         (LocalMethod.local_update)
+    block l:  (f_l(h_l.detach()) · a_{l+1}).sum(-1).mean()         (LocalMethod.local_gradients)
     embed:    (embed(x) · a_0).sum(-1).mean()
     head:     CE(readout(h_L.detach()), y)
 
@@ -48,10 +48,10 @@ class DRTP(LocalMethod):
     def _credit(self, logits, y, feedback) -> list[torch.Tensor]:
         return dfa_credit(self._signal(logits, y), feedback, self.model.n_blocks, self.model.stream_shape)
 
-    def train_step(self, x, y):
+    def gradients(self, x, y):
         fwd = self.local_forward(x)                  # one forward: the model's and every local graph
         credit = self._credit(fwd.logits.detach(), y, self.feedback)
-        return self.local_update(self.opt, y, fwd, credit)      # one fused, per-block-clipped step
+        return self.local_gradients(y, fwd, credit)  # fused, per-block-clipped; the trainer steps the optimizer
 
     @torch.no_grad()
     def credit(self, x, y):
