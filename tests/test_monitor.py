@@ -297,3 +297,54 @@ def test_step_never_reads_the_loss_back(tmp_path, digits):
         _NoSync.armed = False
     record = mon.epoch_end(test_acc=0.5)                  # the epoch's one host read
     assert record["train_loss"] == pytest.approx((2.0 * 3 + 1.0) / 4)
+
+
+def test_a_control_that_is_not_this_runs_frozen_control_is_refused(tmp_path, digits):
+    """(d) against a control that never trained, was planned for other epochs, or belongs to
+    another run from the same initial weights would turn a run "trustworthy": each is one line."""
+    import torch.nn.functional as F
+    from creditaudit.model import ResidualMLP
+    batch = digits.eval_batch(0)
+    test = [digits.eval_batch(0, 360)]
+
+    def loop(model, mon, epochs, params=None):
+        opt = torch.optim.AdamW(params if params is not None else
+                                [p for p in model.parameters() if p.requires_grad], lr=3e-3)
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(epochs):
+            for x, y in digits.train_batches(64, gen):
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                mon.step(loss.detach(), len(y))
+            mon.epoch_end()
+
+    def run(name):
+        torch.manual_seed(0)                                   # every run here: the same init
+        model = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+        mon = creditaudit.Monitor(model, batch, tmp_path / name, epochs=2, seed=0, test_batches=test)
+        loop(model, mon, 2)
+        mon.finish()
+        return model, mon
+
+    model, mon = run("a")
+    idle = creditaudit.Monitor(mon.frozen_control(), batch, tmp_path / "idle", epochs=2, seed=0,
+                               test_batches=test, control_of=mon)
+    with pytest.raises(CreditAuditError, match="never trained its embedding or readout"):
+        loop(idle.model, idle, 2, params=list(model.parameters()))   # its optimizer holds the run's
+        idle.finish()
+    short = creditaudit.Monitor(mon.frozen_control(), batch, tmp_path / "short", epochs=1, seed=0,
+                                test_batches=test, control_of=mon)
+    with pytest.raises(CreditAuditError, match="plans 1 epochs, the run 2"):
+        loop(short.model, short, 1)
+        short.finish()
+    _, other = run("b")                                        # same init, another run
+    theirs = creditaudit.Monitor(other.frozen_control(), batch, tmp_path / "theirs", epochs=2, seed=0,
+                                 test_batches=test, control_of=other)
+    loop(theirs.model, theirs, 2)
+    theirs.finish()
+    with pytest.raises(CreditAuditError, match="was built for another run"):
+        mon.finish(frozen_control=tmp_path / "theirs")
+    with pytest.raises(CreditAuditError, match="was built for another run"):
+        creditaudit.audit_own_runs([tmp_path / "a"], [tmp_path / "theirs"], out=tmp_path / "audit", n_test=360)

@@ -178,3 +178,17 @@ def test_report_is_rebuilt_byte_identical_from_audit_json_alone(tmp_path):
     assert main(["report", str(out)]) == 0
     assert (out / "audit.md").read_bytes() == written
     assert re.search(rb"\| bp +\|", written)
+
+
+def test_nan_thresholds_and_an_inconsistent_finished_status_are_no_evidence():
+    """A NaN threshold makes every comparison false (nothing could fire): refused. A run called
+    "finished" after 1 of 100 planned epochs is unfinished."""
+    import math as _math
+    from creditaudit.errors import CreditAuditError
+    from creditaudit.verdict import Thresholds, training_gaps
+    with pytest.raises(CreditAuditError, match="threshold growth must be a number"):
+        Thresholds(growth=_math.nan)
+    with pytest.raises(CreditAuditError, match="training must be a dict"):
+        training_gaps("finished")
+    assert training_gaps({"status": "finished", "epochs_completed": 1, "epochs_planned": 100})
+    assert training_gaps({"status": "finished", "epochs_completed": 100, "epochs_planned": 100}) == []

@@ -34,6 +34,7 @@ import copy
 import hashlib
 import math
 import time
+import uuid
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -161,16 +162,17 @@ class Monitor:
                                    "another out= or delete that folder (nothing in it was changed)")
         self.init = _state(model)
         self.init_sha256 = state_sha256(self.init)
-        self.control_of, self._main = None, None
+        self.control_of, self._main, main_id = None, None, None
         if control_of is not None:
-            self.control_of = self._check_control(control_of)
+            self.control_of, main_id = self._check_control(control_of)
         self.label = label or self.out.name
         self.info = {"source": SOURCE, "creditaudit_version": __version__, "label": self.label,
                      "seed": seed, "epochs": epochs, "model": type(model).__name__,
                      "adapter": adapter.describe() if adapter is not None else None,
                      "n_blocks": self.stream.n_blocks, "init_sha256": self.init_sha256,
                      "control": "frozen" if self.control_of else "none",
-                     "control_of": self.control_of,
+                     "control_of": self.control_of, "run_id": uuid.uuid4().hex,
+                     "control_of_id": main_id,
                      "stop_when_flagged": stop_when_flagged, "thresholds": asdict(thresholds)}
         self.history: list[dict] = []
         self.status: dict[str, Any] = {}
@@ -194,15 +196,16 @@ class Monitor:
         self._append(self._record(0, None, None, {}))
 
     # -- the frozen control ------------------------------------------------------------------
-    def _check_control(self, main: "Monitor | str | Path") -> str:
-        """The main run this control belongs to, after checking that this model is that run's
-        init with its blocks frozen."""
+    def _check_control(self, main: "Monitor | str | Path") -> tuple[str, str]:
+        """The main run this control belongs to (its folder and run id), after checking that this
+        model is that run's init with its blocks frozen."""
         if isinstance(main, Monitor):
-            main_dir, main_sha = main.out, main.init_sha256
+            main_dir, main_sha, main_id = main.out, main.init_sha256, main.info["run_id"]
             self._main = main
         else:
             main_dir = Path(main)
-            main_sha = read_run_info(main_dir)["init_sha256"]
+            main_info = read_run_info(main_dir)
+            main_sha, main_id = main_info["init_sha256"], main_info.get("run_id")
         if main_sha != self.init_sha256:
             raise CreditAuditError(f"this model does not start from the initial weights of {main_dir}; "
                                    "build the control with that Monitor's frozen_control()")
@@ -211,7 +214,10 @@ class Monitor:
         if trainable:
             raise CreditAuditError("the frozen control's blocks still require grad; build it with "
                                    "mon.frozen_control(), which freezes them")
-        return str(main_dir)
+        if main_id is None:
+            raise CreditAuditError(f"{main_dir} was written by an older creditaudit (no run id); "
+                                   "monitor the run again")
+        return str(main_dir), main_id
 
     def frozen_control(self) -> torch.nn.Module:
         """A copy of the model at this run's initial weights (every parameter and buffer) with
@@ -320,6 +326,7 @@ class Monitor:
                 self._seal(ENDED_EARLY, f"finish() after {done} of {self.epochs} planned epochs")
         again = frozen_control is not None and self.report is not None
         if frozen_control is not None:
+            control_accuracy(frozen_control, self.info)     # refused here: the run keeps its old (d)
             self.frozen_control_dir = Path(frozen_control)
         if self.report is None or again:
             self.report = self._diagnose(from_checkpoint=again)
@@ -399,6 +406,8 @@ class Monitor:
                        "epochs_planned": self.epochs, "test_acc": last["test_acc"],
                        "wall_time": last["wall_time"] if wall is None else wall,
                        "source": SOURCE, "checkpoint": store.checkpoint_digest(self.out)}
+        if self.info["control"] == "frozen":
+            self.status["control_check"] = self._control_check()
         try:
             store.write_sealed_json(self.out / "status.json", store.json_safe(self.status))
         except OSError as err:
@@ -407,6 +416,18 @@ class Monitor:
         if self._tb is not None:
             self._tb.close()
 
+    def _control_check(self) -> dict[str, bool]:
+        """Is this control what (d) needs? Its block parameters still equal the snapshot init, and
+        the parameters outside the blocks (embedding, readout) moved: a control that never trained,
+        or whose blocks trained too, is not the frozen-blocks control."""
+        in_blocks = {id(p) for b in block_modules(self.model, self.adapter) for p in b.parameters()}
+        same = {n: torch.equal(p.detach().cpu(), self.init[n].cpu())
+                for n, p in self.model.named_parameters() if n in self.init}
+        ids = {n: id(p) for n, p in self.model.named_parameters()}
+        blocks = [same[n] for n in same if ids[n] in in_blocks]
+        rest = [same[n] for n in same if ids[n] not in in_blocks]
+        return {"blocks_at_init": all(blocks), "rest_moved": bool(rest) and not all(rest)}
+
     def _diagnose(self, from_checkpoint: bool = False):
         from .protocol import diagnose
         batches = self.diagnose_batches or [(self.x, self.y)]
@@ -414,7 +435,7 @@ class Monitor:
         batches = [(x.to(dev), y.to(dev)) for x, y in batches]
         frozen_acc = None
         if self.frozen_control_dir is not None:
-            frozen_acc = control_accuracy(self.frozen_control_dir, self.init_sha256)
+            frozen_acc = control_accuracy(self.frozen_control_dir, self.info)
         status = self.status["status"]
         model = self.model
         if status == DIVERGED or from_checkpoint:
@@ -493,18 +514,36 @@ def load_monitored(run_dir: str | Path) -> MonitoredRun:
     return MonitoredRun(run_dir, info, state["history"], status, diagnosis)
 
 
-def control_accuracy(control_dir: str | Path, init_sha256: str) -> float | None:
-    """The test accuracy of a finished frozen control of the run with initial weights
-    `init_sha256` (None while the control is unfinished); a folder that is not such a control is
-    refused with one line."""
+def control_accuracy(control_dir: str | Path, main_info: dict) -> float | None:
+    """The test accuracy of a finished frozen control of the run whose run.json is `main_info`
+    (None while the control is unfinished). Refused with one line: a folder that is not a frozen
+    control, the control of another run (its `control_of_id` names another run id, even from the
+    same initial weights), one planned for another number of epochs, and a finished one whose
+    blocks moved or whose embedding and readout never trained."""
     run = load_monitored(control_dir)
     if run.info.get("control") != "frozen":
         raise CreditAuditError(f"{control_dir} is not a frozen control (train it under "
                                "Monitor(mon.frozen_control(), ..., control_of=mon))")
-    if run.info.get("init_sha256") != init_sha256:
+    if run.info.get("init_sha256") != main_info.get("init_sha256"):
         raise CreditAuditError(f"the frozen control {control_dir} starts from other initial weights "
                                "than this run; it is the control of another run")
-    return run.test_acc if run.finished else None
+    if run.info.get("control_of_id") is None or run.info.get("control_of_id") != main_info.get("run_id"):
+        raise CreditAuditError(f"the frozen control {control_dir} was built for another run "
+                               f"({run.info.get('control_of')}); train this run's own control with "
+                               "Monitor(mon.frozen_control(), ..., control_of=mon)")
+    if run.info.get("epochs") != main_info.get("epochs"):
+        raise CreditAuditError(f"the frozen control {control_dir} plans {run.info.get('epochs')} epochs, "
+                               f"the run {main_info.get('epochs')}; train the control like the run")
+    if not run.finished:
+        return None
+    check = run.status.get("control_check") or {}
+    if not check.get("blocks_at_init"):
+        raise CreditAuditError(f"the frozen control {control_dir} ended with its blocks changed from "
+                               "the initial weights; it is not the frozen-blocks control")
+    if not check.get("rest_moved"):
+        raise CreditAuditError(f"the frozen control {control_dir} never trained its embedding or "
+                               "readout (they equal the initial weights); train it like the run")
+    return run.test_acc
 
 
 class StoredDiagnosis:

@@ -30,6 +30,7 @@ so the same rules apply to a fresh diagnosis, a monitor history and an audit.jso
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
@@ -37,6 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from . import metrics as M
+from .errors import CreditAuditError
 from .store import json_number as _num, json_safe
 
 TRUSTWORTHY, WALK_BACK, INCOMPLETE = "trustworthy", "walk back", "incomplete"
@@ -56,6 +58,13 @@ class Thresholds:
     gain: float = 1e-2
     drift: float = 0.30
     depth_margin: float = 0.02
+
+    def __post_init__(self):
+        # a NaN threshold makes every comparison false, so nothing could ever fire
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise CreditAuditError(f"threshold {f.name} must be a number, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,9 +407,12 @@ def training_gaps(training: dict | None) -> list[str]:
     early by --stop-when-flagged — is no final result; a diverged run is evidence of (a), not a gap."""
     if training is None:
         return []
+    if not isinstance(training, dict):
+        raise CreditAuditError(f"training must be a dict with status, epochs_completed and "
+                               f"epochs_planned, got {training!r}")
     status = training.get("status")
     done, planned = training.get("epochs_completed"), training.get("epochs_planned")
-    if status in ("finished", "diverged"):
+    if status == "diverged" or (status == "finished" and done == planned):
         return []
     if status == "stopped":
         return [f"the run was stopped early by --stop-when-flagged at epoch {done} of {planned}, so "

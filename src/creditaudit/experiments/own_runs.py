@@ -16,7 +16,7 @@ from typing import Sequence
 
 from .. import __version__, store
 from ..errors import CreditAuditError
-from ..monitor import FINISHED, MonitoredRun, load_monitored
+from ..monitor import FINISHED, MonitoredRun, control_accuracy, load_monitored
 from ..verdict import Thresholds, flag_table, seed_noise, threshold_sensitivity
 from .audit import STRATEGIES, method_evidence, read_audit, reporting_strategies, summarize_method
 from .common import Outcome
@@ -95,6 +95,7 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         seed = run.info.get("seed")
         seeds[run.info["init_sha256"]] = seed if seed is not None else i
     outcomes = [_outcome(r, method, seeds[r.info["init_sha256"]]) for r in mains]
+    controlled: dict[str, Path] = {}
     for c in ctrls:
         if c.info.get("control") != "frozen":
             raise CreditAuditError(f"{c.run_dir} is not a frozen control (train it under "
@@ -103,6 +104,12 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         if sha not in seeds:
             raise CreditAuditError(f"the control {c.run_dir} belongs to none of the runs given "
                                    "(its initial weights match no run)")
+        main = next(r for r in mains if r.info["init_sha256"] == sha)
+        control_accuracy(c.run_dir, main.info)      # its own run's, trained like it, blocks at init
+        if sha in controlled:
+            raise CreditAuditError(f"{c.run_dir} and {controlled[sha]} are both controls of "
+                                   f"{main.run_dir}; pass one control per run")
+        controlled[sha] = c.run_dir
         outcomes.append(_outcome(c, method, seeds[sha]))
     if len({o.config.seed for o in outcomes if o.config.control == "none"}) < len(mains):
         raise CreditAuditError("two runs carry the same seed; give each Monitor its own seed=")
