@@ -428,3 +428,18 @@ def test_verdict_is_structured_in_json(batches, trained):
     assert project == r.project and project.walks_back and set(project.fired) >= {"a", "d"}
     assert Verdict.from_dict(d["verdicts"]["paper"]).text == d["paper_verdict"] == r.paper_verdict
     assert d["reasons_by_flag"]["a"].startswith("(a) EXPLODED")
+
+
+def test_labels_out_of_range_and_malformed_history_are_one_line():
+    """Bad inputs to the Python API are a CreditAuditError naming the fix, never a traceback."""
+    from creditaudit.errors import CreditAuditError
+    from creditaudit.model import ResidualMLP
+    torch.manual_seed(0)
+    model = ResidualMLP(12, d=8, n_blocks=1, n_classes=4)
+    x = torch.randn(16, 12)
+    with pytest.raises(CreditAuditError, match="labels 0 … 9, but the model has 4 classes"):
+        diagnose(model, [(x, torch.arange(16) % 10)])
+    with pytest.raises(CreditAuditError, match="monitor_history must be the monitor's records"):
+        diagnose(model, [(x, torch.arange(16) % 4)], monitor_history=[{}])
+    with pytest.raises(CreditAuditError, match="thresholds must be a verdict.Thresholds"):
+        diagnose(model, [(x, torch.arange(16) % 4)], thresholds=None)

@@ -335,6 +335,13 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
     frozen_acc = _accuracy("frozen_acc", frozen_acc)
     test_acc = _accuracy("test_acc", test_acc)
     batches = _batches(eval_batches)
+    if not isinstance(thresholds, Thresholds):
+        raise CreditAuditError(f"diagnose: thresholds must be a verdict.Thresholds, got {thresholds!r}")
+    if monitor_history is not None and not all(
+            isinstance(r, dict) and isinstance(r.get("epoch"), int) and isinstance(r.get("h_norms"), (list, tuple))
+            for r in monitor_history):
+        raise CreditAuditError("diagnose: monitor_history must be the monitor's records (dicts with an "
+                               "integer epoch and h_norms, as in a run's metrics.jsonl)")
     module = model if isinstance(model, torch.nn.Module) else None
     was_training = module.training if module is not None else False
     if module is not None:
@@ -372,7 +379,14 @@ def _flags(values: dict, t: Thresholds, nonfinite: bool, diverged: str | None
 def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, null_k, null_seed,
               rho, rho_m, rho_eps, rho_seed, label, diverged, training, missing) -> Report:
     stream = as_stream(model)
-    bps = [M.bp_gradients(stream, x, y) for x, y in batches]
+    bps = []
+    for i, (x, y) in enumerate(batches):
+        with torch.no_grad():
+            n_classes = stream.forward_from(0, stream.embed(x[:1])).shape[-1]
+        if int(y.min()) < 0 or int(y.max()) >= n_classes:
+            raise CreditAuditError(f"diagnose: eval batch {i} has labels {int(y.min())} … {int(y.max())}, "
+                                   f"but the model has {n_classes} classes; pass labels 0 … {n_classes - 1}")
+        bps.append(M.bp_gradients(stream, x, y))
     pooled = _pooled_bp(bps)
     norms = M.medians([M.per_sample_norm(t) for t in pooled.hidden + pooled.grads])  # one host read
     h_norms, g_norms = norms[:len(pooled.hidden)], norms[len(pooled.hidden):]
