@@ -348,3 +348,10 @@ def test_a_control_that_is_not_this_runs_frozen_control_is_refused(tmp_path, dig
         mon.finish(frozen_control=tmp_path / "theirs")
     with pytest.raises(CreditAuditError, match="was built for another run"):
         creditaudit.audit_own_runs([tmp_path / "a"], [tmp_path / "theirs"], out=tmp_path / "audit", n_test=360)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CreditAuditError, match="is a file"):
+        creditaudit.audit_own_runs([tmp_path / "b"], out=tmp_path / "file", n_test=360)
+    creditaudit.audit_own_runs([tmp_path / "b"], out=tmp_path / "audit", n_test=360)
+    with pytest.raises(CreditAuditError, match="already holds the report of another audit"):
+        creditaudit.audit_own_runs([tmp_path / "a"], out=tmp_path / "audit", n_test=360)
+    creditaudit.audit_own_runs([tmp_path / "b"], out=tmp_path / "audit", n_test=360)   # the same: fine

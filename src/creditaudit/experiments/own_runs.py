@@ -139,6 +139,17 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         "runs": [o.to_dict() for o in outcomes],
         "flag_table": flag_table(), "seed_noise": noise.to_dict(), "n_test": n_test,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    store.write_sealed_json(out / "audit.json", store.json_safe(result))
+    if out.exists() and not out.is_dir():
+        raise CreditAuditError(f"out={out} is a file; give a folder for the audit")
+    if (out / "audit.json").exists():         # never replace the report of another audit
+        old = read_audit(out)
+        if old.get("source") != "user-loop" or old.get("config") != store.json_safe(result["config"]):
+            raise CreditAuditError(f"{out} already holds the report of another audit; give this one "
+                                   "its own out=, or delete that folder to replace it")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        store.write_sealed_json(out / "audit.json", store.json_safe(result))
+    except OSError as err:
+        raise CreditAuditError(f"cannot write the audit to {out} ({err.strerror or err}); choose a "
+                               "writable out=") from None
     return read_audit(out)
