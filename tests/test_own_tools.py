@@ -56,3 +56,77 @@ def test_monitor_logs_into_the_users_writer_and_callback(tmp_path, digits):
     assert "creditaudit/train_loss" not in seen[0]                          # none at init
     with pytest.raises(CreditAuditError, match="on_epoch must be a function"):
         creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "bad", epochs=1, on_epoch=3)
+
+
+def _bp_loop(model, mon, data, epochs, lr, seed):
+    import torch.nn.functional as F
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        for x, y in data.train_batches(128, gen):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            mon.step(loss.detach(), len(y))
+        mon.epoch_end()
+
+
+def test_audit_own_runs_pools_several_methods_into_one_report(tmp_path, digits, capsys):
+    """Two methods × two seeds from one loop (the same seed gives both methods the same initial
+    weights: controls pair by run id), one audit.json with a row per method, (d)'s seed noise
+    pooled over both as `audit` pools it, and the terminal table of `creditaudit audit` printed."""
+    import math
+    import statistics
+    from creditaudit.report import compact_table
+    from creditaudit.verdict import DepthDecision, Thresholds, depth_decision
+    test = [digits.eval_batch(0, 360)]
+    runs, controls = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", creditaudit.FlagFired)
+        for method, lr in (("fast-bp", 1e-2), ("slow-bp", 1e-3)):
+            for seed in (0, 1):
+                torch.manual_seed(seed)
+                model = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
+                watch = dict(epochs=2, seed=seed, test_batches=test)
+                with creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / f"{method}-{seed}",
+                                         method=method, **watch) as mon:
+                    _bp_loop(model, mon, digits, 2, lr, seed)
+                runs.append(mon.out)
+                with creditaudit.Monitor(mon.frozen_control(), digits.eval_batch(0),
+                                         tmp_path / f"{method}-{seed}-frozen", control_of=mon,
+                                         **watch) as ctrl:
+                    _bp_loop(ctrl.model, ctrl, digits, 2, lr, seed)
+                assert ctrl.info["method"] == method          # a control takes its run's method
+                controls.append(ctrl.out)
+    capsys.readouterr()
+    audit = creditaudit.audit_own_runs(runs, controls[::-1], out=tmp_path / "audit", n_test=360)
+    printed = capsys.readouterr().out
+    assert compact_table(audit) in printed                   # the table `creditaudit audit` prints
+    assert [r["method"] for r in audit["methods"]] == ["fast-bp", "slow-bp"]
+    assert audit["config"]["methods"] == ["fast-bp", "slow-bp"] and audit["config"]["seeds"] == [0, 1]
+    assert sorted((r["method"], r["control"], r["seed"]) for r in audit["runs"]) == sorted(
+        (m, c, s) for m in ("fast-bp", "slow-bp") for c in ("none", "frozen") for s in (0, 1))
+    assert len({r["key"] for r in audit["runs"]}) == 8
+
+    # the pooled seed noise: s_p² = Σ_m Σ_s (d_ms − d̄_m)² / Σ_m (n_m − 1), over both methods
+    gaps = {r["method"]: [r["per_seed"][s]["gap"] for s in ("0", "1")] for r in audit["methods"]}
+    ss = sum((g - statistics.fmean(gs)) ** 2 for gs in gaps.values() for g in gs)
+    assert audit["seed_noise"] == {"var": pytest.approx(ss / 2, rel=1e-12, abs=1e-15), "df": 2, "groups": 2}
+    own = [statistics.variance(gs) for gs in gaps.values()]
+    assert not all(math.isclose(v, ss / 2) for v in own)   # pooled, not each method's own spread
+    for row in audit["methods"]:
+        d = DepthDecision.from_dict(row["depth"])
+        assert d.noise.df == 2 and d.noise.groups == 2
+        again = depth_decision(d.gaps, Thresholds(), d.noise)   # audit's decision on these gaps
+        assert (again.outcome, again.lower, again.upper) == (d.outcome, d.lower, d.upper)
+        assert row["n_paired_with_frozen"] == 2
+    # the own-runs sensitivity re-decides the across-seed (d), as `creditaudit thresholds` does
+    assert set(audit["sensitivity"]["depth_margin"]["per_run"]) == {"fast-bp", "slow-bp"}
+
+    with pytest.raises(CreditAuditError, match="records method 'fast-bp', not method='x'"):
+        creditaudit.audit_own_runs(runs, out=tmp_path / "other", n_test=360, method="x")
+    with pytest.raises(CreditAuditError, match="was built for another run"):
+        creditaudit.audit_own_runs(runs[:1], controls[1:2], out=tmp_path / "other", n_test=360)
+    with pytest.raises(CreditAuditError, match="one seed twice"):
+        creditaudit.audit_own_runs([runs[0], runs[0]], out=tmp_path / "other", n_test=360)
