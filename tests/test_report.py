@@ -129,11 +129,11 @@ def test_html_is_self_contained_with_tables_images_and_verdicts(audited):
     for row in result["methods"]:
         assert f"<td>{row['method']}</td>" in page
         cls = ("ok " if row["verdict"] == "trustworthy" else
-               "bad " if row["verdict"].startswith("walk back") else "")
+               "bad " if row["verdict"].startswith("walk back") else "warn ")
         assert f'<td class="{cls}wrap">{html_escape(row["verdict"])}</td>' in page
         for seed in row["per_seed"].values():               # per seed: coloured by the structured verdict
             outcome = seed["verdicts"]["project"]["outcome"]
-            cls = {"trustworthy": "ok ", "walk back": "bad "}.get(outcome, "")
+            cls = {"trustworthy": "ok ", "walk back": "bad ", "incomplete": "warn "}[outcome]
             assert f'<td class="{cls}wrap">{html_escape(seed["verdict"])}</td>' in page
 
 

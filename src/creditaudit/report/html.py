@@ -26,6 +26,7 @@ th { background: #eef1f5; text-align: center; white-space: normal; }
 td:first-child, th:first-child { text-align: left; font-weight: 600; }
 td.ok { background: #d7f0d9; color: #125c1b; text-align: left; }
 td.bad { background: #f8d4d4; color: #8a1010; text-align: left; }
+td.warn { background: #fbf0cf; color: #6b4a00; text-align: left; }
 td.wrap { white-space: normal; min-width: 160px; max-width: 420px; text-align: left; }
 td.left { text-align: left; }
 td.na { color: #999; background: #f4f4f4; }
@@ -43,11 +44,11 @@ figcaption { color: #555; font-size: 12px; max-width: 1000px; }
 
 
 # a verdict's outcome, or a reporting strategy's conclusion ("accept" / "walk back"), → cell colour
-_OUTCOME_CLASS = {"trustworthy": "ok", "accept": "ok", "walk back": "bad"}
+_OUTCOME_CLASS = {"trustworthy": "ok", "accept": "ok", "walk back": "bad", "incomplete": "warn"}
 
 
 def _verdict_class(row: dict, rule: str) -> str:
-    """"ok" / "bad" / "" from a row's structured verdict (never from its text)."""
+    """"ok" / "bad" / "warn" / "" from a row's structured verdict (never from its text)."""
     try:
         return _OUTCOME_CLASS.get(verdict_of(row, rule).outcome, "")
     except (ValueError, KeyError, TypeError):
@@ -131,7 +132,7 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
     notes = _notes(audit)
     for row in audit.get("methods") or []:
         verdict = str(row.get("verdict") or "—")
-        color = {"ok": "#125c1b", "bad": "#8a1010"}.get(_verdict_class(row, "project"), "#222")
+        color = {"ok": "#125c1b", "bad": "#8a1010", "warn": "#6b4a00"}.get(_verdict_class(row, "project"), "#222")
         parts.append(f'<h3>{e(_method_name(row))} — <span style="color:{color}">{e(verdict)}</span></h3>')
         items = [e(r) for r in row.get("reasons") or []] or ["no flag fired."]
         items += [f"<i>paper's rule</i>: {e(str(row.get('paper_verdict') or '—'))}"]

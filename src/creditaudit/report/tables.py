@@ -244,6 +244,9 @@ def _legend(audit: dict) -> list[str]:
         "random vector.",
         "first fire: the epoch at which the training-time monitor first saw each flag, one entry per "
         "seed (— = never). A flag other than (d) fires for a method when it fires on any of its seeds.",
+        "Per seed, this run alone: the verdict one seed gets with its own control, (d) UNDERCUT when "
+        "its own gap is below the margin, with no interval; the method's verdict above decides (d) "
+        "over all its seeds at 5 % error, so the two can differ.",
     ]
 
 
