@@ -3,7 +3,9 @@ callback (W&B, MLflow), `audit_own_runs` over several methods, and docs/YOUR_OWN
 example over a model that is not a creditaudit class, run as written."""
 from __future__ import annotations
 
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,3 +132,41 @@ def test_audit_own_runs_pools_several_methods_into_one_report(tmp_path, digits, 
         creditaudit.audit_own_runs(runs[:1], controls[1:2], out=tmp_path / "other", n_test=360)
     with pytest.raises(CreditAuditError, match="one seed twice"):
         creditaudit.audit_own_runs([runs[0], runs[0]], out=tmp_path / "other", n_test=360)
+
+
+def _verdict_lines(text: str) -> list[str]:
+    """The verdict lines of a terminal table: the count, then each method's verdicts (a wrapped
+    line joined to the line it continues)."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("    ") and lines:
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return [l for l in lines if re.match(r"(\d+ of \d+ methods? walks? back|my-\w+: |  paper's rule: )", l)]
+
+
+def test_doc_example_with_a_model_of_its_own(tmp_path, monkeypatch, capsys):
+    """docs/YOUR_OWN_LOOP.md's example over a model that is not a creditaudit class (blocks that
+    add their own skip, its own data, backprop and a hand-written DFA, controls by the same loop)
+    runs as written and prints the verdict lines the doc shows."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_monitor import doc_section
+    code, shown = doc_section("A complete example: your own model"), doc_section(
+        "A complete example: your own model", "text")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {"__name__": "__doc__"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", creditaudit.FlagFired)
+        exec(compile(code, "docs/YOUR_OWN_LOOP.md", "exec"), scope)
+    printed = capsys.readouterr().out
+    expected = _verdict_lines(shown)
+    assert len(expected) == 5                         # the count, two methods × (verdict, paper's rule)
+    assert _verdict_lines(printed) == expected
+    audit = scope["audit"]
+    assert [r["method"] for r in audit["methods"]] == ["my-bp", "my-dfa"]
+    assert all(r["n_paired_with_frozen"] == 2 for r in audit["methods"])
+    assert (tmp_path / "audits" / "own-model" / "report.html").exists()
+    run = creditaudit.load_monitored(tmp_path / "runs" / "my-dfa-s0")
+    assert run.info["adapter"]["skip"] is False and run.info["model"] == "Net"
