@@ -284,7 +284,9 @@ def _meta(audit: dict) -> str:
     if audit.get("created"):
         bits.append(f"created {audit['created']}")
     wall = _f(audit.get("wall_time"))
-    if wall is not None:
+    if audit.get("source") == "user-loop":          # audit_own_runs: judged here, trained elsewhere
+        bits.append("runs trained in your own loop")
+    elif wall is not None:
         bits.append(f"wall time {wall:.0f} s ({audit.get('runs_trained_now', '?')} runs trained now)")
     return "; ".join(bits)
 
