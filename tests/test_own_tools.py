@@ -130,6 +130,8 @@ def test_audit_own_runs_pools_several_methods_into_one_report(tmp_path, digits, 
         creditaudit.audit_own_runs(runs, out=tmp_path / "other", n_test=360, method="x")
     with pytest.raises(CreditAuditError, match="was built for another run"):
         creditaudit.audit_own_runs(runs[:1], controls[1:2], out=tmp_path / "other", n_test=360)
+    with pytest.raises(CreditAuditError, match="lists of run folders"):
+        creditaudit.audit_own_runs(runs[0], out=tmp_path / "other", n_test=360)
     with pytest.raises(CreditAuditError, match="one seed twice"):
         creditaudit.audit_own_runs([runs[0], runs[0]], out=tmp_path / "other", n_test=360)
 
