@@ -372,3 +372,38 @@ def test_a_gamma_marked_uninterpretable_shows_no_z(audited):
     assert "n/a*" in table and "| 6 " not in table and "6.00" not in table
     report["gamma_interpretable"] = True
     assert "| 6 " in calibration_table(report)
+
+
+def test_a_diagnosis_printout_gives_no_z_for_an_uninterpretable_gamma(digits_batches):
+    """`creditaudit diagnose`'s table: z beside an interpretable Γ, "n/a*" beside one marked
+    uninterpretable."""
+    import dataclasses
+    import torch
+    import torch.nn.functional as F
+    from creditaudit.model import ResidualMLP
+    from creditaudit.protocol import diagnose
+    torch.manual_seed(0)
+    model = ResidualMLP(64, d=16, n_blocks=2)
+
+    class RandomFeedback:
+        random_feedback = True
+
+        def credit(self, x, y):
+            return self.fresh_feedback_credit(x, y, torch.Generator().manual_seed(0))
+
+        def fresh_feedback_credit(self, x, y, gen):
+            e = model(x).softmax(-1) - F.one_hot(y, 10).float()
+            return [e.detach() @ torch.randn(10, 16, generator=gen) for _ in range(3)]
+
+    r = diagnose(model, digits_batches, method=RandomFeedback(), null_k=3)
+    rows = lambda report: [l for l in str(report).splitlines() if re.match(r"\s+[0-2]  ", l)]
+    assert len(rows(r)) == 3 and r.gamma_interpretable and all(re.search(r"[+-]\d+\.\d$", l) for l in rows(r))
+    bad = dataclasses.replace(r, gamma_interpretable=False)
+    assert all(l.endswith("n/a*") for l in rows(bad)) and "no z against the null" in str(bad)
+
+
+@pytest.fixture
+def digits_batches():
+    from creditaudit.data import load_dataset
+    data = load_dataset("digits")
+    return [data.eval_batch(i, 45) for i in range(2)]
