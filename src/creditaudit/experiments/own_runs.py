@@ -100,10 +100,10 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         raise CreditAuditError("audit_own_runs needs at least one run folder")
     mains = [load_monitored(r) for r in runs]
     ctrls = [load_monitored(c) for c in controls]
-    names = {run.info["run_id"]: _method_of(run, method) for run in mains if run.info.get("run_id")}
+    method_of = {id(run): _method_of(run, method) for run in mains}
     seen: dict[tuple[str, str], Path] = {}
-    seeds: dict[int, int] = {}                 # id(run) → seed
-    for run in mains:
+    seeds: dict[int, int] = {}                 # id(run) → its seed (else its place in its method)
+    for i, run in enumerate(mains):
         if run.info.get("thresholds") != asdict(thresholds):
             raise CreditAuditError(f"{run.run_dir} was diagnosed with other thresholds "
                                    f"({run.info.get('thresholds')}); pass the same thresholds= here")
@@ -112,16 +112,16 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         if run.diagnosis is None and run.status.get("status") in (FINISHED, "stopped", "diverged"):
             raise CreditAuditError(f"{run.run_dir} has no diagnosis.json; its Monitor's finish() "
                                    "did not complete — call it again")
-        name = _method_of(run, method)
+        name = method_of[id(run)]
         key = (name, run.info["init_sha256"])
         if key in seen:
             raise CreditAuditError(f"{run.run_dir} and {seen[key]} ({name}) start from the same "
                                    "initial weights: they are one seed twice")
         seen[key] = run.run_dir
-        mine = [r for r in mains if _method_of(r, method) == name]
         seed = run.info.get("seed")
-        seeds[id(run)] = seed if seed is not None else mine.index(run)
-    outcomes = [_outcome(r, _method_of(r, method), seeds[id(r)]) for r in mains]
+        seeds[id(run)] = seed if seed is not None else len(
+            [r for r in mains[:i] if method_of[id(r)] == name])
+    outcomes = [_outcome(r, method_of[id(r)], seeds[id(r)]) for r in mains]
     methods = list(dict.fromkeys(o.config.method for o in outcomes))
     for name in methods:
         mine = [o.config.seed for o in outcomes if o.config.method == name]
@@ -144,7 +144,7 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
             raise CreditAuditError(f"{c.run_dir} and {controlled[main.info['run_id']]} are both "
                                    f"controls of {main.run_dir}; pass one control per run")
         controlled[main.info["run_id"]] = c.run_dir
-        outcomes.append(_outcome(c, names[main.info["run_id"]], seeds[id(main)]))
+        outcomes.append(_outcome(c, method_of[id(main)], seeds[id(main)]))
 
     t0 = time.perf_counter()
     table = tabulate(methods, outcomes, thresholds, n_test)
