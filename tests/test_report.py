@@ -204,6 +204,7 @@ def test_missing_and_failed_pieces_still_render(audited, tmp_path):
 def test_an_empty_audit_renders(tmp_path):
     paths = write_report({}, tmp_path)
     assert "(no methods)" in paths["audit.md"].read_text()
+    assert "**No method was audited.**" in paths["audit.md"].read_text()
     for name in FILES[2:]:
         _assert_png(paths[name])
 

@@ -60,6 +60,8 @@ def verdict_summary(audit: dict) -> str:
     (project verdict), e.g. "1 of 7 methods walks back, 5 are trustworthy, 1 is incomplete"."""
     outcomes = [_outcome(r) for r in audit.get("methods") or []]
     n = len(outcomes)
+    if not n:
+        return "No method was audited."
     count = lambda outcome: sum(o == outcome for o in outcomes)
     be = lambda k: f"{k} {'is' if k == 1 else 'are'}"
     wb = count("walk back")
