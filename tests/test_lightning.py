@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,3 +81,71 @@ def test_callback_in_a_real_trainer(tmp_path):
     row = audit["methods"][0]
     assert row["n_paired_with_frozen"] == 1
     assert row["depth_gap"] == pytest.approx(run.test_acc - load_monitored(tmp_path / "ctrl").test_acc)
+
+
+class NoForward(L.LightningModule):
+    """A LightningModule with no forward(): training_step reaches the network's parts itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def test_callback_without_forward_logs_through_the_trainers_loggers(tmp_path):
+    """Accuracy comes through the adapter (the module has no forward()); every logger of the
+    trainer receives each epoch's monitor scalars and flags under trackers.py's names."""
+    pytest.importorskip("tensorboard")
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    data = load_dataset("digits")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.x_train, data.y_train),
+                                         batch_size=256, shuffle=False)
+    test = [data.eval_batch(0, 360)]
+    torch.manual_seed(0)
+    module = NoForward()
+    with pytest.raises(NotImplementedError):        # nothing here may call it
+        module(data.x_test[:2])
+    seen = []
+    cb = CreditAuditCallback(data.eval_batch(0), tmp_path / "run", adapter=ADAPTER, test_batches=test,
+                             seed=0, on_epoch=seen.append)
+    csv, tb = CSVLogger(tmp_path / "csv", name="m"), TensorBoardLogger(tmp_path / "tb", name="m")
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=[csv, tb], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loader)
+    run = load_monitored(tmp_path / "run")
+    assert run.status["status"] == "finished"
+    stream = module.net.stream()
+    with torch.no_grad():
+        x, y = test[0]
+        module.eval()
+        expected = int((stream.forward_from(0, stream.embed(x)).argmax(-1) == y).sum()) / len(y)
+    assert run.test_acc == pytest.approx(expected, abs=1e-12)
+
+    # the CSV logger: one row per epoch record (0 = init), the values the run folder holds
+    import csv as csvlib
+    rows = [r for r in csvlib.DictReader(open(Path(csv.log_dir) / "metrics.csv"))
+            if r.get("creditaudit/epoch")]
+    assert [float(r["creditaudit/epoch"]) for r in rows] == [0.0, 1.0, 2.0]
+    assert [float(r["creditaudit/gain"]) for r in rows] == pytest.approx([h["gain"] for h in run.history], rel=1e-6)
+    assert [float(r["creditaudit/test_acc"]) for r in rows] == pytest.approx([h["test_acc"] for h in run.history])
+    for k in ("a", "a_prime", "b", "b_prime"):
+        assert {float(r[f"creditaudit/flag/{k}"]) for r in rows} <= {0.0, 1.0}
+    assert [float(r["step"]) for r in rows] == [0, 6, 12]      # the trainer's global step (6 batches/epoch)
+    # the TensorBoard logger, read back from its event file
+    acc = EventAccumulator(tb.log_dir)
+    acc.Reload()
+    h2 = [e.value for e in acc.Scalars("creditaudit/h_norm/l2")]
+    assert h2 == pytest.approx([h["h_norms"][2] for h in run.history], rel=1e-6)
+    assert [e.value for e in acc.Scalars("creditaudit/flag/b_prime")] == [r["creditaudit/flag/b_prime"] for r in seen]
+    # the user's own on_epoch got the same dicts
+    assert [r["creditaudit/epoch"] for r in seen] == [0.0, 1.0, 2.0]
+    assert seen[-1]["creditaudit/gain"] == pytest.approx(run.history[-1]["gain"], rel=1e-6)

@@ -27,10 +27,17 @@ def digits():
     return load_dataset("digits")
 
 
-def _doc_example() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-    assert len(blocks) == 1, "docs/YOUR_OWN_LOOP.md must hold exactly one runnable python block"
+def doc_section(heading: str, kind: str = "python") -> str:
+    """The one ```kind block of the docs/YOUR_OWN_LOOP.md section whose "## " heading starts so."""
+    sections = [s for s in DOC.read_text().split("\n## ") if s.startswith(heading)]
+    assert len(sections) == 1, f"docs/YOUR_OWN_LOOP.md has no one section {heading!r}"
+    blocks = re.findall(rf"```{kind}\n(.*?)```", sections[0], re.S)
+    assert len(blocks) == 1, f"the section {heading!r} must hold exactly one ```{kind} block"
     return blocks[0]
+
+
+def _doc_example() -> str:
+    return doc_section("Reproducing `creditaudit audit` in your loop")
 
 
 def test_doc_example_matches_creditaudit_audit(tmp_path, monkeypatch, capsys):

@@ -129,11 +129,11 @@ def test_html_is_self_contained_with_tables_images_and_verdicts(audited):
     for row in result["methods"]:
         assert f"<td>{row['method']}</td>" in page
         cls = ("ok " if row["verdict"] == "trustworthy" else
-               "bad " if row["verdict"].startswith("walk back") else "")
+               "bad " if row["verdict"].startswith("walk back") else "warn ")
         assert f'<td class="{cls}wrap">{html_escape(row["verdict"])}</td>' in page
         for seed in row["per_seed"].values():               # per seed: coloured by the structured verdict
             outcome = seed["verdicts"]["project"]["outcome"]
-            cls = {"trustworthy": "ok ", "walk back": "bad "}.get(outcome, "")
+            cls = {"trustworthy": "ok ", "walk back": "bad ", "incomplete": "warn "}[outcome]
             assert f'<td class="{cls}wrap">{html_escape(seed["verdict"])}</td>' in page
 
 
@@ -204,6 +204,7 @@ def test_missing_and_failed_pieces_still_render(audited, tmp_path):
 def test_an_empty_audit_renders(tmp_path):
     paths = write_report({}, tmp_path)
     assert "(no methods)" in paths["audit.md"].read_text()
+    assert "**No method was audited.**" in paths["audit.md"].read_text()
     for name in FILES[2:]:
         _assert_png(paths[name])
 
@@ -251,10 +252,12 @@ def test_compact_table_fits_a_terminal_and_names_each_method(audited):
     text = compact_table(result)
     lines = text.splitlines()
     assert all(len(line) <= 120 for line in lines)
-    table = lines[:2 + len(result["methods"])]
+    top = next(i for i, line in enumerate(lines) if line.startswith("method "))
+    assert lines[0].startswith(f"0 of {len(result['methods'])} methods walk back") or " of " in lines[0]
+    table = lines[top:top + 2 + len(result["methods"])]
     for row, line in zip(result["methods"], table[2:]):
         assert line.startswith(row["method"]) and f"{100 * row['acc']:.1f}" in line
-    below = " ".join(" ".join(line.split()) for line in lines[2 + len(result["methods"]):])
+    below = " ".join(" ".join(line.split()) for line in lines[top + 2 + len(result["methods"]):])
     for row in result["methods"]:
         assert f"{row['method']}: {' '.join(row['verdict'].split())}" in below
         assert f"paper's rule: {' '.join(row['paper_verdict'].split())}" in below
@@ -307,3 +310,101 @@ def test_figures_keep_methods_apart_when_their_curves_coincide(audited):
     assert len(styles) == 3                        # bp, dfa and the twin: three distinct looks
     bands = [c for c in gamma_figure(audit).axes[0].collections if c.get_hatch()]
     assert len(bands) == 2 and bands[0].get_hatch() != bands[1].get_hatch()
+
+
+def _three_verdicts(result):
+    """bp as audited but trustworthy, dfa walking back (`_degenerate`), and a third method incomplete."""
+    audit = _degenerate(result)
+    bp = _row(audit, "bp")
+    ok = Verdict("project", "trustworthy")
+    bp.update(verdict=ok.text, verdicts={"project": ok.to_dict(), "paper": ok.to_dict()})
+    third = copy.deepcopy(bp)
+    missing = Verdict("project", "incomplete", missing=("(d) not evaluated",))
+    third.update(method="third", verdict=missing.text,
+                 verdicts={"project": missing.to_dict(), "paper": missing.to_dict()})
+    audit["methods"].append(third)
+    return audit
+
+
+def test_the_report_says_first_how_many_walk_back_and_what_the_verdicts_mean(audited):
+    """Every view (audit.md, report.html, the terminal) opens with the count of each verdict, says
+    that "trustworthy" means face value, not "this method works", and defines "walk back" before
+    any table uses it."""
+    from creditaudit.report import compact_table, report_html
+    result, _, _ = audited
+    audit = _three_verdicts(result)
+    summary = "1 of 3 methods walks back, 1 is trustworthy, 1 is incomplete (project verdict)."
+    md, text, page = audit_table(audit), compact_table(audit), report_html(audit, {})
+    assert text.splitlines()[0] == summary
+    assert f"**{summary}**" in md and f'<p class="summary">{summary}</p>' in page
+    for view, first_table in ((md, "\n| method"), (text, "\nmethod "), (page, "<table")):
+        flat = " ".join(view.split())
+        assert "taken at face value" in flat and "It does not mean the method works" in flat
+        start = view.index(first_table)
+        head = " ".join(view[:start].split())
+        assert summary in head                                   # the count comes first
+        assert re.search(r"walk back(\*\*: |: |</dt><dd>)a flag fired", head)   # defined before the tables
+        assert "trustworthy" in head and "incomplete" in head
+    one = store.json_safe(copy.deepcopy(audit))
+    one["methods"] = one["methods"][1:2]
+    assert compact_table(one).splitlines()[0] == "1 of 1 method walks back, 0 are trustworthy, 0 are incomplete (project verdict)."
+
+
+def test_a_gamma_marked_uninterpretable_shows_no_z(audited):
+    """Where (b) or (b′) fired, Γ against its null is no evidence: its z is not printed (the cell
+    says "z n/a*"), and the HTML greys the Γ cells; an interpretable Γ keeps its z."""
+    from creditaudit.report import report_html
+    from creditaudit.report.tables import calibration_table
+    result, _, _ = audited
+    dfa = _row(result, "dfa")
+    assert dfa["null_deep_std"] and dfa["null_deep_std"] > 0
+    audit = _degenerate(result)                                 # dfa: Γ uninterpretable
+    line = next(l for l in _method_lines(audit_table(audit), "dfa").splitlines() if "± " in l and "*" in l)
+    assert "(z n/a*)" in line and not re.search(r"\(z [+-]\d", line)
+    page = report_html(audit, {})
+    assert re.search(r'<td class="na">[+-]\d\.\d{3}\*</td><td class="na">[^<]*\(z n/a\*\)</td>', page)
+    fine = store.json_safe(copy.deepcopy(result))
+    assert re.search(r"\(z [+-]\d", _method_lines(audit_table(fine), "dfa"))
+    assert 'class="na"' not in report_html(fine, {})
+    report = {"label": "x", "verdict": "walk back: (b′) ATTENUATED", "bp_grad_norms": [1e-3, 1e-3],
+              "gamma": [0.5, 0.4], "gamma_z": [6.0, 5.0], "gamma_interpretable": False,
+              "null": {"mean": [0.0, 0.0], "std": [0.05, 0.05]}, "rho": [], "nudge": []}
+    table = calibration_table(report)
+    assert "n/a*" in table and "| 6 " not in table and "6.00" not in table
+    report["gamma_interpretable"] = True
+    assert "| 6 " in calibration_table(report)
+
+
+def test_a_diagnosis_printout_gives_no_z_for_an_uninterpretable_gamma(digits_batches):
+    """`creditaudit diagnose`'s table: z beside an interpretable Γ, "n/a*" beside one marked
+    uninterpretable."""
+    import dataclasses
+    import torch
+    import torch.nn.functional as F
+    from creditaudit.model import ResidualMLP
+    from creditaudit.protocol import diagnose
+    torch.manual_seed(0)
+    model = ResidualMLP(64, d=16, n_blocks=2)
+
+    class RandomFeedback:
+        random_feedback = True
+
+        def credit(self, x, y):
+            return self.fresh_feedback_credit(x, y, torch.Generator().manual_seed(0))
+
+        def fresh_feedback_credit(self, x, y, gen):
+            e = model(x).softmax(-1) - F.one_hot(y, 10).float()
+            return [e.detach() @ torch.randn(10, 16, generator=gen) for _ in range(3)]
+
+    r = diagnose(model, digits_batches, method=RandomFeedback(), null_k=3)
+    rows = lambda report: [l for l in str(report).splitlines() if re.match(r"\s+[0-2]  ", l)]
+    assert len(rows(r)) == 3 and r.gamma_interpretable and all(re.search(r"[+-]\d+\.\d$", l) for l in rows(r))
+    bad = dataclasses.replace(r, gamma_interpretable=False)
+    assert all(l.endswith("n/a*") for l in rows(bad)) and "no z against the null" in str(bad)
+
+
+@pytest.fixture
+def digits_batches():
+    from creditaudit.data import load_dataset
+    data = load_dataset("digits")
+    return [data.eval_batch(i, 45) for i in range(2)]

@@ -10,20 +10,26 @@ from pathlib import Path
 from typing import Sequence
 
 from .experiments.own_runs import judge_own_runs
-from .report import write_report
+from .report import compact_table, write_report
 from .verdict import Thresholds
 
 
 def audit_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = (), *,
-                   out: str | Path, n_test: int, method: str = "my-method",
-                   thresholds: Thresholds = Thresholds()) -> dict:
-    """Judge the user's monitored runs (one per seed) with their frozen controls, like an audit.
+                   out: str | Path, n_test: int, method: str | None = None,
+                   thresholds: Thresholds = Thresholds(), quiet: bool = False) -> dict:
+    """Judge the user's monitored runs (every method, one run per method and seed) with their
+    frozen controls, like an audit: one row per method, (d)'s seed noise pooled over them all.
 
-    n_test: the number of test samples each accuracy was measured on ((d)'s test-set noise floor).
-    Writes <out>/audit.json (sealed) plus audit.md, report.html and the figures, and returns the
-    audit as read back; `creditaudit check OUT` then gives the verdict as an exit code. A run
-    without a finished control of its own keeps the verdict from "trustworthy".
+    Each run's method is the name its `Monitor(method=...)` recorded; `method` names the runs that
+    recorded none (default "my-method"). n_test: the number of test samples each accuracy was
+    measured on ((d)'s test-set noise floor). Writes <out>/audit.json (sealed) plus audit.md,
+    report.html and the figures, prints the terminal table `creditaudit audit` prints (unless
+    `quiet`), and returns the audit as read back; `creditaudit check OUT` then gives the verdicts
+    as an exit code. A run without a finished control of its own keeps its method from "trustworthy".
     """
     audit = judge_own_runs(runs, controls, out=out, n_test=n_test, method=method, thresholds=thresholds)
     write_report(audit, Path(out))
+    if not quiet:
+        print(compact_table(audit))
+        print(f"\nfull table, per-seed values and reasons: {Path(out) / 'audit.md'}")
     return audit

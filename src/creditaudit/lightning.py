@@ -7,8 +7,12 @@
 When fitting starts the callback builds a `Monitor` on the LightningModule (planned epochs =
 `trainer.max_epochs`; the module's weights then are the run's initialisation); after each training
 batch it counts the step's loss (`training_step` returning the loss, or a dict with "loss"); at each
-training epoch's end it records the monitor line, with the test accuracy from `test_batches` or
-from the logged metric `test_acc_key`; when fitting ends it seals the run. A StopRun (a flag held
+training epoch's end it records the monitor line, with the test accuracy from `test_batches`
+(computed through the residual stream, so the module needs no `forward()`) or from the logged
+metric `test_acc_key`; when fitting ends it seals the run. Every recorded epoch's monitor numbers
+and flags go to each of the trainer's loggers (`trainer.loggers`: TensorBoardLogger, CSVLogger,
+WandbLogger, MLFlowLogger, …) under the names of trackers.py, at the trainer's global step, with
+`creditaudit/epoch` beside them. A StopRun (a flag held
 `stop_when_flagged` epochs, or divergence) sets `trainer.should_stop`; an exception seals the run
 "interrupted". `frozen_control()` gives the (d) control module, fitted under
 `CreditAuditCallback(..., control_of=this_callback)`.
@@ -34,9 +38,10 @@ class CreditAuditCallback(L.Callback):
     """Run a creditaudit `Monitor` inside `lightning.Trainer.fit` (see the module docstring).
 
     eval_batch, out and every keyword of `Monitor` (adapter, test_batches, diagnose_batches, seed,
-    label, frozen_control, credit, thresholds, stop_when_flagged, on_flag, tensorboard) are passed
-    on; control_of may be another CreditAuditCallback. test_acc_key: the name of a logged metric
-    holding the test accuracy (a fraction), used when no test_batches are given.
+    label, method, frozen_control, credit, thresholds, stop_when_flagged, on_flag, on_epoch,
+    tensorboard) are passed on; control_of may be another CreditAuditCallback. test_acc_key: the
+    name of a logged metric holding the test accuracy (a fraction), used when no test_batches are
+    given. The trainer's loggers receive every epoch's scalars (`on_epoch` too, when given).
     """
 
     def __init__(self, eval_batch, out: str | Path, *, test_acc_key: str | None = None,
@@ -65,8 +70,18 @@ class CreditAuditCallback(L.Callback):
                                    "epochs decide whether the run finished")
         control_of = self.control_of.monitor if isinstance(self.control_of, CreditAuditCallback) \
             else self.control_of
+        user_on_epoch = self.kwargs.get("on_epoch")
+        if user_on_epoch is not None and not callable(user_on_epoch):
+            raise CreditAuditError(f"on_epoch must be a function of the epoch's scalars, got "
+                                   f"{type(user_on_epoch).__name__}")
+
+        def on_epoch(scalars: dict[str, float]) -> None:
+            for logger in trainer.loggers:      # empty with Trainer(logger=False)
+                logger.log_metrics(scalars, step=trainer.global_step)
+            if user_on_epoch is not None:
+                user_on_epoch(scalars)
         self.monitor = Monitor(pl_module, self.eval_batch, self.out, epochs=epochs,
-                               control_of=control_of, **self.kwargs)
+                               control_of=control_of, **{**self.kwargs, "on_epoch": on_epoch})
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs

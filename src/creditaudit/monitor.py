@@ -38,7 +38,7 @@ import uuid
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -48,6 +48,9 @@ from .errors import CreditAuditError, CreditAuditWarning
 from .metrics import accuracy, monitor_snapshot
 from .runs import read_status
 from .verdict import FLAG_NAMES, Thresholds, first_fire_epochs, stop_rule
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 SOURCE = "user-loop"
 RUN_FILE = "run.json"
@@ -113,23 +116,31 @@ class Monitor:
     diagnose_batches: eval batches of the final diagnosis (the protocol wants K ≥ 8 disjoint
                       batches of 128); default [eval_batch].
     seed, label:      recorded; the label names the run in reports.
+    method:           the name of the method this run trains, recorded: `audit_own_runs` makes one
+                      row per method (a control takes its run's).
     control_of:       this run is the frozen control of that Monitor (or its run folder).
     frozen_control:   a finished control's run folder, so `finish` can judge (d).
     credit:           fn(x, y) -> [a_0 … a_L], the method's credit, for Γ in the diagnosis.
     stop_when_flagged: end the run (StopRun) once (a), (a′) or (b′) held this many epochs.
     on_flag:          callback(flag, epoch, record) at each flag's first fire.
-    tensorboard:      a log folder: every monitor scalar and flag, per epoch (trackers.py).
+    on_epoch:         callback(scalars) after each recorded epoch (epoch 0 = the init): every
+                      monitor number and flag under its tracker name, plus `creditaudit/epoch`
+                      (trackers.epoch_scalars) — e.g. `wandb.log`, or `mlflow.log_metrics`.
+    tensorboard:      a log folder, or your own SummaryWriter (flushed, never closed here): every
+                      monitor scalar and flag, per epoch (trackers.py).
     """
 
     def __init__(self, model: torch.nn.Module, eval_batch, out: str | Path, *, epochs: int,
                  adapter: Adapter | None = None, test_batches: Iterable | None = None,
                  diagnose_batches: Sequence | None = None, seed: int | None = None,
-                 label: str | None = None, control_of: "Monitor | str | Path | None" = None,
+                 label: str | None = None, method: str | None = None,
+                 control_of: "Monitor | str | Path | None" = None,
                  frozen_control: str | Path | None = None,
                  credit: Callable | None = None, thresholds: Thresholds = Thresholds(),
                  stop_when_flagged: int | None = None,
                  on_flag: Callable[[str, int, dict], None] | None = None,
-                 tensorboard: str | Path | None = None):
+                 on_epoch: Callable[[dict[str, float]], None] | None = None,
+                 tensorboard: "str | Path | SummaryWriter | None" = None):
         if not isinstance(model, torch.nn.Module):
             raise CreditAuditError(f"Monitor needs a torch.nn.Module, got {type(model).__name__}")
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
@@ -137,7 +148,13 @@ class Monitor:
         if stop_when_flagged is not None and (isinstance(stop_when_flagged, bool) or
                                               not isinstance(stop_when_flagged, int) or stop_when_flagged < 1):
             raise CreditAuditError(f"stop_when_flagged must be ≥ 1 epoch, got {stop_when_flagged!r}")
+        if method is not None and (not isinstance(method, str) or not method.strip()):
+            raise CreditAuditError(f"method must name your method (a non-empty string), got {method!r}")
+        if on_epoch is not None and not callable(on_epoch):
+            raise CreditAuditError(f"on_epoch must be a function of the epoch's scalars, got "
+                                   f"{type(on_epoch).__name__}")
         self.model, self.adapter, self.out = model, adapter, Path(out)
+        self.on_epoch = on_epoch
         self.epochs, self.thresholds, self.on_flag, self.credit = epochs, thresholds, on_flag, credit
         self.x, self.y = _batch(eval_batch, "eval_batch")
         # a one-shot iterator would be empty from the second epoch on: keep its batches
@@ -164,10 +181,10 @@ class Monitor:
         self.init_sha256 = state_sha256(self.init)
         self.control_of, self._main, main_id = None, None, None
         if control_of is not None:
-            self.control_of, main_id = self._check_control(control_of)
+            self.control_of, main_id, method = self._check_control(control_of, method)
         self.label = label or self.out.name
         self.info = {"source": SOURCE, "creditaudit_version": __version__, "label": self.label,
-                     "seed": seed, "epochs": epochs, "model": type(model).__name__,
+                     "seed": seed, "method": method, "epochs": epochs, "model": type(model).__name__,
                      "adapter": adapter.describe() if adapter is not None else None,
                      "n_blocks": self.stream.n_blocks, "init_sha256": self.init_sha256,
                      "control": "frozen" if self.control_of else "none",
@@ -196,16 +213,20 @@ class Monitor:
         self._append(self._record(0, None, None, {}))
 
     # -- the frozen control ------------------------------------------------------------------
-    def _check_control(self, main: "Monitor | str | Path") -> tuple[str, str]:
-        """The main run this control belongs to (its folder and run id), after checking that this
-        model is that run's init with its blocks frozen."""
+    def _check_control(self, main: "Monitor | str | Path", method: str | None) -> tuple[str, str, str | None]:
+        """The main run this control belongs to (its folder, run id and method), after checking
+        that this model is that run's init with its blocks frozen."""
         if isinstance(main, Monitor):
-            main_dir, main_sha, main_id = main.out, main.init_sha256, main.info["run_id"]
+            main_dir, main_info = main.out, main.info
             self._main = main
         else:
             main_dir = Path(main)
             main_info = read_run_info(main_dir)
-            main_sha, main_id = main_info["init_sha256"], main_info.get("run_id")
+        main_sha, main_id = main_info["init_sha256"], main_info.get("run_id")
+        if method is not None and method != main_info.get("method"):
+            raise CreditAuditError(f"method={method!r}, but {main_dir} trains "
+                                   f"{main_info.get('method')!r}; a control takes its run's method "
+                                   "(leave method= out)")
         if main_sha != self.init_sha256:
             raise CreditAuditError(f"this model does not start from the initial weights of {main_dir}; "
                                    "build the control with that Monitor's frozen_control()")
@@ -217,7 +238,7 @@ class Monitor:
         if main_id is None:
             raise CreditAuditError(f"{main_dir} was written by an older creditaudit (no run id); "
                                    "monitor the run again")
-        return str(main_dir), main_id
+        return str(main_dir), main_id, main_info.get("method")
 
     def frozen_control(self) -> torch.nn.Module:
         """A copy of the model at this run's initial weights (every parameter and buffer) with
@@ -349,8 +370,11 @@ class Monitor:
             was = self.model.training
             self.model.eval()
             dev = _device_of(self.model)
+            # through the stream, as every other measurement: a module needs no forward() of its own
+            logits = lambda x: self.stream.forward_from(0, self.stream.embed(x))
             try:
-                test_acc = accuracy(self.model, ((x.to(dev), y.to(dev)) for x, y in self.test_batches))
+                with torch.no_grad():
+                    test_acc = accuracy(logits, ((x.to(dev), y.to(dev)) for x, y in self.test_batches))
             finally:
                 self.model.train(was)
         if isinstance(test_acc, torch.Tensor):
@@ -386,6 +410,9 @@ class Monitor:
                                    f"checkpoint of epoch {kept} is kept") from None
         if self._tb is not None:
             self._tb.log(self.history)
+        if self.on_epoch is not None:
+            from .trackers import epoch_scalars
+            self.on_epoch(epoch_scalars(self.history, self.thresholds))
         self._report_first_fires(record)
 
     def _report_first_fires(self, record: dict) -> None:

@@ -164,7 +164,9 @@ class Report:
                 row += f"  {_fmt(self.gamma[l], '+7.3f') + mark:>8}"
             if self.null is not None:
                 ms = f"{_fmt(self.null.mean[l], '+.3f')}±{_fmt(self.null.std[l], '.3f')}"
-                row += f"  {ms:>15}  {_fmt(self.gamma_z[l], '+7.1f'):>7}"
+                # an uninterpretable Γ gets no z: its distance from the null is no evidence
+                z = _fmt(self.gamma_z[l], '+7.1f') if self.gamma_interpretable else "n/a*"
+                row += f"  {ms:>15}  {z:>7}"
             if self.rho:
                 r = rho_by_layer.get(l)
                 row += (f"  {_fmt(r.method, '+8.3f') if r and r.method is not None else '':>8}"
@@ -173,7 +175,8 @@ class Report:
                         f"  {_fmt(r.random, '+7.3f') if r else '':>7}")
             lines.append(row)
         if self.gamma is not None and not self.gamma_interpretable:
-            lines.append("  * Γ uninterpretable: (b) or (b′) fired, the reference gradient is invalid")
+            lines.append("  * Γ uninterpretable: (b) or (b′) fired, the reference gradient is invalid"
+                         + ("; no z against the null is given" if self.null is not None else ""))
         lines += ["", f"{'diagnostic':<17} {'value':>11}  {'threshold':>10}  flag",
                   f"{'(a) max growth':<17} {_fmt(self.max_growth, '11.4g')}  "
                   f"{'> ' + format(t.growth, 'g'):>10}  {self._flag('a')}",

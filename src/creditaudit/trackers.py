@@ -13,7 +13,10 @@ One scalar per monitor number and flag, per epoch (step = epoch; epoch 0 = at in
 
 The flags are decided by verdict.py's rules, on the same record the verdict reads. Needs the
 `tensorboard` package (`pip install "creditaudit[tensorboard]"`); without it, asking for a log
-is one clear error.
+is one clear error. A `SummaryWriter` of the user's own may be handed over instead of a folder.
+
+Other trackers (W&B, MLflow, Lightning's loggers) get the same names from `epoch_scalars`, plus
+`creditaudit/epoch` to plot them against (the Monitor's `on_epoch`, the Lightning callback).
 """
 from __future__ import annotations
 
@@ -56,20 +59,39 @@ def scalars(row: dict, init_h_norms: Sequence | None, t: Thresholds = Thresholds
     return {k: v for k, v in out.items() if not math.isnan(v)}
 
 
-class TensorBoardLog:
-    """Writes monitor records to a TensorBoard log folder as they come (`log(history)` logs the
-    records it has not seen yet, so the trainer and the Monitor can hand it the whole history)."""
+def epoch_scalars(history: Sequence[dict], t: Thresholds = Thresholds()) -> dict[str, float]:
+    """The scalars of a monitor history's last record (`scalars`, against the history's epoch-0
+    record for (a′)) and its epoch as `creditaudit/epoch`: one call of a tracker per epoch."""
+    init = history[0]["h_norms"] if history and int(history[0]["epoch"]) == 0 else None
+    row = history[-1]
+    return {**scalars(row, init, t), f"{PREFIX}/epoch": float(row["epoch"])}
 
-    def __init__(self, log_dir: str | Path, thresholds: Thresholds = Thresholds()):
+
+def is_writer(obj) -> bool:
+    """Whether `obj` is a SummaryWriter (torch's or tensorboardX's: anything with add_scalar)."""
+    return callable(getattr(obj, "add_scalar", None)) and callable(getattr(obj, "flush", None))
+
+
+class TensorBoardLog:
+    """Writes monitor records to a TensorBoard log as they come (`log(history)` logs the records
+    it has not seen yet, so the trainer and the Monitor can hand it the whole history).
+
+    log_dir: a folder (a SummaryWriter is opened on it and closed by `close`), or the user's own
+    SummaryWriter, which is only flushed: its owner closes it."""
+
+    def __init__(self, log_dir, thresholds: Thresholds = Thresholds()):
+        self.thresholds = thresholds
+        self._logged = -1
+        self._owned = not is_writer(log_dir)
+        if not self._owned:
+            self.writer = log_dir
+            return
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise CreditAuditError("TensorBoard logging needs the tensorboard package: "
                                    "pip install \"creditaudit[tensorboard]\"") from None
-        self.log_dir = Path(log_dir)
-        self.thresholds = thresholds
-        self.writer = SummaryWriter(log_dir=str(self.log_dir))
-        self._logged = -1
+        self.writer = SummaryWriter(log_dir=str(Path(log_dir)))
 
     def log(self, history: Sequence[dict]) -> None:
         init = history[0]["h_norms"] if history and int(history[0]["epoch"]) == 0 else None
@@ -85,7 +107,10 @@ class TensorBoardLog:
     __call__ = log
 
     def close(self) -> None:
-        self.writer.close()
+        if self._owned:
+            self.writer.close()
+        else:
+            self.writer.flush()
 
 
 def log_history(history: Sequence[dict], log_dir: str | Path, thresholds: Thresholds = Thresholds()) -> None:

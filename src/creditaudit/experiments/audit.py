@@ -142,6 +142,27 @@ def reporting_strategies(row: dict) -> dict[str, str]:
                               "walk back" if verdict.walks_back else "incomplete")}
 
 
+def tabulate(methods: Sequence[str], outcomes: Sequence[Outcome], thresholds: Thresholds,
+             n_test: int) -> dict:
+    """audit.json's table from the outcomes of its runs: one row per method, its reporting
+    strategies and their totals, the pooled seed noise and the threshold sensitivity.
+
+    (d)'s seed noise is pooled over every method of the audit (`verdict.seed_noise`) and floored
+    by the binomial variance of accuracies measured on `n_test` test samples; the sensitivity's
+    depth_margin row re-decides each method's across-seed (d) decision."""
+    noise = seed_noise([method_evidence(m, outcomes, n_test) for m in methods])
+    rows = [summarize_method(m, outcomes, thresholds, noise, n_test) for m in methods]
+    for row in rows:
+        row["strategies"] = reporting_strategies(row)
+    reports = [o.report for o in outcomes if o.report and o.config.control == "none"]
+    sensitivity = (threshold_sensitivity(reports, thresholds, depth={r["method"]: r["depth"] for r in rows})[0]
+                   if reports else None)
+    return {"flag_table": flag_table(), "seed_noise": noise.to_dict(), "n_test": n_test,
+            "strategies": list(STRATEGIES), "methods": rows,
+            "strategy_totals": {s: sum(r["strategies"][s] == "walk back" for r in rows) for s in STRATEGIES},
+            "sensitivity": sensitivity}
+
+
 def frozen_control_of(config: RunConfig) -> RunConfig | None:
     """The frozen-blocks control of the same method and seed (None for a control itself)."""
     if config.control != "none" or config.blocks == 0:
@@ -159,29 +180,18 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
     t0 = time.perf_counter()
     outcomes = run_all(runs, out, execution=execution_of(config, compile_step), thresholds=thresholds,
                        n_eval=config.eval_batches, frozen_of=frozen_control_of, progress=progress)
-    # (d)'s seed noise is pooled over every method of the audit, and floored by the binomial
-    # variance of accuracies measured on the whole test split
+    # accuracies are measured on the whole test split: (d)'s binomial floor
     n_test = len(dataset(config.dataset, config.data_dir, "cpu").y_test)
-    noise = seed_noise([method_evidence(m, outcomes, n_test) for m in config.methods])
-    rows = [summarize_method(m, outcomes, thresholds, noise, n_test) for m in config.methods]
-    for row in rows:
-        row["strategies"] = reporting_strategies(row)
-    reports = [o.report for o in outcomes if o.report and o.config.control == "none"]
-    sensitivity = (threshold_sensitivity(reports, thresholds, depth={r["method"]: r["depth"] for r in rows})[0]
-                   if reports else None)
+    table = tabulate(config.methods, outcomes, thresholds, n_test)
     result = {
         "creditaudit_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "header": header(config, runs[0]),
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         "thresholds": asdict(thresholds),
-        "flag_table": flag_table(), "seed_noise": noise.to_dict(), "n_test": n_test,
         "wall_time": time.perf_counter() - t0,
         "runs_trained_now": sum(o.trained for o in outcomes),
-        "strategies": list(STRATEGIES),
-        "methods": rows,
-        "strategy_totals": {s: sum(r["strategies"][s] == "walk back" for r in rows) for s in STRATEGIES},
-        "sensitivity": sensitivity,
+        **table,
         "runs": [o.to_dict() for o in outcomes],
     }
     store.write_sealed_json(out / "audit.json", store.json_safe(result))

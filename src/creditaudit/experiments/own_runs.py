@@ -1,11 +1,13 @@
-"""The audit of runs trained in the user's own loop: monitored runs + their frozen controls over
-the user's seeds → the same method verdict, audit.json and report as `creditaudit audit`.
+"""The audit of runs trained in the user's own loop: monitored runs of one or more methods + their
+frozen controls over the user's seeds → the same method verdicts, audit.json and report as
+`creditaudit audit`.
 
 Each run folder was written by `creditaudit.Monitor` (its diagnosis made at `finish()`); each
-control by a Monitor with `control_of=` that run. Runs and controls are paired by the sha256 of
-their initial weights (the control starts where its run started), so the order of the lists does
-not matter. The verdict is `verdict.method_verdict` through `audit.summarize_method`: nothing is
-judged here.
+control by a Monitor with `control_of=` that run. A run's method is the name its Monitor recorded
+(`Monitor(method=...)`); a control is paired with its run by the run id it recorded (runs of two
+methods from one seed share their initial weights), so the order of the lists does not matter.
+The table is the audit's own (`audit.tabulate`: (d)'s seed noise pooled over every method, each
+method's verdict by `verdict.method_verdict`): nothing is judged here.
 """
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ from typing import Sequence
 from .. import __version__, store
 from ..errors import CreditAuditError
 from ..monitor import FINISHED, MonitoredRun, control_accuracy, load_monitored
-from ..verdict import Thresholds, flag_table, seed_noise, threshold_sensitivity
-from .audit import STRATEGIES, method_evidence, read_audit, reporting_strategies, summarize_method
+from ..verdict import Thresholds
+from .audit import read_audit, tabulate
 from .common import Outcome
+
+DEFAULT_METHOD = "my-method"      # the name of runs whose Monitor recorded no method=
 
 
 @dataclass(frozen=True)
@@ -34,10 +38,12 @@ class OwnRunConfig:
     label: str
     lam: float = 0.0
     trainable_blocks: int | None = None
+    run_id: str = ""
 
     @property
     def run_key(self) -> str:
-        return self.init_sha256[:12]
+        """Unique per run folder: runs of two methods may share their initial weights."""
+        return (self.run_id or self.init_sha256)[:12]
 
     def to_dict(self) -> dict:
         return {"method": self.method, "seed": self.seed, "control": self.control,
@@ -49,7 +55,8 @@ def _outcome(run: MonitoredRun, method: str, seed: int) -> Outcome:
     control = info.get("control", "none")
     label = f"{method}{'/' + control if control != 'none' else ''}/s{seed}"
     config = OwnRunConfig(method, seed, control, int(info["epochs"]), info["init_sha256"], label,
-                          trainable_blocks=0 if control == "frozen" else None)
+                          trainable_blocks=0 if control == "frozen" else None,
+                          run_id=str(info.get("run_id") or ""))
     status = run.status.get("status", "unfinished")
     message = run.status.get("message", "no status: the loop never called finish()")
     report = run.diagnosis if control == "none" else None
@@ -57,11 +64,26 @@ def _outcome(run: MonitoredRun, method: str, seed: int) -> Outcome:
                    history=run.history, report=report)
 
 
-def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = (), *,
-                   out: str | Path, n_test: int, method: str = "my-method",
-                   thresholds: Thresholds = Thresholds()) -> dict:
-    """Judge the user's monitored runs (one per seed) with their frozen controls, like an audit.
+def _method_of(run: MonitoredRun, method: str | None) -> str:
+    """The method a run trains: the name its Monitor recorded, else `method` (else DEFAULT_METHOD)."""
+    recorded = run.info.get("method")
+    if recorded is None:
+        return method or DEFAULT_METHOD
+    if method is not None and method != recorded:
+        raise CreditAuditError(f"{run.run_dir} records method {recorded!r}, not method={method!r}; "
+                               "leave method= out (each run's Monitor(method=...) names its method)")
+    return recorded
 
+
+def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = (), *,
+                   out: str | Path, n_test: int, method: str | None = None,
+                   thresholds: Thresholds = Thresholds()) -> dict:
+    """Judge the user's monitored runs (one per method and seed) with their frozen controls, like
+    an audit: one row per method, (d)'s seed noise pooled over every method (`audit.tabulate`).
+
+    runs: the run folders of every method; each run's method is the name its Monitor recorded
+    (`Monitor(method=...)`), or `method` (default "my-method") for runs that recorded none.
+    controls: their frozen controls, each paired with its own run by the run id it recorded.
     n_test: the number of test samples every accuracy was measured on — (d)'s test-set noise floor
     (binomial), as the audit takes it from its data set; with 1–3 seeds the seed spread alone can
     look far too certain. Writes <out>/audit.json (sealed) and returns the audit as read back
@@ -71,12 +93,17 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     if isinstance(n_test, bool) or not isinstance(n_test, int) or n_test < 1:
         raise CreditAuditError(f"n_test must be the number of test samples your accuracies were "
                                f"measured on (a positive integer), got {n_test!r}")
+    if isinstance(runs, (str, Path)) or isinstance(controls, (str, Path)):
+        raise CreditAuditError("runs= and controls= are lists of run folders; wrap a single one "
+                               "in a list")
     if not runs:
         raise CreditAuditError("audit_own_runs needs at least one run folder")
     mains = [load_monitored(r) for r in runs]
     ctrls = [load_monitored(c) for c in controls]
-    seen: dict[str, Path] = {}
-    for run in mains:
+    method_of = {id(run): _method_of(run, method) for run in mains}
+    seen: dict[tuple[str, str], Path] = {}
+    seeds: dict[int, int] = {}                 # id(run) → its seed (else its place in its method)
+    for i, run in enumerate(mains):
         if run.info.get("thresholds") != asdict(thresholds):
             raise CreditAuditError(f"{run.run_dir} was diagnosed with other thresholds "
                                    f"({run.info.get('thresholds')}); pass the same thresholds= here")
@@ -85,59 +112,59 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         if run.diagnosis is None and run.status.get("status") in (FINISHED, "stopped", "diverged"):
             raise CreditAuditError(f"{run.run_dir} has no diagnosis.json; its Monitor's finish() "
                                    "did not complete — call it again")
-        sha = run.info["init_sha256"]
-        if sha in seen:
-            raise CreditAuditError(f"{run.run_dir} and {seen[sha]} start from the same initial "
-                                   "weights: they are one seed twice")
-        seen[sha] = run.run_dir
-    seeds = {}
-    for i, run in enumerate(mains):
+        name = method_of[id(run)]
+        key = (name, run.info["init_sha256"])
+        if key in seen:
+            raise CreditAuditError(f"{run.run_dir} and {seen[key]} ({name}) start from the same "
+                                   "initial weights: they are one seed twice")
+        seen[key] = run.run_dir
         seed = run.info.get("seed")
-        seeds[run.info["init_sha256"]] = seed if seed is not None else i
-    outcomes = [_outcome(r, method, seeds[r.info["init_sha256"]]) for r in mains]
+        seeds[id(run)] = seed if seed is not None else len(
+            [r for r in mains[:i] if method_of[id(r)] == name])
+    outcomes = [_outcome(r, method_of[id(r)], seeds[id(r)]) for r in mains]
+    methods = list(dict.fromkeys(o.config.method for o in outcomes))
+    for name in methods:
+        mine = [o.config.seed for o in outcomes if o.config.method == name]
+        if len(set(mine)) < len(mine):
+            raise CreditAuditError(f"two runs of {name} carry the same seed; give each Monitor its "
+                                   "own seed=")
+    by_id = {r.info.get("run_id"): r for r in mains if r.info.get("run_id")}
     controlled: dict[str, Path] = {}
     for c in ctrls:
         if c.info.get("control") != "frozen":
             raise CreditAuditError(f"{c.run_dir} is not a frozen control (train it under "
                                    "Monitor(mon.frozen_control(), ..., control_of=mon))")
-        sha = c.info["init_sha256"]
-        if sha not in seeds:
-            raise CreditAuditError(f"the control {c.run_dir} belongs to none of the runs given "
-                                   "(its initial weights match no run)")
-        main = next(r for r in mains if r.info["init_sha256"] == sha)
+        main = by_id.get(c.info.get("control_of_id"))
+        if main is None:
+            raise CreditAuditError(f"the frozen control {c.run_dir} was built for another run "
+                                   f"({c.info.get('control_of')}), none of the runs given; pass "
+                                   "its run too, or train each run's own control")
         control_accuracy(c.run_dir, main.info)      # its own run's, trained like it, blocks at init
-        if sha in controlled:
-            raise CreditAuditError(f"{c.run_dir} and {controlled[sha]} are both controls of "
-                                   f"{main.run_dir}; pass one control per run")
-        controlled[sha] = c.run_dir
-        outcomes.append(_outcome(c, method, seeds[sha]))
-    if len({o.config.seed for o in outcomes if o.config.control == "none"}) < len(mains):
-        raise CreditAuditError("two runs carry the same seed; give each Monitor its own seed=")
+        if main.info["run_id"] in controlled:
+            raise CreditAuditError(f"{c.run_dir} and {controlled[main.info['run_id']]} are both "
+                                   f"controls of {main.run_dir}; pass one control per run")
+        controlled[main.info["run_id"]] = c.run_dir
+        outcomes.append(_outcome(c, method_of[id(main)], seeds[id(main)]))
 
     t0 = time.perf_counter()
-    noise = seed_noise([method_evidence(method, outcomes, n_test)])
-    row = summarize_method(method, outcomes, thresholds, noise, n_test)
-    row["strategies"] = reporting_strategies(row)
-    reports = [o.report for o in outcomes if o.report and o.config.control == "none"]
+    table = tabulate(methods, outcomes, thresholds, n_test)
     out = Path(out)
+    per_method = "; ".join(
+        f"{name} (seed{'s' if len(ss) > 1 else ''} {', '.join(map(str, ss))})"
+        for name in methods for ss in [[o.config.seed for o in outcomes
+                                        if o.config.method == name and o.config.control == "none"]])
     result = {
         "creditaudit_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "source": "user-loop",
-        "header": (f"your own training loop: {method}, seed{'s' if len(mains) > 1 else ''} "
-                   f"{', '.join(str(o.config.seed) for o in outcomes if o.config.control == 'none')}; "
-                   f"controls: {'frozen' if ctrls else 'none'}"),
-        "config": {"methods": [method], "seeds": sorted(seeds.values()),
+        "header": f"your own training loop: {per_method}; controls: {'frozen' if ctrls else 'none'}",
+        "config": {"methods": methods, "seeds": sorted(set(seeds.values())),
                    "runs": [str(r) for r in runs], "controls": [str(c) for c in controls]},
         "thresholds": asdict(thresholds),
         "wall_time": time.perf_counter() - t0,
         "runs_trained_now": 0,
-        "strategies": list(STRATEGIES),
-        "methods": [row],
-        "strategy_totals": {s: int(row["strategies"][s] == "walk back") for s in STRATEGIES},
-        "sensitivity": threshold_sensitivity(reports, thresholds)[0] if reports else None,
+        **table,
         "runs": [o.to_dict() for o in outcomes],
-        "flag_table": flag_table(), "seed_noise": noise.to_dict(), "n_test": n_test,
     }
     if out.exists() and not out.is_dir():
         raise CreditAuditError(f"out={out} is a file; give a folder for the audit")

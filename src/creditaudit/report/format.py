@@ -77,16 +77,20 @@ def _first_fire(first: dict | None) -> str:
 
 
 def _gamma_cells(row: dict) -> tuple[str, str]:
-    """(deep Γ, its null with z). "*" marks Γ uninterpretable ((b) or (b′) fired)."""
+    """(deep Γ, its null with z). "*" marks Γ uninterpretable ((b) or (b′) fired); such a Γ gets
+    no z ("z n/a"): a distance from the null means nothing against a reference with no signal."""
     gamma = _f(row.get("gamma_deep"))
     if gamma is None:
         return "—", "—"
-    mark = "*" if row.get("gamma_interpretable") is False else ""
+    uninterpretable = row.get("gamma_interpretable") is False
+    mark = "*" if uninterpretable else ""
     mean, std = _f(row.get("null_deep_mean")), _f(row.get("null_deep_std"))
     if mean is None:
         return _signed(gamma) + mark, "—"
     null = f"{_signed(mean)} ± {'—' if std is None else f'{std:.3f}'}"
-    if std is not None and std > 0:
+    if uninterpretable:
+        null += " (z n/a*)"
+    elif std is not None and std > 0:
         null += f" (z {(gamma - mean) / std:+.1f})"
     return _signed(gamma) + mark, null
 

@@ -8,8 +8,9 @@ from typing import Sequence
 from ..verdict import verdict_of
 from .figures import FIGURES
 from .format import _method_name
-from .tables import (PER_SEED_COLUMNS, _audit_tables, _legend, _meta, _notes, _per_seed_cells,
-                     _same_rows, _sensitivity_cells, _strategy_cells, _unfinished)
+from .tables import (PER_SEED_COLUMNS, VERDICT_MEANINGS, _audit_tables, _legend, _meta, _notes,
+                     _per_seed_cells, _same_rows, _sensitivity_cells, _strategy_cells, _unfinished,
+                     verdict_summary)
 
 _CSS = """
 body { font-family: -apple-system, "Segoe UI", "DejaVu Sans", Helvetica, Arial, sans-serif;
@@ -25,8 +26,14 @@ th { background: #eef1f5; text-align: center; white-space: normal; }
 td:first-child, th:first-child { text-align: left; font-weight: 600; }
 td.ok { background: #d7f0d9; color: #125c1b; text-align: left; }
 td.bad { background: #f8d4d4; color: #8a1010; text-align: left; }
+td.warn { background: #fbf0cf; color: #6b4a00; text-align: left; }
 td.wrap { white-space: normal; min-width: 160px; max-width: 420px; text-align: left; }
 td.left { text-align: left; }
+td.na { color: #999; background: #f4f4f4; }
+.summary { font-size: 17px; font-weight: 600; margin: 10px 0 4px; }
+dl.meanings { font-size: 13px; margin: 4px 0 10px; max-width: 1000px; }
+dl.meanings dt { font-weight: 600; float: left; clear: left; width: 95px; }
+dl.meanings dd { margin: 0 0 4px 100px; }
 table.audit { font-size: 12px; }
 tr.total td { font-weight: 600; background: #f6f6f6; }
 ul.legend { color: #555; font-size: 12px; padding-left: 18px; }
@@ -37,11 +44,11 @@ figcaption { color: #555; font-size: 12px; max-width: 1000px; }
 
 
 # a verdict's outcome, or a reporting strategy's conclusion ("accept" / "walk back"), → cell colour
-_OUTCOME_CLASS = {"trustworthy": "ok", "accept": "ok", "walk back": "bad"}
+_OUTCOME_CLASS = {"trustworthy": "ok", "accept": "ok", "walk back": "bad", "incomplete": "warn"}
 
 
 def _verdict_class(row: dict, rule: str) -> str:
-    """"ok" / "bad" / "" from a row's structured verdict (never from its text)."""
+    """"ok" / "bad" / "warn" / "" from a row's structured verdict (never from its text)."""
     try:
         return _OUTCOME_CLASS.get(verdict_of(row, rule).outcome, "")
     except (ValueError, KeyError, TypeError):
@@ -53,8 +60,8 @@ def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]], total_last: 
                 left: Sequence[int] = (), css_class: str = "",
                 classes: dict[tuple[int, int], str] | None = None) -> str:
     """An HTML table of escaped cells; `wrap` columns may wrap, `breaks` {column: (separator,
-    its replacement with a <br>)} splits wide cells over lines, `classes` {(row, column): "ok" or
-    "bad"} colours a cell."""
+    its replacement with a <br>)} splits wide cells over lines, `classes` {(row, column): "ok",
+    "bad" or "na" (greyed: not to be read as evidence)} colours a cell."""
     breaks, classes = breaks or {}, classes or {}
     out = [f'<table class="{css_class}">' if css_class else "<table>", "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for i, row in enumerate(rows):
@@ -83,6 +90,9 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
              f'<p class="header">{e(str(audit.get("header") or ""))}</p>']
     if _meta(audit):
         parts.append(f'<p class="meta">{e(_meta(audit))}</p>')
+    parts.append(f'<p class="summary">{e(verdict_summary(audit))}</p>')
+    parts.append('<dl class="meanings">' + "".join(f"<dt>{e(name)}</dt><dd>{e(meaning)}</dd>"
+                                                   for name, meaning in VERDICT_MEANINGS) + "</dl>")
     parts.append("<h2>Audit</h2>")
     methods = audit.get("methods") or []
     for title, head, cells in _audit_tables(audit):
@@ -91,6 +101,10 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
         first = [i for i, col in enumerate(head) if col.startswith("first fire")]
         classes = {(i, j): _verdict_class(row, rule) for i, row in enumerate(methods)
                    for j, rule in verdicts.items()}
+        # Γ marked uninterpretable ((b) or (b′) fired): its cells greyed, its z not shown
+        classes.update({(i, j): "na" for i, row in enumerate(methods)
+                        if row.get("gamma_interpretable") is False
+                        for j, col in enumerate(head) if col in ("deep Γ", "Γ null (z)")})
         parts += [f"<h3>{e(title)}</h3>", '<div class="scroll">' + _html_table(
             head, cells, wrap=list(verdicts) + first, breaks={i: ("; ", "<br>") for i in first},
             left=first, css_class="audit", classes=classes) + "</div>" if cells else "<p>(no methods)</p>"]
@@ -118,7 +132,7 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
     notes = _notes(audit)
     for row in audit.get("methods") or []:
         verdict = str(row.get("verdict") or "—")
-        color = {"ok": "#125c1b", "bad": "#8a1010"}.get(_verdict_class(row, "project"), "#222")
+        color = {"ok": "#125c1b", "bad": "#8a1010", "warn": "#6b4a00"}.get(_verdict_class(row, "project"), "#222")
         parts.append(f'<h3>{e(_method_name(row))} — <span style="color:{color}">{e(verdict)}</span></h3>')
         items = [e(r) for r in row.get("reasons") or []] or ["no flag fired."]
         items += [f"<i>paper's rule</i>: {e(str(row.get('paper_verdict') or '—'))}"]

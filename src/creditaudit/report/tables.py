@@ -47,6 +47,43 @@ def _decision_cell(depth: dict | None) -> str:
     return f"{outcome} (~{needed} seeds)" if outcome == "undetermined" and needed else outcome
 
 
+def _outcome(row: dict) -> str | None:
+    """A row's project verdict outcome ("trustworthy", "walk back", "incomplete"); None if unknown."""
+    try:
+        return verdict_of(row).outcome
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def verdict_summary(audit: dict) -> str:
+    """The report's first line: how many methods walk back, are trustworthy, are incomplete
+    (project verdict), e.g. "1 of 7 methods walks back, 5 are trustworthy, 1 is incomplete"."""
+    outcomes = [_outcome(r) for r in audit.get("methods") or []]
+    n = len(outcomes)
+    if not n:
+        return "No method was audited."
+    count = lambda outcome: sum(o == outcome for o in outcomes)
+    be = lambda k: f"{k} {'is' if k == 1 else 'are'}"
+    wb = count("walk back")
+    text = (f"{wb} of {n} method{'s' if n != 1 else ''} walk{'s' if wb == 1 else ''} back, "
+            f"{be(count('trustworthy'))} trustworthy, {be(count('incomplete'))} incomplete")
+    unknown = n - wb - count("trustworthy") - count("incomplete")
+    return text + (f", {unknown} without a structured verdict" if unknown else "") + " (project verdict)."
+
+
+# what the three verdicts mean, said once where a reader first meets them
+VERDICT_MEANINGS = (
+    ("trustworthy", "these numbers can be taken at face value — every flag was evaluated on "
+                    "finished runs and none fired. It does not mean the method works: its accuracy "
+                    "says how well it works."),
+    ("walk back", "a flag fired: a number the results seem to rest on (the accuracy as the work of "
+                  "the deep blocks, Γ as alignment with backprop) does not show what it appears to, "
+                  "so a claim built on it is taken back; the reasons name which."),
+    ("incomplete", "evidence is missing or undetermined (an unfinished run or control, a flag not "
+                   "evaluated, (d) needing more seeds): no verdict yet."),
+)
+
+
 def _verdict_cells(row: dict) -> list[str]:
     return [_method_name(row), _ci(row.get("acc_interval"), signed=False),
             _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
@@ -203,10 +240,15 @@ def _legend(audit: dict) -> list[str]:
         "correlation in the model's precision (1 = numerically intact).",
         "deep Γ, deep ρ: mean over residual positions l = 1 … L, then over seeds (ρ: ± std over seeds); "
         "Γ null: the same Γ under fresh random feedback draws (mean ± std), z = (Γ − null)/std; "
-        "* = Γ uninterpretable because (b) or (b′) fired. ρ BP / rand: the controls a = BP gradient "
-        "and a = random vector.",
+        "* = Γ uninterpretable because (b) or (b′) fired: the BP reference it is a cosine against "
+        "carries no usable loss signal, so no z is given (\"z n/a\") — however far Γ sits from its "
+        "null, it is no evidence of alignment. ρ BP / rand: the controls a = BP gradient and a = "
+        "random vector.",
         "first fire: the epoch at which the training-time monitor first saw each flag, one entry per "
         "seed (— = never). A flag other than (d) fires for a method when it fires on any of its seeds.",
+        "Per seed, this run alone: the verdict one seed gets with its own control, (d) UNDERCUT when "
+        "its own gap is below the margin, with no interval; the method's verdict above decides (d) "
+        "over all its seeds at 5 % error, so the two can differ.",
     ]
 
 
@@ -244,7 +286,9 @@ def _meta(audit: dict) -> str:
     if audit.get("created"):
         bits.append(f"created {audit['created']}")
     wall = _f(audit.get("wall_time"))
-    if wall is not None:
+    if audit.get("source") == "user-loop":          # audit_own_runs: judged here, trained elsewhere
+        bits.append("runs trained in your own loop")
+    elif wall is not None:
         bits.append(f"wall time {wall:.0f} s ({audit.get('runs_trained_now', '?')} runs trained now)")
     return "; ".join(bits)
 
@@ -256,6 +300,8 @@ def audit_table(audit: dict) -> str:
     out = ["# Credit-assignment audit", "", str(audit.get("header") or "")]
     if _meta(audit):
         out += ["", _meta(audit)]
+    out += ["", f"**{verdict_summary(audit)}**", ""]
+    out += [f"- **{name}**: {meaning}" for name, meaning in VERDICT_MEANINGS]
     out += ["", "## Audit"]
     for title, head, cells in _audit_tables(audit):
         out += ["", f"### {title}", "", _markdown(head, cells) if cells else "(no methods)"]
@@ -306,8 +352,10 @@ def calibration_table(report: dict) -> str:
         r = rho.get(l, {})
         nm = (null.get("mean") or [None] * len(gamma))[l]
         ns = (null.get("std") or [None] * len(gamma))[l]
-        rows.append([str(l), _sci(g), _signed(gamma[l]) + ("" if report.get("gamma_interpretable") else "*"),
-                     "—" if nm is None else f"{_signed(nm)} ± {_g(ns)}", _g(z[l]),
+        interpretable = bool(report.get("gamma_interpretable"))
+        rows.append([str(l), _sci(g), _signed(gamma[l]) + ("" if interpretable else "*"),
+                     "—" if nm is None else f"{_signed(nm)} ± {_g(ns)}",
+                     _g(z[l]) if interpretable or z[l] is None else "n/a*",
                      _signed(r.get("method")), _signed(r.get("bp")), _signed(r.get("random")),
                      _signed(nudge.get(l, {}).get("relative"))])
     head = ["layer", "‖g_l‖", "Γ_l", "null μ ± σ", "z", "ρ method", "ρ BP (≈1)", "ρ random (≈0)",
@@ -315,7 +363,8 @@ def calibration_table(report: dict) -> str:
     lines = [f"calibration — {report.get('label', '')}: verdict {report['verdict']}", "",
              _markdown(head, rows)]
     if not report.get("gamma_interpretable"):
-        lines.append("\n* Γ uninterpretable: (b) or (b′) fired, the BP reference is at the floor or attenuated.")
+        lines.append("\n* Γ uninterpretable: (b) or (b′) fired, the BP reference is at the floor or "
+                     "attenuated; its z against the null is not shown, as no z makes such a Γ evidence.")
     if not null:
         lines.append("\n(no null: this method has no random feedback to redraw)")
     lines.append("\nnudge: ΔCE after h_l ← h_l − 0.01·â_l (â rescaled per sample to ‖g_l‖), "
@@ -397,7 +446,9 @@ def compact_table(audit: dict, width: int = 120) -> str:
     fit = lambda text, w: text if len(text) <= w else text[:w - 1] + "…"
     line = lambda cells: "  ".join(fit(str(c), w).ljust(w) for c, w in zip(cells, widths)).rstrip()
     wrap = lambda text: textwrap.wrap(text, width, subsequent_indent="    ", break_on_hyphens=False)
-    out = [line(head), "  ".join("-" * w for w in widths), *(line(r) for r in rows), ""]
+    out = [*wrap(verdict_summary(audit)),
+           *(l for name, meaning in VERDICT_MEANINGS for l in wrap(f"{name}: {meaning}")), "",
+           line(head), "  ".join("-" * w for w in widths), *(line(r) for r in rows), ""]
     out += wrap("acc, frozen: mean ± std over seeds; (d) gap: mean paired gap, points; ‖h_L‖, gain, "
                 "growth: median over seeds (a reason quotes one named seed's value).")
     out.append("")
