@@ -166,6 +166,8 @@ class _Bridge(LocalMethod):
 
 class StateBridge(_Bridge):
     name = "sb"
+    paper = True
+    summary = "state bridge: a_l = ∇_{h_l} CE(readout(G_ψ(h_l, t_l, e))), G_ψ trained to predict h_L"
     predicts_state = True
 
     def predict(self, h, depth, e):
@@ -223,6 +225,8 @@ class CreditBridge(_Bridge):
     and the bridge target from shared noise draws (`_bridge_target`)."""
 
     name = "cb"
+    paper = True
+    summary = "credit bridge: a_l = ∇_{h_l} V_φ, V_φ a value net trained by bridge consistency"
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
