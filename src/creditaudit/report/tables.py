@@ -389,7 +389,13 @@ def rules_table(audit: dict) -> str:
                       _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
                       "—" if gap is None else f"{100 * gap:+.1f}", _decision_cell(row.get("depth")),
                       _sci(row.get("h_L")), _sci(row.get("gain")), gamma, null, _short_verdict(row)])
-    out = [_markdown(RULES_COLUMNS, cells) if cells else "(no methods)", ""]
+    config = audit.get("config") or {}
+    extras = [f"preset {config['preset']}"] if config.get("preset") else []
+    extras += [f"{k} {v}" for k, v in sorted((config.get("model") or {}).items())]
+    setting = (f"{config.get('dataset', '?')}, seeds {', '.join(map(str, config.get('seeds') or []))}, "
+               f"{config.get('epochs', '?')} epoch(s)" + (f" ({', '.join(extras)})" if extras else ""))
+    out = [f"Audit: {setting}; {_meta(audit)}.", "",
+           _markdown(RULES_COLUMNS, cells) if cells else "(no methods)", ""]
     out += [f"- **{_method_name(row)}**: {row.get('verdict') or '—'} (paper's rule: "
             f"{row.get('paper_verdict') or '—'})" for row in rows]
     return "\n".join(out) + "\n"
