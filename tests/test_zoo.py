@@ -103,6 +103,25 @@ def test_sign_symmetry_feedback_follows_the_current_signs():
     assert not torch.allclose(fresh[0], own[0])                  # new magnitudes below it
 
 
+def test_sign_symmetry_brsf_compiles_whole():
+    """tests/test_compile.py compiles the default (uSF) step; brSF's per-step draw happens in
+    `prepare_step`, so its step compiles to one graph too (fullgraph, no recompile) and gives the
+    eager update (frSF's step is uSF's with other magnitudes)."""
+    variant = "brsf"
+    torch._dynamo.reset()
+    (model, eager), (twin, compiled) = (build(SIGN, options={"variant": variant}, lr=0.05)
+                                        for _ in range(2))
+    step = compiled.step_function(backend="eager")
+    for i in range(3):
+        x, y = batch(seed=i)
+        want = eager.train_step(x, y)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            got = step(x, y)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for (k, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=k)
+
+
 def test_variant_is_a_checked_string_option_from_toml_and_cli(tmp_path, capsys):
     with pytest.raises(CreditAuditError, match="variant.*usf, brsf, frsf"):
         method_class(SIGN).resolve_options({"variant": "xsf"})
