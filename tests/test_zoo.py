@@ -19,10 +19,12 @@ from creditaudit.cli import main as cli_main
 from creditaudit.config import RunConfig, audit_config_from_dict, load_audit_toml
 from creditaudit.errors import CreditAuditError
 from creditaudit.methods import METHODS, MethodSettings, method_class
+from creditaudit.methods.fa import routed_modules
 from creditaudit.methods.signsym import xavier
 from creditaudit.model import ResidualMLP
 from creditaudit.model.resmlp import ACTIVATIONS
 from creditaudit.report import rules_table
+from creditaudit.seeding import derived_generator, derived_seed, draw_on_host
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGN, KP, DRTP, NP = "sign-symmetry", "kolen-pollack", "drtp", "node-perturbation"
@@ -249,12 +251,53 @@ def test_node_perturbation_credit_is_unbiased_for_the_per_sample_gradient():
 def test_node_perturbation_credit_does_not_advance_the_training_noise():
     model, method = build(NP)
     x, y = batch()
-    state = method.draws.get_state()
+    state = method.gen.get_state()
     first = method.credit(x, y)
-    assert torch.equal(method.draws.get_state(), state)
+    assert torch.equal(method.gen.get_state(), state)
     assert all(torch.equal(a, b) for a, b in zip(first, method.credit(x, y)))
     with pytest.raises(CreditAuditError, match="batch"):
         method.train_step(*batch(n=200))                            # more than batch_size rows
+
+
+# -- a seed's draws are the same on any device --------------------------------------------------------
+
+def test_draw_on_host_is_the_cpu_stream_whatever_the_device():
+    """`draw_on_host` draws from the CPU generator, then moves the numbers: for a tensor on another
+    device ('meta' stands in for a GPU) the generator advances exactly as for one on the CPU, where
+    the numbers are the generator's own; a bfloat16 model gets the float32 draw, cast."""
+    gens = [derived_generator(3, "test") for _ in range(3)]
+    want = torch.randn((2, 5), generator=gens[0])
+    assert torch.equal(draw_on_host(torch.randn, (2, 5), gens[1], torch.zeros(1)), want)
+    moved = draw_on_host(torch.randn, (2, 5), gens[2], torch.zeros(1, device="meta"))
+    assert moved.device.type == "meta" and moved.shape == (2, 5)
+    assert torch.equal(gens[2].get_state(), gens[0].get_state())
+    low = draw_on_host(torch.rand, (4,), derived_generator(3, "test"), torch.zeros(1, dtype=torch.bfloat16))
+    assert low.dtype == torch.bfloat16
+    assert torch.equal(low, torch.rand(4, generator=derived_generator(3, "test")).bfloat16())
+
+
+@pytest.mark.parametrize("name, options", [(SIGN, {"variant": "brsf"}), (NP, {}), ("cb", {})])
+def test_a_steps_draws_are_the_next_numbers_of_the_seeds_cpu_generator(name, options):
+    """What a step draws — brSF's magnitudes |R|, node perturbation's ξ, cb's ε — is the next
+    numbers of the method's CPU generator derived from (seed, "method:<name>"), drawn in the
+    model's dtype (`draw_on_host` then moves them to the model's device); the step draws nothing
+    else, and the generator's state is the method's (saved with it)."""
+    model, method = build(name, options=options, seed=5, batch_size=8)
+    assert method.gen.device.type == "cpu" and method.gen.initial_seed() == derived_seed(5, f"method:{name}")
+    ref = torch.Generator()
+    ref.set_state(method.gen.get_state())
+    method.train_step(*batch())
+    if name == SIGN:
+        for block, mags in zip(model.blocks, method.magnitude):
+            for key, module in routed_modules(block):
+                want = torch.rand(module.weight.shape, generator=ref, dtype=torch.float64)
+                assert torch.equal(mags[key], want * xavier(module.weight)[1]), key
+    else:
+        sigma = method.sigma if name == NP else 1.0
+        shape = (3, 8, 4) if name == NP else (int(method.opts["draws"]), 2, 4)
+        assert torch.equal(method._noise, torch.randn(shape, generator=ref, dtype=torch.float64) * sigma)
+    assert torch.equal(method.gen.get_state(), ref.get_state())
+    assert torch.equal(method.state_dict()["gen"], ref.get_state())
 
 
 # -- every zoo rule: frozen blocks, resume, CLI ----------------------------------------------------------

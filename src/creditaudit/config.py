@@ -36,7 +36,7 @@ PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training
 # Bump this when a change to the training code (train.py, stacked.py, methods/, model/, data/)
 # changes what a run computes for the same settings: every run key changes with it, so audits
 # retrain instead of reusing runs of the old code. The package version is in the key as well.
-TRAINING_CODE_VERSION = 1
+TRAINING_CODE_VERSION = 2
 CODE_VERSION = f"{__version__}+train{TRAINING_CODE_VERSION}"
 
 # the thresholds the early-stop rule (verdict.stop_rule: flags (a), (a′), (b′)) reads; a run with

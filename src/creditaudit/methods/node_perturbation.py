@@ -20,10 +20,12 @@ trains with, not its expectation.
     head:     CE(readout(h_L.detach()), y)                        (the true gradient, as dfa's head)
 
 Noise: drawn in `prepare_step` (eagerly, a compiled graph cannot hold a generator) for
-settings.batch_size samples, from the method's generator (on a GPU from a generator there, seeded
-from it, as cb's noise); a smaller last batch takes the first rows. `credit` (the audit's a_l) draws
-its noise from a generator rebuilt from a seed the method keeps in its state, so it neither
-advances the training stream nor differs between calls. No random feedback: no null of Γ.
+settings.batch_size samples from the method's CPU generator, derived from (seed,
+"method:node-perturbation"), and copied to the device without a host sync (`seeding.draw_on_host`):
+a seed gives the same noise on any device. A smaller last batch takes the first rows. `credit`
+(the audit's a_l) draws its noise from a generator rebuilt from a seed the method keeps in its
+state, so it neither advances the training stream nor differs between calls. No random feedback:
+no null of Γ.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import CreditAuditError
+from ..seeding import draw_on_host
 from .local import LocalMethod
-from .signsym import device_generator
 
 
 class NodePerturbation(LocalMethod):
@@ -48,19 +50,17 @@ class NodePerturbation(LocalMethod):
         super().__init__(model, settings)
         self.sigma = float(self.option(settings.options, "sigma"))     # read once, not per step
         self.opt = self.add_optimizer(self.local_param_groups())      # embed, trainable blocks, head
-        self.draws = device_generator(self.gen, model.head_parameters()[0])
         self.credit_seed = int(torch.randint(2 ** 62, (1,), generator=self.gen))
         self._noise: torch.Tensor | None = None
 
     def _draw(self, n: int, gen: torch.Generator, like: torch.Tensor) -> torch.Tensor:
-        """σ·ε, ε ~ N(0, I), shaped (L + 1, n, *stream_shape): ξ_0 … ξ_L for n samples."""
+        """σ·ε, ε ~ N(0, I) from the CPU generator `gen`, shaped (L + 1, n, *stream_shape) on
+        `like`'s device and dtype: ξ_0 … ξ_L for n samples."""
         shape = (self.model.n_blocks + 1, n) + tuple(self.model.stream_shape)
-        dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
-        eps = torch.randn(shape, generator=gen, dtype=dtype, device=gen.device)
-        return eps.mul_(self.sigma).to(device=like.device, dtype=like.dtype)
+        return draw_on_host(torch.randn, shape, gen, like).mul_(self.sigma)
 
     def prepare_step(self):
-        self._noise = self._draw(self.settings.batch_size, self.draws, self.model.head_parameters()[0])
+        self._noise = self._draw(self.settings.batch_size, self.gen, self.model.head_parameters()[0])
 
     def _perturbed_credit(self, hidden: list[torch.Tensor], logits: torch.Tensor, y: torch.Tensor,
                           noise: torch.Tensor) -> list[torch.Tensor]:
@@ -90,9 +90,8 @@ class NodePerturbation(LocalMethod):
         return self._perturbed_credit(hidden, logits, y, noise)
 
     def extra_state(self):
-        return {"credit_seed": self.credit_seed, "draws": self.draws.get_state()}
+        return {"credit_seed": self.credit_seed}
 
     def load_extra_state(self, state):
         self.credit_seed = int(state["credit_seed"])
-        self.draws.set_state(state["draws"])
 

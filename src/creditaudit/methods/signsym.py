@@ -14,6 +14,9 @@ step from the current W:
 s and a are the Xavier std and bound of the layer, so ‖B‖ is of the order of an initial W (BioTorch
 scales uSF by s and draws M Xavier-uniform, then takes |M|). fan_in = in_features (conv:
 in_channels/groups · k_h · k_w), fan_out = out_features (conv: out_channels · k_h · k_w).
+R (frSF once, after fa's B; brSF again before every step, in `prepare_step`) comes from the
+method's CPU generator, derived from (seed, "method:sign-symmetry"), and is copied to the device
+(`seeding.draw_on_host`): a seed gives the same magnitudes on any device.
 The embedding, the readout and the skips backpropagate exactly, as in fa, so a_L = g_L.
 
 Credit: a_l = ∂CE/∂h_l with the error carried through B_t instead of Wᵀ (fa's `credit`), B_t built
@@ -32,6 +35,7 @@ import math
 
 import torch
 
+from ..seeding import draw_on_host
 from .fa import FA, routed_modules
 
 VARIANTS = ("usf", "brsf", "frsf")
@@ -42,16 +46,6 @@ def xavier(weight: torch.Tensor) -> tuple[float, float]:
     receptive = weight[0][0].numel()
     fans = (weight.shape[0] + weight.shape[1]) * receptive
     return math.sqrt(2.0 / fans), math.sqrt(6.0 / fans)
-
-
-def device_generator(gen: torch.Generator, like: torch.Tensor) -> torch.Generator:
-    """`gen` on the CPU; elsewhere a generator on `like`'s device seeded from `gen`, so that a step's
-    draws copy nothing from the host (as cb's noise)."""
-    if like.device.type == "cpu":
-        return gen
-    local = torch.Generator(device=like.device)
-    local.manual_seed(int(torch.randint(2 ** 62, (1,), generator=gen)))
-    return local
 
 
 class SignSymmetry(FA):
@@ -70,18 +64,17 @@ class SignSymmetry(FA):
         super().__init__(model, settings)             # self.feedback: storage for B, one per module
         self.variant = str(self.option(settings.options, "variant"))
         self.random_feedback = self.variant == "frsf"
-        self.draws = device_generator(self.gen, model.head_parameters()[0])
-        self.magnitude = [{name: self._magnitude(module.weight, self.draws) for name, module in
+        self.magnitude = [{name: self._magnitude(module.weight, self.gen) for name, module in
                            routed_modules(block)} for block in model.blocks]
         self._sync(self.feedback, self.magnitude)
 
     def _magnitude(self, weight: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """M for one module: s everywhere (uSF), or |R| with R ~ U(−a, a) (brSF, frSF)."""
+        """M for one module: s everywhere (uSF), or |R| with R ~ U(−a, a) (brSF, frSF), drawn from
+        the CPU generator `gen` whatever the weight's device (`draw_on_host`)."""
         s, a = xavier(weight)
         if self.variant == "usf":
             return torch.full_like(weight.detach(), s)
-        r = torch.rand(weight.shape, generator=gen, dtype=weight.dtype, device=gen.device)
-        return r.mul_(a).to(weight.device)                      # |U(−a, a)| = U(0, a)
+        return draw_on_host(torch.rand, weight.shape, gen, weight).mul_(a)   # |U(−a, a)| = U(0, a)
 
     def _sync(self, feedback, magnitude) -> None:
         """B ← M ∘ sign(W) in place (the routed forwards look B up by identity at call time)."""
@@ -96,7 +89,7 @@ class SignSymmetry(FA):
         if self.variant == "brsf":
             for block, mag in zip(self.model.blocks, self.magnitude):
                 for name, module in routed_modules(block):
-                    mag[name].copy_(self._magnitude(module.weight, self.draws))
+                    mag[name].copy_(self._magnitude(module.weight, self.gen))
         self._sync(self.feedback, self.magnitude)
         super().prepare_step()
 
@@ -116,12 +109,10 @@ class SignSymmetry(FA):
 
     def extra_state(self):
         return {**super().extra_state(),
-                "magnitude": {f"block{l}": dict(m) for l, m in enumerate(self.magnitude)},
-                "draws": self.draws.get_state()}
+                "magnitude": {f"block{l}": dict(m) for l, m in enumerate(self.magnitude)}}
 
     def load_extra_state(self, state):
         super().load_extra_state(state)
         for l, mag in enumerate(self.magnitude):
             for name in mag:
                 mag[name].copy_(state["magnitude"][f"block{l}"][name])
-        self.draws.set_state(state["draws"])
