@@ -5,6 +5,7 @@ whole — tests/test_compile.py and tests/test_methods.py take them from the reg
 table of docs/RULES.md against the function that renders it."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -21,7 +22,7 @@ from creditaudit.errors import CreditAuditError
 from creditaudit.methods import METHODS, MethodSettings, method_class
 from creditaudit.methods.fa import routed_modules
 from creditaudit.methods.signsym import xavier
-from creditaudit.model import ResidualMLP
+from creditaudit.model import ResidualMLP, build_model
 from creditaudit.model.resmlp import ACTIVATIONS
 from creditaudit.report import rules_table
 from creditaudit.seeding import derived_generator, derived_seed, draw_on_host
@@ -257,6 +258,27 @@ def test_node_perturbation_credit_does_not_advance_the_training_noise():
     assert all(torch.equal(a, b) for a, b in zip(first, method.credit(x, y)))
     with pytest.raises(CreditAuditError, match="batch"):
         method.train_step(*batch(n=200))                            # more than batch_size rows
+
+
+def test_node_perturbation_noisy_pass_leaves_batchnorm_statistics_alone():
+    """On resnet-small (BatchNorm in training mode) a step leaves the running statistics and batch
+    counters its clean forward alone leaves: the noisy forward (normalised by its own batch's
+    statistics) changes no buffer. Eagerly and compiled whole."""
+    torch.manual_seed(0)
+    model = build_model("resnet-small", (1, 8, 8), 5, width=4, blocks=2, w2_std=0.3).double()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 1, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 5, (6,), generator=g)
+    clean, twin = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():
+        clean(x)                                                     # the clean forward alone
+    settings = MethodSettings(epochs=1, seed=0, lr=0.0, trainable_blocks=(0, 1), batch_size=6)
+    method_class(NP)(model, settings).train_step(x, y)
+    torch._dynamo.reset()
+    method_class(NP)(twin, settings).step_function(backend="eager")(x, y)
+    for stepped in (model, twin):
+        for (k, want), got in zip(clean.named_buffers(), stepped.buffers()):
+            assert torch.equal(got, want), k
+    assert int(dict(model.named_buffers())["stem_bn.num_batches_tracked"]) == 1
 
 
 # -- a seed's draws are the same on any device --------------------------------------------------------

@@ -26,6 +26,12 @@ a seed gives the same noise on any device. A smaller last batch takes the first 
 (the audit's a_l) draws its noise from a generator rebuilt from a seed the method keeps in its
 state, so it neither advances the training stream nor differs between calls. No random feedback:
 no null of Γ.
+
+The noisy pass only measures ΔL: it leaves every buffer of the model as the clean pass left it
+(BatchNorm's running statistics and batch counters are copied before it and written back once the
+step's backward has run), while its BatchNorm still normalises with the (noisy) batch's statistics,
+as the clean pass does in training mode — so ΔL is the loss change of the function being trained,
+and the running statistics are those of the clean forward alone.
 """
 from __future__ import annotations
 
@@ -64,7 +70,9 @@ class NodePerturbation(LocalMethod):
 
     def _perturbed_credit(self, hidden: list[torch.Tensor], logits: torch.Tensor, y: torch.Tensor,
                           noise: torch.Tensor) -> list[torch.Tensor]:
-        """[a_0 … a_L] from the clean states h_0 … h_L and logits and the noise ξ (L + 1, N, …)."""
+        """[a_0 … a_L] from the clean states h_0 … h_L and logits and the noise ξ (L + 1, N, …).
+        The noisy pass may update buffers (BatchNorm's running statistics): the caller keeps them
+        (`_keep_buffers`) and writes them back (`_restore_buffers`)."""
         with torch.no_grad():
             h = hidden[0] + noise[0]                                         # h̃_0 = h_0 + ξ_0
             for l, block in enumerate(self.model.blocks):
@@ -74,20 +82,38 @@ class NodePerturbation(LocalMethod):
             scale = (delta / self.sigma ** 2).view((-1,) + (1,) * (noise.dim() - 2))
             return [scale * xi for xi in noise]                              # a_l = ΔL · ξ_l / σ²
 
+    def _keep_buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(buffer, a copy of it) for every buffer of the model, as the clean pass left them."""
+        return [(b, b.clone()) for b in self.model.buffers()]
+
+    @staticmethod
+    @torch.no_grad()
+    def _restore_buffers(kept: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for buffer, saved in kept:
+            buffer.copy_(saved)
+
     def gradients(self, x, y):
         n = x.shape[0]
         if n > self._noise.shape[1]:
             raise CreditAuditError(f"node-perturbation drew noise for batches of {self._noise.shape[1]}; "
                                    f"got {n} samples (set the method's batch_size)")
         fwd = self.local_forward(x)
+        kept = self._keep_buffers()
         credit = self._perturbed_credit(fwd.hidden, fwd.logits.detach(), y, self._noise[:, :n])
-        return self.local_gradients(y, fwd, credit)
+        loss = self.local_gradients(y, fwd, credit)
+        # written back after the backward: the clean pass's BatchNorm saved its running statistics
+        # for it, and an in-place write before would bump their version (autograd refuses then)
+        self._restore_buffers(kept)
+        return loss
 
     @torch.no_grad()
     def credit(self, x, y):
         logits, hidden = self.model(x, return_hidden=True)
         noise = self._draw(len(y), torch.Generator().manual_seed(self.credit_seed), logits)
-        return self._perturbed_credit(hidden, logits, y, noise)
+        kept = self._keep_buffers()
+        credit = self._perturbed_credit(hidden, logits, y, noise)
+        self._restore_buffers(kept)
+        return credit
 
     def extra_state(self):
         return {"credit_seed": self.credit_seed}
