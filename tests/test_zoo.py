@@ -1,8 +1,9 @@
 """The zoo's rules (issue 24): sign-symmetry, Kolen–Pollack, DRTP and node perturbation. Each update
 against an independent computation in float64 on a 2-block width-4 ResMLP, the properties that make
 their audit mean something (frozen blocks stay put, resume is bit-identical, the step compiles
-whole — tests/test_compile.py and tests/test_methods.py take them from the registry), and the rules
-table of docs/RULES.md against the function that renders it."""
+whole — tests/test_compile.py and tests/test_methods.py take them from the registry, a seed's
+draws are the CPU generator's whatever the device, node perturbation's noisy pass leaves BatchNorm's
+statistics alone), and the rules table of docs/RULES.md against the function that renders it."""
 from __future__ import annotations
 
 import copy
