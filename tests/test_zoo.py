@@ -310,11 +310,12 @@ def test_a_steps_draws_are_the_next_numbers_of_the_seeds_cpu_generator(name, opt
     ref = torch.Generator()
     ref.set_state(method.gen.get_state())
     method.train_step(*batch())
-    if name == SIGN:
-        for block, mags in zip(model.blocks, method.magnitude):
-            for key, module in routed_modules(block):
-                want = torch.rand(module.weight.shape, generator=ref, dtype=torch.float64)
-                assert torch.equal(mags[key], want * xavier(module.weight)[1]), key
+    if name == SIGN:                     # one draw for every module, in block and module order
+        modules = [(mags, key, module) for block, mags in zip(model.blocks, method.magnitude)
+                   for key, module in routed_modules(block)]
+        flat = torch.rand(sum(m.weight.numel() for _, _, m in modules), generator=ref, dtype=torch.float64)
+        for (mags, key, module), want in zip(modules, flat.split([m.weight.numel() for _, _, m in modules])):
+            assert torch.equal(mags[key], want.view_as(module.weight) * xavier(module.weight)[1]), key
     else:
         sigma = method.sigma if name == NP else 1.0
         shape = (3, 8, 4) if name == NP else (int(method.opts["draws"]), 2, 4)

@@ -14,9 +14,9 @@ step from the current W:
 s and a are the Xavier std and bound of the layer, so ‖B‖ is of the order of an initial W (BioTorch
 scales uSF by s and draws M Xavier-uniform, then takes |M|). fan_in = in_features (conv:
 in_channels/groups · k_h · k_w), fan_out = out_features (conv: out_channels · k_h · k_w).
-R (frSF once, after fa's B; brSF again before every step, in `prepare_step`) comes from the
-method's CPU generator, derived from (seed, "method:sign-symmetry"), and is copied to the device
-(`seeding.draw_on_host`): a seed gives the same magnitudes on any device.
+R (frSF once, after fa's B; brSF again before every step, in `prepare_step`) is one draw for all
+modules from the method's CPU generator, derived from (seed, "method:sign-symmetry"), copied to the
+device at once (`seeding.draw_on_host`): a seed gives the same magnitudes on any device.
 The embedding, the readout and the skips backpropagate exactly, as in fa, so a_L = g_L.
 
 Credit: a_l = ∂CE/∂h_l with the error carried through B_t instead of Wᵀ (fa's `credit`), B_t built
@@ -64,17 +64,22 @@ class SignSymmetry(FA):
         super().__init__(model, settings)             # self.feedback: storage for B, one per module
         self.variant = str(self.option(settings.options, "variant"))
         self.random_feedback = self.variant == "frsf"
-        self.magnitude = [{name: self._magnitude(module.weight, self.gen) for name, module in
-                           routed_modules(block)} for block in model.blocks]
+        self.magnitude = self._magnitudes(self.gen)
         self._sync(self.feedback, self.magnitude)
 
-    def _magnitude(self, weight: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """M for one module: s everywhere (uSF), or |R| with R ~ U(−a, a) (brSF, frSF), drawn from
-        the CPU generator `gen` whatever the weight's device (`draw_on_host`)."""
-        s, a = xavier(weight)
+    def _magnitudes(self, gen: torch.Generator) -> list[dict[str, torch.Tensor]]:
+        """M per block and routed module: s everywhere (uSF), or |R| with R ~ U(−a, a) (brSF, frSF).
+        The R of all modules are one draw of U[0, 1) from the CPU generator `gen`, in block and
+        module order, copied to the device at once (`draw_on_host`), then scaled by each a."""
+        modules = [routed_modules(block) for block in self.model.blocks]
         if self.variant == "usf":
-            return torch.full_like(weight.detach(), s)
-        return draw_on_host(torch.rand, weight.shape, gen, weight).mul_(a)   # |U(−a, a)| = U(0, a)
+            return [{name: torch.full_like(m.weight.detach(), xavier(m.weight)[0]) for name, m in mods}
+                    for mods in modules]
+        sizes = [m.weight.numel() for mods in modules for _, m in mods]
+        flat = draw_on_host(torch.rand, (sum(sizes),), gen, self.model.head_parameters()[0])
+        draws = iter(flat.split(sizes))
+        return [{name: next(draws).view_as(m.weight).mul(xavier(m.weight)[1])   # |U(−a, a)| = U(0, a)
+                 for name, m in mods} for mods in modules]
 
     def _sync(self, feedback, magnitude) -> None:
         """B ← M ∘ sign(W) in place (the routed forwards look B up by identity at call time)."""
@@ -87,9 +92,7 @@ class SignSymmetry(FA):
         """Eagerly, before the (compilable) step: brSF redraws M, every variant rebuilds B from the
         current W; then fa's routing."""
         if self.variant == "brsf":
-            for block, mag in zip(self.model.blocks, self.magnitude):
-                for name, module in routed_modules(block):
-                    mag[name].copy_(self._magnitude(module.weight, self.gen))
+            self.magnitude = self._magnitudes(self.gen)
         self._sync(self.feedback, self.magnitude)
         super().prepare_step()
 
@@ -100,9 +103,7 @@ class SignSymmetry(FA):
 
     def fresh_feedback_credit(self, x, y, gen):
         """frSF's null: fresh magnitudes |R'| from `gen`, the current signs."""
-        fresh = [{name: self._magnitude(module.weight, gen) if self.variant != "usf" else mag[name]
-                  for name, module in routed_modules(block)}
-                 for block, mag in zip(self.model.blocks, self.magnitude)]
+        fresh = self._magnitudes(gen)
         feedback = [{name: torch.empty_like(b) for name, b in pair.items()} for pair in self.feedback]
         self._sync(feedback, fresh)
         return self._credit(x, y, feedback)
