@@ -207,6 +207,7 @@ def test_a_method_added_to_the_registry_alone_is_everywhere(monkeypatch, capsys)
         name = "extra-rule"
     monkeypatch.setitem(methods.METHODS, Extra.name, Extra)
     assert Extra.name in presets()["quick"]["methods"] and Extra.name in presets()["paper"]["methods"]
+    assert Extra.name in presets()["zoo"]["methods"]
     assert Extra.name in audit_config_from_dict({"preset": "quick"}).methods
     assert RunConfig(method=Extra.name).method == Extra.name
     with pytest.raises(SystemExit):

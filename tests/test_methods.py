@@ -306,7 +306,11 @@ def test_state_round_trip(name):
 # (seeds 0/1/2): bp 0.90/0.89/0.91, fa 0.88/0.88/0.87, ep 0.90/0.90/0.91, dfa 0.33/0.40/0.36,
 # dfa-penalty (λ=1e-3) 0.33/0.40/0.36, sb 0.89/0.88/0.88, cb 0.85/0.87/0.84. Each bar sits clearly
 # above chance and several points below the lowest measured value.
-MIN_ACC = {"bp": 0.85, "fa": 0.8, "ep": 0.85, "dfa": 0.25, "dfa-penalty": 0.25, "sb": 0.75, "cb": 0.7}
+# The zoo (same setting, seeds 0/1/2): sign-symmetry (usf) 0.86/0.83/0.82, kolen-pollack
+# 0.86/0.86/0.87, node-perturbation 0.70/0.63/0.63, drtp 0.175/0.21/0.28 (the target never shrinks,
+# so its credit keeps pushing the stream; seed 0 is the weakest, hence its low bar).
+MIN_ACC = {"bp": 0.85, "fa": 0.8, "ep": 0.85, "dfa": 0.25, "dfa-penalty": 0.25, "sb": 0.75, "cb": 0.7,
+           "sign-symmetry": 0.75, "kolen-pollack": 0.8, "node-perturbation": 0.55, "drtp": 0.14}
 GENERIC_MIN_ACC = 0.2   # a method without a measured bar yet must still clear chance (0.1) by far
 
 

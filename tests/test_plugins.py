@@ -167,16 +167,18 @@ def test_user_model_errors_are_one_line(tmp_path):
 
 
 def test_writing_a_rule_example_trains_and_is_diagnosed_through_the_cli(tmp_path):
-    """docs/WRITING_A_RULE.md's worked rule (docs/examples/drtp.py): its option is validated, it
-    trains, its credit is measured at every position with its null, and `check` reads the result."""
-    bad = cli(["train", "--method", "drtp:DRTP", *TINY, "--option", "mix=2"], tmp_path, [EXAMPLES])
+    """docs/WRITING_A_RULE.md's worked rule (src/creditaudit/methods/drtp.py, built in) named the
+    way a user names their own, PKG.MODULE:CLASS: its option is validated, it trains, its credit is
+    measured at every position with its null, and `check` reads the result."""
+    spec = "creditaudit.methods.drtp:DRTP"
+    bad = cli(["train", "--method", spec, *TINY, "--option", "mix=2"], tmp_path, [])
     assert "mix" in one_error_line(bad)
-    run = cli(["train", "--method", "drtp:DRTP", *TINY, "--option", "mix=0.5", "--out", "run",
-               "--quiet", "--threads", "1"], tmp_path, [EXAMPLES])
+    run = cli(["train", "--method", spec, *TINY, "--option", "mix=0.5", "--out", "run",
+               "--quiet", "--threads", "1"], tmp_path, [])
     assert run.returncode == 0 and "finished after 2/2 epochs" in run.stdout, run.stderr
-    diag = cli(["diagnose", "run", "--json", "--threads", "1"], tmp_path, [EXAMPLES])
+    diag = cli(["diagnose", "run", "--json", "--threads", "1"], tmp_path, [])
     assert diag.returncode == 0, diag.stderr
     report = json.loads(diag.stdout)
     assert len(report["gamma"]) == 3 and report["null"] is not None      # Γ at l = 0…L and its null
-    check = cli(["check", "run"], tmp_path, [EXAMPLES])                  # diagnose saved diagnosis.json
+    check = cli(["check", "run"], tmp_path, [])                           # diagnose saved diagnosis.json
     assert check.returncode == 3 and "incomplete" in check.stdout, check.stderr   # no frozen control

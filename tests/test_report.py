@@ -60,8 +60,8 @@ def _assert_png(path):
 
 def test_every_file_is_written_and_pngs_are_valid(audited):
     _, paths, tmp = audited
-    assert set(paths) == set(FILES)
-    for name in FILES:
+    assert set(paths) == set(FILES) | {"rules.md"}
+    for name in (*FILES, "rules.md"):
         assert paths[name] == tmp / "report" / name and paths[name].stat().st_size > 0
         if name.endswith(".png"):
             _assert_png(paths[name])
@@ -189,7 +189,9 @@ def test_missing_and_failed_pieces_still_render(audited, tmp_path):
     dfa_main["monitor"][1]["gain"] = None
     dfa_main["report"]["residual_norms"] = [None, "inf", 3.0]
     paths = write_report(audit, tmp_path)
-    assert set(paths) == set(FILES)
+    assert set(paths) == set(FILES) | {"rules.md"}
+    rules = paths["rules.md"].read_text()
+    assert all(f"| {row['method']} " in rules for row in audit["methods"])
     for name in FILES[2:]:
         _assert_png(paths[name])
     md = paths["audit.md"].read_text()

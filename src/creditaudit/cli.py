@@ -630,6 +630,7 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     h = lambda name: f"{field_help(AuditConfig, name)} (default: from the preset or config file)"
     p.add_argument("--preset", choices=PRESET_NAMES,
                    help="quick: MNIST-1D, no download, 15 epochs; paper: CIFAR-10, 100 epochs "
+                        "(both: the paper's seven methods); zoo: every built-in rule, as quick "
                         "(default: quick, unless --config is given)")
     p.add_argument("--config", metavar="FILE",
                    help="audit TOML file, e.g. examples/quick.toml (default: none, the preset alone)")
@@ -640,7 +641,7 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     if methods:
         p.add_argument("--methods", nargs="+", metavar="NAME",
                        help=f"methods to audit: some of {_choices(METHODS)}, or PKG.MODULE:CLASS "
-                            "(default: from the preset: all built-in methods)")
+                            "(default: from the preset)")
     p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help=h("seeds"))
     p.add_argument("--epochs", type=_count(1), help=h("epochs"))
     p.add_argument("--out", metavar="DIR", help="output folder (default: audits/<preset>, or as named below)")
@@ -680,6 +681,21 @@ def _knobs() -> str:
     for arch, options in ARCH_OPTIONS.items():
         for key, value in options.items():
             lines.append(f"  {arch}: {key}={value!r}  {ARCH_OPTION_HELP[arch].get(key, '')}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _rules() -> str:
+    """Every built-in rule with one line (`Method.summary`, else the first line of its class's or
+    module's docstring), for `audit --help`; the paper's seven are marked."""
+    import sys
+    from .methods import METHODS
+    lines = ["rules (--methods NAME; * = one of the paper's seven, trained by the quick and paper "
+             "presets; the zoo preset trains all):"]
+    for name, cls in METHODS.items():
+        doc = cls.summary or cls.__dict__.get("__doc__") or sys.modules[cls.__module__].__doc__ or ""
+        line = doc.strip().splitlines()[0] if doc.strip() else ""
+        line = line.split(" — ", 1)[1] if line.startswith(f"{name} — ") else line
+        lines.append(f"  {'*' if cls.paper else ' '} {name}: {line}".rstrip())
     return "\n".join(lines) + "\n"
 
 
@@ -767,6 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = _sub(sub, "audit", "train + diagnose methods × seeds with controls; write the report",
              "  creditaudit audit --preset quick\n"
              "  creditaudit audit --config examples/quick.toml --methods bp dfa --seeds 42", _cmd_audit)
+    a.epilog = _rules() + "\n" + a.epilog
     _add_audit_args(a)
     a.add_argument("--tensorboard", metavar="DIR",
                    help="also log every run's monitor scalars and flags to TensorBoard, one "

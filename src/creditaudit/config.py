@@ -36,7 +36,7 @@ PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training
 # Bump this when a change to the training code (train.py, stacked.py, methods/, model/, data/)
 # changes what a run computes for the same settings: every run key changes with it, so audits
 # retrain instead of reusing runs of the old code. The package version is in the key as well.
-TRAINING_CODE_VERSION = 1
+TRAINING_CODE_VERSION = 2
 CODE_VERSION = f"{__version__}+train{TRAINING_CODE_VERSION}"
 
 # the thresholds the early-stop rule (verdict.stop_rule: flags (a), (a′), (b′)) reads; a run with
@@ -321,20 +321,25 @@ class AuditConfig:
 
 
 def presets() -> dict[str, dict[str, Any]]:
-    """The shipped audits (also as examples/quick.toml and examples/paper.toml)."""
+    """The shipped audits (also as examples/quick.toml, examples/paper.toml and examples/zoo.toml).
+    quick and paper train the paper's seven methods (`Method.paper`), zoo every built-in."""
     from .methods import METHODS
-    every = list(METHODS)
+    paper = [name for name, cls in METHODS.items() if cls.paper]
+    quick = {"dataset": "mnist1d", "methods": paper, "seeds": [42, 123, 456], "epochs": 15,
+             "out": "audits/quick", "training": {PENALTY_OPTION: 1e-2}}
     return {
         # MNIST-1D needs no download; 15 epochs rather than the paper's 100 keep the whole audit small.
-        "quick": {"dataset": "mnist1d", "methods": every, "seeds": [42, 123, 456], "epochs": 15,
-                  "out": "audits/quick", "training": {PENALTY_OPTION: 1e-2}},
+        "quick": quick,
         # The paper's protocol: CIFAR-10, 100 epochs, from --data-dir.
-        "paper": {"dataset": "cifar10", "methods": every, "seeds": [42, 123, 456], "epochs": 100,
+        "paper": {"dataset": "cifar10", "methods": paper, "seeds": [42, 123, 456], "epochs": 100,
                   "out": "audits/paper", "training": {PENALTY_OPTION: 1e-2}},
+        # Every built-in rule through one protocol (docs/RULES.md): the quick preset's data,
+        # seeds, epochs and sizes.
+        "zoo": {**quick, "methods": list(METHODS), "out": "audits/zoo"},
     }
 
 
-PRESET_NAMES = ("quick", "paper")             # the first is the default
+PRESET_NAMES = ("quick", "paper", "zoo")             # the first is the default
 # where the experiments other than `audit` write when no --out is given
 EXPERIMENT_OUT = {"ladder": "audits/ladder", "penalty-sweep": "audits/penalty_sweep",
                   "identity-check": "audits/identity_check"}

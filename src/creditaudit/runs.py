@@ -73,7 +73,7 @@ def build_method(config: RunConfig, model: ResidualModel) -> Method:
     settings = MethodSettings(epochs=config.epochs, seed=config.seed, lr=config.lr,
                               weight_decay=config.weight_decay, clip=config.clip,
                               trainable_blocks=config.trainable_block_ids,
-                              options=dict(config.options))
+                              options=dict(config.options), batch_size=config.batch_size)
     return method_class(config.method)(model, settings)
 
 

@@ -10,11 +10,17 @@ from .base import Method, MethodSettings
 from .bp import BP
 from .bridges import CreditBridge, StateBridge
 from .dfa import DFA, DFAPenalty
+from .drtp import DRTP
 from .ep import EP
 from .fa import FA
+from .kolen_pollack import KolenPollack
 from .local import LocalMethod, output_error, rms_normalise
+from .node_perturbation import NodePerturbation
+from .signsym import SignSymmetry
 
-_BUILT_IN: tuple[type[Method], ...] = (BP, FA, DFA, DFAPenalty, EP, StateBridge, CreditBridge)
+# the paper's seven first (`Method.paper`), then the zoo (issue 24)
+_BUILT_IN: tuple[type[Method], ...] = (BP, FA, DFA, DFAPenalty, EP, StateBridge, CreditBridge,
+                                       SignSymmetry, KolenPollack, DRTP, NodePerturbation)
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in _BUILT_IN}
 REFERENCE_METHOD = BP.name        # the method every other is compared with (Γ = 1 by construction)
 

@@ -42,6 +42,7 @@ class MethodSettings:
     clip: float = 1.0
     trainable_blocks: tuple[int, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 128     # the training batch size (a method drawing per-sample noise sizes it by this)
 
 
 def _fused_adamw_supported() -> bool:
@@ -67,9 +68,14 @@ class Method(ABC):
 
     name: ClassVar[str] = ""
     random_feedback: ClassVar[bool] = False
+    # one of the seven methods the paper audits; the quick and paper presets train these, the zoo
+    # preset every built-in
+    paper: ClassVar[bool] = False
+    summary: ClassVar[str] = ""      # one line for `audit --help`; default: the class's docstring's first line
     option_defaults: ClassVar[dict[str, Any]] = {}   # the method's knobs (settings.options)
     option_ranges: ClassVar[dict[str, tuple[float, float]]] = {}  # inclusive [low, high] per knob
     option_help: ClassVar[dict[str, str]] = {}       # one line per knob, for --help and the docs
+    option_choices: ClassVar[dict[str, tuple[str, ...]]] = {}   # the allowed values of a str knob
     sweep: ClassVar[dict[str, tuple]] = {}           # option → values `penalty-sweep` runs over
     # options that act only on trainable blocks (e.g. the penalty λ on f_l), each with the value a
     # run without trainable blocks is spelled with: such a run is the same whatever their values
@@ -90,6 +96,11 @@ class Method(ABC):
             if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
                 raise CreditAuditError(f"option {key} of method {cls.name!r} must be a "
                                        f"{kind.__name__}, got {value!r}")
+            if kind is str:
+                if value not in cls.option_choices.get(key, (value,)):
+                    raise CreditAuditError(f"option {key} of method {cls.name!r} must be one of "
+                                           f"{', '.join(cls.option_choices[key])}, got {value!r}")
+                continue
             low, high = cls.option_ranges.get(key, (-math.inf, math.inf))
             if kind is float and not math.isfinite(value):
                 raise CreditAuditError(f"option {key} of method {cls.name!r} must be a finite "

@@ -13,6 +13,7 @@ from .base import Method
 
 class BP(Method):
     name = "bp"
+    paper = True
 
     def __init__(self, model, settings):
         super().__init__(model, settings)

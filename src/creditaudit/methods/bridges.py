@@ -60,6 +60,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..metrics import ce_gradient
+from ..seeding import draw_on_host
 from .local import LocalMethod, output_error
 
 DEFAULTS = {"hidden": 256, "t_dim": 16, "draws": 4, "noise": 0.1, "tau": 1.0, "ema": 0.99, "lam": 0.0}
@@ -166,6 +167,8 @@ class _Bridge(LocalMethod):
 
 class StateBridge(_Bridge):
     name = "sb"
+    paper = True
+    summary = "state bridge: a_l = ∇_{h_l} CE(readout(G_ψ(h_l, t_l, e))), G_ψ trained to predict h_L"
     predicts_state = True
 
     def predict(self, h, depth, e):
@@ -223,17 +226,12 @@ class CreditBridge(_Bridge):
     and the bridge target from shared noise draws (`_bridge_target`)."""
 
     name = "cb"
+    paper = True
+    summary = "credit bridge: a_l = ∇_{h_l} V_φ, V_φ a value net trained by bridge consistency"
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
         self.target = copy.deepcopy(self.aux).requires_grad_(False)               # V̄, the EMA copy
-        # V̄'s noise comes from the method's CPU generator on the CPU; on another device from a
-        # generator there (seeded from it), so that drawing it copies nothing from the host
-        device = model.head_parameters()[0].device
-        self.noise_gen = self.gen
-        if device.type != "cpu":
-            self.noise_gen = torch.Generator(device=device)
-            self.noise_gen.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen)))
         self._noise: torch.Tensor | None = None
 
     def value(self, net, h, depth, e):
@@ -333,11 +331,10 @@ class CreditBridge(_Bridge):
         return self._value_pass(hidden, e, y, False)[0], None
 
     def _draw_noise(self, n_blocks: int, like: torch.Tensor) -> torch.Tensor:
-        """ε_{k,l} ~ N(0, I), (K, L, D): one draw per (k, depth), shared by the batch's samples."""
-        dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
-        eps = torch.randn((int(self.opts["draws"]), n_blocks, self.d_flat), generator=self.noise_gen,
-                          dtype=dtype, device=self.noise_gen.device)
-        return eps.to(device=like.device, dtype=like.dtype)
+        """ε_{k,l} ~ N(0, I), (K, L, D): one draw per (k, depth), shared by the batch's samples,
+        from the method's CPU generator and copied to `like`'s device (`draw_on_host`: the same
+        numbers on any device, no host sync)."""
+        return draw_on_host(torch.randn, (int(self.opts["draws"]), n_blocks, self.d_flat), self.gen, like)
 
     @torch.no_grad()
     def _bridge_target(self, hidden, e, ln: "_Normalised | None" = None,
@@ -383,13 +380,8 @@ class CreditBridge(_Bridge):
                              1 - ema)                                             # V̄ ← ema·V̄ + (1−ema)·V
 
     def extra_state(self):
-        state = {"aux": dict(self.aux.state_dict()), "target": dict(self.target.state_dict())}
-        if self.noise_gen is not self.gen:
-            state["noise_gen"] = self.noise_gen.get_state()
-        return state
+        return {"aux": dict(self.aux.state_dict()), "target": dict(self.target.state_dict())}
 
     def load_extra_state(self, state):
         super().load_extra_state(state)
         self.target.load_state_dict(state["target"])
-        if self.noise_gen is not self.gen and "noise_gen" in state:
-            self.noise_gen.set_state(state["noise_gen"])

@@ -48,6 +48,7 @@ def dfa_credit(e: torch.Tensor, feedback: list[torch.Tensor], n_blocks: int,
 
 class DFA(LocalMethod):
     name = "dfa"
+    paper = True
     random_feedback = True
 
     def __init__(self, model, settings):
@@ -90,6 +91,7 @@ class DFAPenalty(DFA):
     """dfa plus λ · mean_i ‖f_l(h_l)_i‖² in every trainable block's local loss (option `lam`)."""
 
     name = "dfa-penalty"
+    paper = True
     option_defaults = {"lam": 1e-2}
     option_ranges = {"lam": (0.0, math.inf)}
     option_help = {"lam": "residual penalty λ in each block's local loss (λ = 0 is plain dfa)"}

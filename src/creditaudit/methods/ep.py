@@ -141,6 +141,7 @@ class Relaxed:
 
 class EP(Method):
     name = "ep"
+    paper = True
     option_defaults = DEFAULTS
     option_ranges = {"beta": (1e-12, math.inf), "steps": (1, math.inf), "alpha": (1e-12, 1.0),
                      "tol": (0.0, 1.0)}

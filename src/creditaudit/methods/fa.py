@@ -172,6 +172,7 @@ def draw_feedback(model, gen: torch.Generator) -> list[dict[str, torch.Tensor]]:
 
 class FA(Method):
     name = "fa"
+    paper = True
     random_feedback = True
 
     def __init__(self, model, settings):

@@ -13,11 +13,12 @@ from pathlib import Path
 from .. import store
 from .figures import FIGURES, FIGURE_MAKERS, _png
 from .html import report_html
-from .tables import audit_table, compact_table
+from .tables import audit_table, compact_table, rules_table
 
 # -- everything -------------------------------------------------------------------------------
 def write_report(audit: dict, out_dir: Path) -> dict[str, Path]:
-    """Write audit.md, report.html and the figures into out_dir (each file atomically).
+    """Write audit.md, rules.md (the rules table of docs/RULES.md), report.html and the figures into
+    out_dir (each file atomically).
 
     Returns {file name: path}. `audit` is audit.json's content (as `experiments.read_audit` gives it).
     """
@@ -33,6 +34,8 @@ def write_report(audit: dict, out_dir: Path) -> dict[str, Path]:
     figures = "\n".join(f"![{name}]({name})\n\n*{FIGURES[name]}*\n" for name in pngs)
     paths["audit.md"] = out_dir / "audit.md"
     store.atomic_write_text(paths["audit.md"], audit_table(audit) + "\n## Figures\n\n" + figures)
+    paths["rules.md"] = out_dir / "rules.md"
+    store.atomic_write_text(paths["rules.md"], rules_table(audit))
     paths["report.html"] = out_dir / "report.html"
     store.atomic_write_text(paths["report.html"], report_html(audit, pngs))
     return paths
@@ -40,4 +43,4 @@ def write_report(audit: dict, out_dir: Path) -> dict[str, Path]:
 
 
 
-__all__ = ["FIGURES", "audit_table", "compact_table", "report_html", "write_report"]
+__all__ = ["FIGURES", "audit_table", "compact_table", "report_html", "rules_table", "write_report"]

@@ -418,6 +418,38 @@ def _short_verdict(row: dict) -> str:
     return verdict.outcome
 
 
+RULES_COLUMNS = ("rule", "acc % (mean ± sd)", "frozen %", "(d) gap, points", "(d) decision",
+                 "‖h_L‖", "(b′) gain", "deep Γ", "Γ null (z)", "verdict")
+
+
+def rules_table(audit: dict) -> str:
+    """The rules table (docs/RULES.md; every audit writes it as rules.md): per method of an
+    audit, accuracy (mean ± sd over seeds), the frozen control, (d)'s paired gap and its decision,
+    ‖h_L‖ and the readout gain (medians over seeds), deep Γ beside its null where the rule has
+    random feedback, and the project verdict by flag name; then one line per rule: its verdict in
+    full, with the paper's rule beside it."""
+    audit = store.json_safe(audit)
+    rows = audit.get("methods") or []
+    cells = []
+    for row in rows:
+        gap = _f(row.get("depth_gap"))
+        gamma, null = _gamma_cells(row)
+        cells.append([_method_name(row), _pct(row.get("acc"), row.get("acc_std")),
+                      _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
+                      "—" if gap is None else f"{100 * gap:+.1f}", _decision_cell(row.get("depth")),
+                      _sci(row.get("h_L")), _sci(row.get("gain")), gamma, null, _short_verdict(row)])
+    config = audit.get("config") or {}
+    extras = [f"preset {config['preset']}"] if config.get("preset") else []
+    extras += [f"{k} {v}" for k, v in sorted((config.get("model") or {}).items())]
+    setting = (f"{config.get('dataset', '?')}, seeds {', '.join(map(str, config.get('seeds') or []))}, "
+               f"{config.get('epochs', '?')} epoch(s)" + (f" ({', '.join(extras)})" if extras else ""))
+    out = [f"Audit: {setting}; {_meta(audit)}.", "",
+           _markdown(RULES_COLUMNS, cells) if cells else "(no methods)", ""]
+    out += [f"- **{_method_name(row)}**: {row.get('verdict') or '—'} (paper's rule: "
+            f"{row.get('paper_verdict') or '—'})" for row in rows]
+    return "\n".join(out) + "\n"
+
+
 def compact_table(audit: dict, width: int = 120) -> str:
     """The audit for a terminal: one line per method, at most `width` columns, then each method's
     full verdicts (wrapped to `width`); the full table and the per-seed values are in audit.md."""

@@ -12,17 +12,18 @@ matrix. DRTP projects the *target* alone, so a block's credit needs no forward r
     head:     CE(readout(h_L.detach()), y)
 
 −onehot(y) points in the direction of increasing loss for the true class's logit (as e does), so
-the sign convention of `credit` is the protocol's. Run it (docs/WRITING_A_RULE.md):
+the sign convention of `credit` is the protocol's. Γ's null redraws every B_l (same
+distribution), as dfa's. The worked example of docs/WRITING_A_RULE.md:
 
-    PYTHONPATH=docs/examples creditaudit audit --methods drtp:DRTP bp --epochs 15 --out audits/drtp
+    creditaudit audit --methods drtp dfa bp --dataset mnist1d --epochs 15 --out audits/drtp
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from creditaudit.methods import LocalMethod, output_error
-from creditaudit.methods.dfa import dfa_credit, draw_feedback
+from .dfa import dfa_credit, draw_feedback
+from .local import LocalMethod, output_error
 
 
 class DRTP(LocalMethod):
@@ -30,6 +31,7 @@ class DRTP(LocalMethod):
 
     name = "drtp"
     random_feedback = True                      # Γ gets its null: fresh_feedback_credit below
+    summary = "direct random target projection (Frenkel et al. 2021): dfa's mapping of −onehot(y)"
     option_defaults = {"mix": 0.0}
     option_ranges = {"mix": (0.0, 1.0)}
     option_help = {"mix": "0 = project the target only (DRTP), 1 = project the output error (DFA)"}

@@ -1,0 +1,55 @@
+"""kolen-pollack — feedback learned alongside the forward weights (Kolen & Pollack 1994; Akrout,
+Wilson, Humphreys, Lillicrap & Tweed 2019), routed like fa.
+
+Every block Linear/Conv2d sends the error backward through its own B (fa's routing,
+methods/fa.py), and B receives the very update W receives:
+
+    Linear  y = x·Wᵀ + b:   δx = δy · B                                   (fa's backward)
+            ∂W = δyᵀ · x                                                  the usual weight gradient
+            ∂B = ∂W                                                       Kolen–Pollack: the same update
+    θ ← AdamW(θ, ∂θ) for θ ∈ {W, B}, with the run's lr, weight decay λ_wd and schedule
+
+Akrout et al. write B in the transposed layout of the backward pass (ΔB = ΔWᵀ); fa stores B in W's
+own layout (δx = δy · B), so there the same update is ∂B = ∂W. With AdamW and identical gradient
+streams, W and B get identical Adam steps, so their difference only decays:
+
+    W_t − B_t = (W_0 − B_0) · Π_s (1 − lr_s · λ_wd)                        (exact; tested)
+
+B starts as fa's draw U(−1/√fan_in, 1/√fan_in) and tends to W as the weight decay acts. Only the
+B of trainable blocks learn (a frozen block keeps W and B, so the frozen control stays
+bit-identical); the embedding, readout and skips backpropagate exactly, so a_L = g_L.
+
+Credit: a_l = ∂CE/∂h_l with the error carried through the current B (fa's `credit`); sign
+convention: the direction of increasing loss, as BP's g_l.
+
+Γ's null (`random_feedback` True): K fresh B drawn from B's *initial* distribution (fa's draw), at
+the trained weights. For fa the null asks whether the weights aligned to their own fixed B beyond
+chance; here B itself has learned towards W, so Γ − null measures what learning the feedback (and
+the weights' alignment to it) bought over a feedback that had stayed random.
+"""
+from __future__ import annotations
+
+from .fa import FA, routed_modules
+
+
+class KolenPollack(FA):
+    """fa whose feedback B learns with W's own update and weight decay, so B → W over training."""
+
+    name = "kolen-pollack"
+    paper = False                       # fa's subclass, not one of the paper's seven
+    summary = "Kolen–Pollack (Akrout et al. 2019): fa's routing, B learns W's update and decay, B → W"
+    random_feedback = True              # the null: B from its initial distribution (module docstring)
+
+    def __init__(self, model, settings):
+        super().__init__(model, settings)             # B ~ fa's draw; AdamW over embed, W, head
+        self.pairs = [(module.weight, self.feedback[l][name])
+                      for l, block in enumerate(model.blocks) if self.trainable(l)
+                      for name, module in routed_modules(block)]
+        # B's own AdamW: the run's lr, weight decay and cosine schedule, as W's
+        self.feedback_opt = self.add_optimizer([b for _, b in self.pairs]) if self.pairs else None
+
+    def gradients(self, x, y):
+        loss = super().gradients(x, y)                  # fa: δ flows through B, ∂W = δᵀx
+        for weight, feedback in self.pairs:
+            feedback.grad = weight.grad                  # ∂B = ∂W (read-only for AdamW)
+        return loss

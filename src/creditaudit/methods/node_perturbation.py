@@ -1,0 +1,123 @@
+"""node-perturbation — credit from the loss change under noise on the states (Williams 1992;
+Flower & Jabri 1993; Werfel, Xie & Seung 2005).
+
+Two forward passes per step: the clean one (`local_forward`) and one with Gaussian noise added at
+every residual position, the embedding's output h_0 and each block's output h_{l+1}:
+
+    h̃_0     = h_0 + ξ_0,   h̃_{l+1} = h̃_l + f_l(h̃_l) + ξ_{l+1},   ξ_l ~ N(0, σ² I), per sample
+    ΔL_i    = ℓ_i(h̃) − ℓ_i(h)                                   per-sample CE, noisy − clean
+    a_l     = ΔL_i · ξ_{l,i} / σ²                                credit at h_l, l = 0 … L
+
+To first order ΔL_i = Σ_k ⟨∂ℓ_i/∂h_k, ξ_k⟩, and the ξ_k are independent with E[ξ ξᵀ] = σ² I, so
+E[a_l] = ∂ℓ_i/∂h_l: an unbiased (to O(σ)) but noisy estimate of the per-sample BP gradient, in the
+direction of increasing loss. (Per-sample ∂ℓ_i, the scale `local_gradients` expects: its batch mean
+of ⟨f_l, a_{l+1}⟩ is then the mean CE's gradient.) Each sample's estimate is one draw, so its cosine
+with g_l is about √(2/π)/√D for a stream of D features per sample: Γ measures the credit the method
+trains with, not its expectation.
+
+    block l:  (f_l(h_l.detach()) · a_{l+1}).sum(-1).mean()       (LocalMethod.local_gradients,
+    embed:    (embed(x) · a_0).sum(-1).mean()                     per-block clip at settings.clip)
+    head:     CE(readout(h_L.detach()), y)                        (the true gradient, as dfa's head)
+
+Noise: drawn in `prepare_step` (eagerly, a compiled graph cannot hold a generator) for
+settings.batch_size samples from the method's CPU generator, derived from (seed,
+"method:node-perturbation"), and copied to the device without a host sync (`seeding.draw_on_host`):
+a seed gives the same noise on any device. A smaller last batch takes the first rows. `credit`
+(the audit's a_l) draws its noise from a generator rebuilt from a seed the method keeps in its
+state, so it neither advances the training stream nor differs between calls. No random feedback:
+no null of Γ.
+
+The noisy pass only measures ΔL: it leaves every buffer of the model as the clean pass left it
+(BatchNorm's running statistics and batch counters are copied before it and written back once the
+step's backward has run), while its BatchNorm still normalises with the (noisy) batch's statistics,
+as the clean pass does in training mode — so ΔL is the loss change of the function being trained,
+and the running statistics are those of the clean forward alone.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import CreditAuditError
+from ..seeding import draw_on_host
+from .local import LocalMethod
+
+
+class NodePerturbation(LocalMethod):
+    """Local losses on a_l = ΔL · ξ_l / σ², ΔL the per-sample loss change under noise ξ on every h_l."""
+
+    name = "node-perturbation"
+    summary = "node perturbation (Williams 1992): a_l = ΔL·ξ_l/σ² from a second forward with noise ξ"
+    option_defaults = {"sigma": 1e-2}
+    option_ranges = {"sigma": (1e-6, 1.0)}
+    option_help = {"sigma": "std σ of the Gaussian noise ξ_l added at every residual position h_l"}
+
+    def __init__(self, model, settings):
+        super().__init__(model, settings)
+        self.sigma = float(self.option(settings.options, "sigma"))     # read once, not per step
+        self.opt = self.add_optimizer(self.local_param_groups())      # embed, trainable blocks, head
+        self.credit_seed = int(torch.randint(2 ** 62, (1,), generator=self.gen))
+        self._noise: torch.Tensor | None = None
+
+    def _draw(self, n: int, gen: torch.Generator, like: torch.Tensor) -> torch.Tensor:
+        """σ·ε, ε ~ N(0, I) from the CPU generator `gen`, shaped (L + 1, n, *stream_shape) on
+        `like`'s device and dtype: ξ_0 … ξ_L for n samples."""
+        shape = (self.model.n_blocks + 1, n) + tuple(self.model.stream_shape)
+        return draw_on_host(torch.randn, shape, gen, like).mul_(self.sigma)
+
+    def prepare_step(self):
+        self._noise = self._draw(self.settings.batch_size, self.gen, self.model.head_parameters()[0])
+
+    def _perturbed_credit(self, hidden: list[torch.Tensor], logits: torch.Tensor, y: torch.Tensor,
+                          noise: torch.Tensor) -> list[torch.Tensor]:
+        """[a_0 … a_L] from the clean states h_0 … h_L and logits and the noise ξ (L + 1, N, …).
+        The noisy pass may update buffers (BatchNorm's running statistics): the caller keeps them
+        (`_keep_buffers`) and writes them back (`_restore_buffers`)."""
+        with torch.no_grad():
+            h = hidden[0] + noise[0]                                         # h̃_0 = h_0 + ξ_0
+            for l, block in enumerate(self.model.blocks):
+                h = h + block(h) + noise[l + 1]                              # h̃_{l+1}
+            delta = (F.cross_entropy(self.model.readout(h), y, reduction="none")
+                     - F.cross_entropy(logits, y, reduction="none"))        # ΔL_i, (N,)
+            scale = (delta / self.sigma ** 2).view((-1,) + (1,) * (noise.dim() - 2))
+            return [scale * xi for xi in noise]                              # a_l = ΔL · ξ_l / σ²
+
+    def _keep_buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(buffer, a copy of it) for every buffer of the model, as the clean pass left them."""
+        return [(b, b.clone()) for b in self.model.buffers()]
+
+    @staticmethod
+    @torch.no_grad()
+    def _restore_buffers(kept: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for buffer, saved in kept:
+            buffer.copy_(saved)
+
+    def gradients(self, x, y):
+        n = x.shape[0]
+        if n > self._noise.shape[1]:
+            raise CreditAuditError(f"node-perturbation drew noise for batches of {self._noise.shape[1]}; "
+                                   f"got {n} samples (set the method's batch_size)")
+        fwd = self.local_forward(x)
+        kept = self._keep_buffers()
+        credit = self._perturbed_credit(fwd.hidden, fwd.logits.detach(), y, self._noise[:, :n])
+        loss = self.local_gradients(y, fwd, credit)
+        # written back after the backward: the clean pass's BatchNorm saved its running statistics
+        # for it, and an in-place write before would bump their version (autograd refuses then)
+        self._restore_buffers(kept)
+        return loss
+
+    @torch.no_grad()
+    def credit(self, x, y):
+        logits, hidden = self.model(x, return_hidden=True)
+        noise = self._draw(len(y), torch.Generator().manual_seed(self.credit_seed), logits)
+        kept = self._keep_buffers()
+        credit = self._perturbed_credit(hidden, logits, y, noise)
+        self._restore_buffers(kept)
+        return credit
+
+    def extra_state(self):
+        return {"credit_seed": self.credit_seed}
+
+    def load_extra_state(self, state):
+        self.credit_seed = int(state["credit_seed"])
+
