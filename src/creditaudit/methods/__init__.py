@@ -13,8 +13,12 @@ from .dfa import DFA, DFAPenalty
 from .ep import EP
 from .fa import FA
 from .local import LocalMethod, output_error, rms_normalise
+from .local_losses import LocalLosses
+from .pepita import PEPITA
+from .predictive_coding import PredictiveCoding
 
-_BUILT_IN: tuple[type[Method], ...] = (BP, FA, DFA, DFAPenalty, EP, StateBridge, CreditBridge)
+_BUILT_IN: tuple[type[Method], ...] = (BP, FA, DFA, DFAPenalty, EP, StateBridge, CreditBridge,
+                                       LocalLosses, PEPITA, PredictiveCoding)
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in _BUILT_IN}
 REFERENCE_METHOD = BP.name        # the method every other is compared with (Γ = 1 by construction)
 
