@@ -305,8 +305,10 @@ def test_state_round_trip(name):
 # Test accuracy after 6 epochs on digits (10 classes, chance 0.10), d=32, L=2, seed 0. Measured
 # (seeds 0/1/2): bp 0.90/0.89/0.91, fa 0.88/0.88/0.87, ep 0.90/0.90/0.91, dfa 0.33/0.40/0.36,
 # dfa-penalty (λ=1e-3) 0.33/0.40/0.36, sb 0.89/0.88/0.88, cb 0.85/0.87/0.84. Each bar sits clearly
-# above chance and several points below the lowest measured value.
-MIN_ACC = {"bp": 0.85, "fa": 0.8, "ep": 0.85, "dfa": 0.25, "dfa-penalty": 0.25, "sb": 0.75, "cb": 0.7}
+# above chance and several points below the lowest measured value. local-loss 0.61/0.62/0.66 (the
+# greedy local classifiers catch up later: 0.95 after 20 epochs), pepita 0.32/0.42/0.38, pc 0.90/0.89/0.91.
+MIN_ACC = {"bp": 0.85, "fa": 0.8, "ep": 0.85, "dfa": 0.25, "dfa-penalty": 0.25, "sb": 0.75, "cb": 0.7,
+           "local-loss": 0.5, "pepita": 0.25, "pc": 0.85}
 GENERIC_MIN_ACC = 0.2   # a method without a measured bar yet must still clear chance (0.1) by far
 
 

@@ -17,7 +17,11 @@ every ε = 0):
     for `steps` steps. Each step is local: state l sees only its own error and the next one's
     through block l's Jacobian (one VJP per block, no backward through the chain), so the output
     error reaches h_l only after L − l steps and the slowest mode contracts by 1 − α·(2 − 2cos(π/(2L+1)))
-    per step (identity blocks).
+    per step (identity blocks). A fixed step diverges once the blocks' Jacobians make the energy's
+    curvature exceed 2/α (seen at init with w2_std = 0.5: residual ~1e6 after 300 steps), so each
+    step is a trial, per sample: kept where it does not raise F_i, else undone and that sample's α_i
+    halved (a masked update, as in ep; tested). plain pc only: iPC takes Salvatori et al.'s fixed
+    step, since its weights move between two evaluations and their F_i are not comparable.
 
 Credit (in the units of g_l = ∂CE/∂h_l of the mean CE, like ep; "direction of increasing loss"):
 
@@ -49,7 +53,7 @@ Where it differs from `ep`:
     there is no separate "after convergence" update. The batch's first step is at the feed-forward
     states, where every ε = 0: it updates the head only (and applies weight decay).
 
-Convergence (`epoch_log`): pc_residual = ‖∂F/∂h(h_T)‖ / ‖∂F/∂h(h^free)‖ (batch norms over h_1 … h_L;
+Convergence (`epoch_log`): pc_residual = ‖∂F/∂h(h_T)‖ / ‖∂F/∂h(h^free)‖ (norms over the batch and h_1 … h_L;
 1 = nothing relaxed, 0 = equilibrium) at the states the update uses, averaged over the epoch's steps
 (plain pc only).
 
@@ -59,6 +63,10 @@ region (base.Method.step_function), so iPC overrides `train_step` and trains unc
 
 Options: "beta" β = 1, "steps" = 10, "alpha" = 0.5 (stable for α < 2/λ_max, λ_max < 4 for
 identity blocks), "incremental" = 0. No gradient clipping (the update approximates the BP gradient).
+Measured (MNIST-1D, d = 256, L = 4, batch 128, seed 42, one thread, 5 epochs): pc_residual on test
+batch 0 at init 0.36 (steps 10), 0.14 (steps 30), 0.49 (steps 10, α = 0.25); logged over epoch 5
+0.88 — the truncated PC signal, yet Γ per layer 0.81 / 0.82 / 0.85 / 0.87 / 0.98; test accuracy
+0.557 (bp 0.610, iPC 0.528); CPU time per epoch 7.6 s (bp 0.79 s, iPC 9.2 s).
 """
 from __future__ import annotations
 
@@ -96,17 +104,18 @@ class PredictiveCoding(Method):
     def evaluate(self, h0: torch.Tensor, states: list[torch.Tensor], y: torch.Tensor,
                  params: list[torch.Tensor]):
         """F/β at the states h_1 … h_L with h_0 = h0 (its value; clamped), and its gradients
-        (∂/∂h_0, ∂/∂h_1 … ∂/∂h_L, ∂/∂params). Returns (ε_1 … ε_L detached, the gradients)."""
+        (∂/∂h_0, ∂/∂h_1 … ∂/∂h_L, ∂/∂params). Returns (ε_1 … ε_L detached, F_i/β per sample
+        (N,) detached, the gradients); F/β = Σ_i F_i/β."""
         with torch.enable_grad():
             h0_leaf = h0.detach().requires_grad_(True)
             leaves = [s.detach().requires_grad_(True) for s in states]
             below = [h0_leaf] + leaves[:-1]
             errors = [h - hb - block(hb) for h, hb, block in zip(leaves, below, self.model.blocks)]
-            energy = F.cross_entropy(self.model.readout(leaves[-1]), y)                   # β·CE / β
+            energy = F.cross_entropy(self.model.readout(leaves[-1]), y, reduction="none") / len(y)
             for eps in errors:
-                energy = energy + 0.5 * eps.pow(2).sum() / self.beta                        # ½‖ε‖²/β
-            grads = torch.autograd.grad(energy, [h0_leaf] + leaves + params)
-        return [eps.detach() for eps in errors], grads
+                energy = energy + 0.5 * eps.pow(2).flatten(1).sum(-1) / self.beta          # ½‖ε_i‖²/β
+            grads = torch.autograd.grad(energy.sum(), [h0_leaf] + leaves + params)
+        return [eps.detach() for eps in errors], energy.detach(), grads
 
     def _free(self, h0: torch.Tensor):
         """The feed-forward pass from h0 (every ε = 0): (h_1 … h_L, logits), detached."""
@@ -117,27 +126,40 @@ class PredictiveCoding(Method):
                 states.append(h)
             return states, self.model.readout(h)
 
-    def _state_step(self, states, grads):
-        """h_l ← h_l − α·β·∂(F/β)/∂h_l, l = 1 … L (grads: the state part of `evaluate`'s)."""
-        return [s - (self.alpha * self.beta) * g for s, g in zip(states, grads)]
+    def _state_step(self, states, grads, length: torch.Tensor | float):
+        """h_l ← h_l − α_i·β·∂(F/β)/∂h_l, l = 1 … L (grads: the state part of `evaluate`'s;
+        length: α, or per sample (N,))."""
+        if isinstance(length, torch.Tensor):
+            length = length.view((-1,) + (1,) * (states[0].dim() - 1))
+        return [s - (length * self.beta) * g for s, g in zip(states, grads)]
 
     def infer(self, h0: torch.Tensor, y: torch.Tensor):
-        """`steps` inference steps from the feed-forward pass: (h_1 … h_L after them, the free
-        logits, ‖∂(F/β)/∂h‖ at the free states (= ‖∂CE/∂h_L‖, the residual's unit))."""
+        """`steps` inference steps from the feed-forward pass, each a trial step of length α_i per
+        sample that is kept only where it does not raise F_i (else α_i is halved: a masked update,
+        no host sync). Returns (h_1 … h_L after them, the free logits, ‖∂(F/β)/∂h‖ at the free
+        states, = ‖∂CE/∂h_L‖ of the mean CE over the batch: the unit of pc_residual)."""
         states, logits = self._free(h0)
-        scale = None
+        _, energy, grads = self.evaluate(h0, states, y, [])
+        grads = list(grads[1:])
+        scale = torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
+        length = torch.full_like(energy, self.alpha)
+        slack = 1 + 16 * torch.finfo(energy.dtype).eps
         for _ in range(self.steps):
-            _, grads = self.evaluate(h0, states, y, [])
-            if scale is None:
-                scale = torch.stack([g.pow(2).sum() for g in grads[1:]]).sum().sqrt()
-            states = self._state_step(states, grads[1:])
+            trial = self._state_step(states, grads, length)
+            _, trial_energy, trial_grads = self.evaluate(h0, trial, y, [])
+            ok = trial_energy <= energy * slack                                     # F_i did not rise
+            keep = ok.view((-1,) + (1,) * (states[0].dim() - 1))
+            states = [torch.where(keep, t, s) for t, s in zip(trial, states)]
+            grads = [torch.where(keep, t, g) for t, g in zip(trial_grads[1:], grads)]
+            energy = torch.where(ok, trial_energy, energy)
+            length = torch.where(ok, length, length / 2)
         return states, logits, scale
 
     # -- the update and the credit ------------------------------------------------------------------
     def _set_gradients(self, h0, states, y):
         """The weight gradients of F/β at `states` (module docstring); returns the state gradients."""
         params = self.trainable_block_params() + self.head_params()
-        _, grads = self.evaluate(h0, states, y, params)
+        _, _, grads = self.evaluate(h0, states, y, params)
         a0, state_grads = grads[0], grads[1:len(states) + 1]
         embed = self.embed_params()
         for p, g in zip(params + embed, grads[len(states) + 1:]
@@ -173,7 +195,7 @@ class PredictiveCoding(Method):
             self.clear_gradients()
             state_grads = self._set_gradients(self.model.embed_input(x), states, y)
             self.apply_gradients()
-            states = self._state_step(states, state_grads)
+            states = self._state_step(states, state_grads, self.alpha)
         return F.cross_entropy(logits, y).detach()
 
     def compilable(self) -> bool:
@@ -185,7 +207,7 @@ class PredictiveCoding(Method):
         if not self.model.n_blocks:
             return [ce_gradient(self.model.readout, h0, y)[1]]
         states, _, _ = self.infer(h0, y)
-        errors, grads = self.evaluate(h0, states, y, [])
+        errors, _, grads = self.evaluate(h0, states, y, [])
         return [grads[0].detach()] + [-eps / self.beta for eps in errors]
 
     # -- convergence log ----------------------------------------------------------------------------
