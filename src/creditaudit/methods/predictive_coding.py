@@ -1,7 +1,8 @@
 """pc — predictive coding (Whittington & Bogacz 2017, "An approximation of the error backpropagation
 algorithm in a predictive coding network with local Hebbian synaptic plasticity"), and with option
-`incremental` its incremental variant iPC (Salvatori et al. 2024, ICLR, "A stable, fast, and fully
-automatic learning algorithm for predictive coding networks"), on the residual energy of `ep`.
+`incremental` its incremental variant iPC (Salvatori et al., "A stable, fast, and fully automatic
+learning algorithm for predictive coding networks", arXiv 2022, ICLR 2024), on the residual energy
+of `ep`.
 
 Each state h_l predicts the next one, h_{l+1} ≈ h_l + f_l(h_l); the prediction error at h_{l+1} is
 ε_{l+1} = h_{l+1} − h_l − f_l(h_l) (= r_l in ep.py), and the network's energy is EP's, with the output
@@ -86,7 +87,8 @@ class PredictiveCoding(Method):
                      "incremental": (0, 1)}
     option_help = {"beta": "strength β of the output clamp: F = E + β·CE",
                    "steps": "inference steps (gradient descent on the states) per batch",
-                   "alpha": "inference step size on the states (stable below ~0.5·(2/λ_max) ≈ 0.5)",
+                   "alpha": "inference step size on the states (pc: per sample, halved where a step "
+                            "would raise F_i; iPC: fixed)",
                    "incremental": "1: iPC, the weights are updated at every inference step (uncompiled)"}
 
     def __init__(self, model, settings):
