@@ -176,10 +176,12 @@ def test_pepita_update_is_the_state_difference_times_the_modulated_input():
     method.clear_gradients()
     method.gradients(x, y)
     want = expected(model, x, y, a, mod[:-1], clean[-1])                        # presynaptic: modulated
-    # PEPITA's rule read off directly for W2: ΔW2 = mean_i (h_{l+1} − h_{l+1}^mod)_i ⊗ gelu(W1 LN(h_l^mod))_i / scale
+    # PEPITA's rule read off directly for W2:
+    # ΔW2 = mean_i (h_{l+1} − h_{l+1}^mod)_i ⊗ gelu(W1 LN(h_l^mod))_i / scale
     for l, block in enumerate(model.blocks):
         s = block_parts(block, mod[l])[3]
-        torch.testing.assert_close(want[f"blocks.{l}.w2.weight"], ((clean[l + 1] - mod[l + 1]) / scale).T @ s / N, **TOL)
+        delta = (clean[l + 1] - mod[l + 1]) / scale
+        torch.testing.assert_close(want[f"blocks.{l}.w2.weight"], delta.T @ s / N, **TOL)
     assert_grads(model, want)
     for got, w in zip(method.credit(x, y), a):
         torch.testing.assert_close(got, w, **TOL)
@@ -346,10 +348,13 @@ def test_each_trains_on_digits_from_the_cli_and_a_tiny_audit_measures_its_credit
         run = load_run(out)
         assert run.status["status"] == "finished" and run.config.method == name
     toml = tmp_path / "tiny.toml"
-    toml.write_text(f'dataset = "digits"\nmethods = {names!r}\nseeds = [1]\nepochs = 1\njobs = 1\n'
+    toml.write_text(f'dataset = "digits"\nmethods = {names!r}\nseeds = [1]\nepochs = 1\njobs = 1\neval_batches = 2\n'
                     f'out = "{tmp_path / "audit"}"\n[model]\nwidth = 16\nblocks = 2\n'.replace("'", '"'))
     assert cli_main(["audit", "--config", str(toml), "--quiet", "--device", "cpu"]) in (0, 1, 3)
     result = read_audit(tmp_path / "audit")
     assert {r["status"] for r in result["runs"]} == {"finished"}
-    methods = {m["method"]: m for m in result["methods"]} if isinstance(result["methods"], list) else result["methods"]
+    methods = {m["method"]: m for m in result["methods"]}
     assert set(methods) == set(names)
+    for name, m in methods.items():             # Γ at every position, and its null for pepita's B only
+        assert len(m["gamma_layers"]) == 3 and all(math.isfinite(g) for g in m["gamma_layers"]), name
+        assert (m["null_deep_mean"] is not None) == (name == "pepita"), name
