@@ -15,7 +15,7 @@ from creditaudit.data import ArrayDataset
 from creditaudit.methods import METHODS, MethodSettings, method_class
 from creditaudit.model import build_model
 
-BUILT_IN = tuple(METHODS)          # bp, fa, dfa, dfa-penalty, ep, sb, cb
+BUILT_IN = tuple(METHODS)          # every built-in method (the registry)
 SIZES = {"resmlp": dict(width=16, blocks=2), "vit-mini": dict(width=8, blocks=2, options={"heads": 2, "patch": 4}),
          "resnet-small": dict(width=4, blocks=2)}
 

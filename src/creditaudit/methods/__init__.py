@@ -15,12 +15,16 @@ from .ep import EP
 from .fa import FA
 from .kolen_pollack import KolenPollack
 from .local import LocalMethod, output_error, rms_normalise
+from .local_losses import LocalLosses
 from .node_perturbation import NodePerturbation
+from .pepita import PEPITA
+from .predictive_coding import PredictiveCoding
 from .signsym import SignSymmetry
 
 # the paper's seven first (`Method.paper`), then the zoo (issue 24)
 _BUILT_IN: tuple[type[Method], ...] = (BP, FA, DFA, DFAPenalty, EP, StateBridge, CreditBridge,
-                                       SignSymmetry, KolenPollack, DRTP, NodePerturbation)
+                                       SignSymmetry, KolenPollack, DRTP, NodePerturbation,
+                                       LocalLosses, PEPITA, PredictiveCoding)
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in _BUILT_IN}
 REFERENCE_METHOD = BP.name        # the method every other is compared with (Γ = 1 by construction)
 

@@ -70,7 +70,11 @@ class LocalMethod(Method):
         h_L.detach() for the head. A local method thus pays for one forward per step, not two.
         """
         h0 = self.model.embed_input(x)
-        h = h0.detach()
+        return self.local_stack(h0, h0.detach())
+
+    def local_stack(self, h0: torch.Tensor, h: torch.Tensor) -> LocalForward:
+        """`local_forward` from a given state h at position 0 (detached; `local_forward` passes
+        h0.detach(), PEPITA its modulated h_0), h0 = embed(x) keeping the embedding's graph."""
         hidden, branches = [h], {}
         for l, block in enumerate(self.model.blocks):
             if self.trainable(l):

@@ -1,0 +1,125 @@
+"""local-loss — local (layer-wise) classifiers: every block learns from an auxiliary classifier on its
+own output (Belilovsky, Eickenberg & Oyallon 2019, "Greedy layerwise learning can scale to ImageNet":
+plain local CE; Nøkland & Eidnes 2019, "Training neural networks with local error signals": predsim,
+CE plus similarity matching).
+
+Auxiliary classifier at residual position l = 0 … L−1 (one per block output below the top, and one at
+h_0 for the embedding), on the flattened state of D = prod(stream_shape) values:
+
+    z_l      = LN(h_l)                               parameter-free LayerNorm over the D values
+    p_l      = A_l z_l + c_l                         Linear(D, C), its own parameters (aux head l)
+    ℓ_aux,l  = (1 − sim) · CE(p_l, y) + sim · L_sim(z_l, y)                         mean over the batch
+    L_sim    = mean_{i,j} (S(z)_{ij} − S(y)_{ij})²,  S(z)_{ij} = cos(z_i, z_j),  S(y)_{ij} = [y_i = y_j]
+
+(predsim's similarity matrix is taken on the normalised state itself, not on the output of an extra
+learned layer as in Nøkland & Eidnes' convolutional nets: a choice, so that the similarity term
+shapes the block's output directly and the aux head stays one Linear.) At the top, h_L, the local
+classifier is the model's own readout, so block L−1 learns from the true CE.
+
+Credit, in per-sample units (N · ∂/∂h of the mean loss, the units of ∂ℓ_i/∂h_i; "direction of
+increasing loss", like every method):
+
+    a_l = N · ∂ℓ_aux,l/∂h_l          l = 0 … L−1     (h_l detached: the aux head's own loss)
+    a_L = ∂ℓ_i/∂h_L                   the readout's CE (exact: the top classifier is the model's)
+    with no blocks: a_0 = ∂ℓ_i/∂h_0
+
+so Γ_l compares the local classifier's gradient ∂ℓ_aux/∂h_l with the true ∂CE/∂h_l (the greedy
+objective against the end-to-end one), and ρ asks whether the local gradient predicts how the
+network's loss changes.
+
+Updates (`LocalMethod.local_gradients`, per-block clip at settings.clip):
+
+    block l:  (f_l(h_l.detach()) · a_{l+1}).sum(-1).mean()   = ℓ_aux,l+1's gradient in block l's
+              parameters (h_{l+1} = h_l.detach() + f_l(h_l.detach()): the block is trained greedily
+              on the classifier at its output)
+    embed:    (embed(x) · a_0).sum(-1).mean()                = ℓ_aux,0's gradient in the embedding
+    head:     CE(readout(h_L.detach()), y)
+    aux head l: ∂ℓ_aux,l/∂(A_l, c_l) at h_l.detach()          own AdamW (lr, wd, cosine schedule)
+
+All of it from one forward (`local_forward`), one input-and-aux-parameter gradient call and the local
+update's backward. The aux heads are initialised from the method's generator (not the global RNG)
+and saved in the checkpoint (`extra_state`), so a resumed run continues bit-identically.
+
+Options: "sim" ∈ [0, 1] (default 0: plain local CE as in Belilovsky et al.; 0.01 is predsim with
+Nøkland & Eidnes' β = 0.99 on the prediction loss).
+
+Measured (MNIST-1D, d = 256, L = 4, batch 128, seed 42, one thread, 5 epochs, sim = 0): test accuracy
+0.536 (bp 0.610), Γ per layer on test batch 0 0.13 / 0.22 / 0.18 / 0.13 / 1.00 (the top credit is
+the true gradient), CPU time per epoch 1.0 s (bp 0.79 s). On digits (d = 32, L = 2) the greedy
+classifiers lag early (0.61 after 6 epochs, bp 0.90) and catch up (0.95 after 20).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .local import LocalMethod
+
+
+def similarity_loss(z: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """L_sim = mean_{i,j} (cos(z_i, z_j) − [y_i = y_j])², z flattened per sample (N, D)."""
+    unit = z / z.norm(dim=-1, keepdim=True)
+    onehot = F.one_hot(y, n_classes).to(z.dtype)
+    return (unit @ unit.T - onehot @ onehot.T).pow(2).mean()
+
+
+class LocalLosses(LocalMethod):
+    name = "local-loss"
+    option_defaults = {"sim": 0.0}
+    option_ranges = {"sim": (0.0, 1.0)}
+    option_help = {"sim": "weight of predsim's similarity-matching term: 0 = plain local CE "
+                          "(Belilovsky et al.), 0.01 = predsim (Nøkland & Eidnes)"}
+
+    def __init__(self, model, settings):
+        super().__init__(model, settings)
+        self.sim = float(self.option(settings.options, "sim"))     # a Python number, read once
+        self.d_flat = math.prod(model.stream_shape)
+        with torch.random.fork_rng(devices=[]):  # built on the CPU from the method's generator only
+            torch.default_generator.manual_seed(int(torch.randint(2 ** 62, (1,), generator=self.gen)))
+            self.aux = nn.ModuleList(nn.Linear(self.d_flat, model.n_classes)
+                                     for _ in range(model.n_blocks))                  # A_l, c_l
+        like = model.head_parameters()[0]
+        self.aux.to(device=like.device, dtype=like.dtype)
+        self.opt = self.add_optimizer(self.local_param_groups())
+        self.aux_opt = self.add_optimizer(self.aux.parameters()) if model.n_blocks else None
+
+    def _aux_loss(self, l: int, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """ℓ_aux,l at the state h (N, …), mean over the batch."""
+        z = F.layer_norm(h.flatten(1), (self.d_flat,))                                 # z_l = LN(h_l)
+        loss = F.cross_entropy(self.aux[l](z), y)
+        if self.sim:
+            loss = (1 - self.sim) * loss + self.sim * similarity_loss(z, y, self.model.n_classes)
+        return loss
+
+    def _credit(self, hidden, y, with_aux: bool):
+        """[a_0 … a_L] at the detached states `hidden`; with_aux: also the aux heads' gradients."""
+        n = len(y)
+        with torch.enable_grad():
+            leaves = [h.detach().requires_grad_(True) for h in hidden]
+            total = F.cross_entropy(self.model.readout(leaves[-1]), y)                # a_L: the readout
+            for l in range(self.model.n_blocks):
+                total = total + self._aux_loss(l, leaves[l], y)
+            params = list(self.aux.parameters()) if with_aux else []
+            grads = torch.autograd.grad(total, leaves + params)
+        for p, g in zip(params, grads[len(leaves):]):
+            p.grad = g
+        return [n * g for g in grads[:len(leaves)]]                    # per-sample units
+
+    def gradients(self, x, y):
+        fwd = self.local_forward(x)
+        credit = self._credit(fwd.hidden, y, with_aux=True)
+        return self.local_gradients(y, fwd, credit)
+
+    @torch.no_grad()
+    def credit(self, x, y):
+        _, hidden = self.model(x, return_hidden=True)
+        return self._credit(hidden, y, with_aux=False)
+
+    def extra_state(self):
+        return {"aux": dict(self.aux.state_dict())}
+
+    def load_extra_state(self, state):
+        self.aux.load_state_dict(state["aux"])
