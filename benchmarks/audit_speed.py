@@ -68,7 +68,8 @@ def main(argv=None) -> None:
     ap.add_argument("--bp-epochs", type=int, default=15, help="epochs of the bp reference run")
     ap.add_argument("--device", default=None, help="passed to both commands (default: theirs)")
     ap.add_argument("--jobs", type=int, default=None, help="passed to the audit")
-    ap.add_argument("--keep", metavar="DIR", help="write the audit(s) into DIR (kept) instead of a temp folder")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="write the audit(s) into DIR (kept) instead of a temp folder")
     ap.add_argument("--stack", choices=("default", "on", "off", "both"), default="default",
                     help="the audit's stacking: its default rule, --stack, --no-stack, or both")
     args = ap.parse_args(argv)

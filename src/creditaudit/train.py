@@ -18,9 +18,12 @@ status.json); the global torch RNG is each member's own while its work runs, and
 checkpoint records. A member that goes non-finite is finished as "diverged" alone (its folder as
 a lone diverged run's) while the others train on; its slices keep stepping, unread (members
 share no arithmetic: AdamW is elementwise, means and norms are per member). In a stack of K > 1,
-`wall_time` is the stack's elapsed time, shared by its members. An early-stop rule, when wanted, is handed in (`verdict.stop_rule`). A killed run
-resumes from its last completed epoch and ends with exactly the weights and metrics of an
-uninterrupted run (CPU, same thread count; on CUDA up to kernel nondeterminism).
+`wall_time` is the stack's elapsed time, shared by its members.
+
+An early-stop rule, when wanted, is handed in (`verdict.stop_rule`). A killed run resumes from
+its last completed epoch and ends with exactly the weights and metrics of an uninterrupted run
+(CPU, same thread count; on CUDA up to kernel nondeterminism); resumed members at one checkpoint
+epoch stack again.
 
 Where and how fast: a run trains on the device it is given, else where its data are, else the CPU
 (never "auto": the command line resolves that). A step touches the host never: the epoch's order
@@ -302,7 +305,8 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
     """Train members that start from one epoch, together, to their end; each folder finished."""
     first = members[0]
     K = len(members)
-    stack = MemberStack([m.method for m in members]) if first.method.on_member_axis(type(first.model)) else None
+    on_axis = first.method.on_member_axis(type(first.model))
+    stack = MemberStack([m.method for m in members]) if on_axis else None
     if stack is None and K > 1:
         raise ValueError(f"{first.config.method} is not on the member axis: its runs train one at a time")
     eval_x, eval_y = data.eval_batch(0)
