@@ -112,8 +112,16 @@ def test_a_nan_in_one_member_leaves_the_others_bit_identical(tmp_path, f64, meth
     configs = [CONFIGS[f"{method}/{t}"] for t in tags]
     clean = train_runs(configs, [tmp_path / f"clean{i}" for i in range(3)], data=f64, progress=False)
     _inject_nan(monkeypatch, member=1, at_step=10)
+    stacks = []
+    real_init = MemberStack.__init__
+    monkeypatch.setattr(MemberStack, "__init__", lambda self, methods: (real_init(self, methods),
+                                                                         stacks.append(self))[0])
     hit = train_runs(configs, [tmp_path / f"hit{i}" for i in range(3)], data=f64, progress=False)
     assert [t.run.status["status"] for t in hit] == ["finished", "diverged", "finished"]
+    # the diverged member was retired: its slices hold its last checkpoint, masked, nothing NaN
+    kept = _weights(tmp_path / "hit1")
+    for name, p in stacks[0].net.params.items():
+        assert torch.isfinite(p).all() and torch.equal(p[1], kept[name]), name
     for i in (0, 2):
         wa, wb = _weights(tmp_path / f"clean{i}"), _weights(tmp_path / f"hit{i}")
         assert all(torch.equal(wa[k], wb[k]) for k in wa)

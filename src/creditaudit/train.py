@@ -16,8 +16,8 @@ this stage) trains as a stack of one through its lone `train_step`, exactly as b
 member's folder is what a lone run writes (config.json, checkpoints, metrics.jsonl, sealed
 status.json); the global torch RNG is each member's own while its work runs, and is what its
 checkpoint records. A member that goes non-finite is finished as "diverged" alone (its folder as
-a lone diverged run's) while the others train on; its slices keep stepping, unread (members
-share no arithmetic: AdamW is elementwise, means and norms are per member). In a stack of K > 1,
+a lone diverged run's) while the others train on, its slices reset to its last checkpoint and
+masked (members share no arithmetic: AdamW is elementwise, means and norms are per member). In a stack of K > 1,
 `wall_time` is the stack's elapsed time, shared by its members.
 
 An early-stop rule, when wanted, is handed in (`verdict.stop_rule`). A killed run resumes from
@@ -299,6 +299,14 @@ def _finish(m: _Member, status: str, message: str, dev: torch.device, wall: floa
     m.run = load_run(m.out, dev)
 
 
+def _retire(stack: MemberStack | None, k: int, m: _Member, live: list[int]) -> None:
+    """Member k's folder is finished: it leaves the live members, and its stack slices are masked
+    at its last checkpoint's weights while the others train on."""
+    live.remove(k)
+    if stack is not None and live:
+        stack.retire(k, m.run.model)
+
+
 def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, progress: bool,
                  stop_rule: StopRule | None, compile_step: bool | None,
                  on_epoch: Callable[[int, Sequence[dict]], None] | None) -> None:
@@ -357,7 +365,7 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
                 _finish(m, "diverged", f"non-finite values at epoch {epoch} (train loss {train_loss}, "
                         f"‖h_l‖ {bad['h_norms']}); kept the checkpoint of epoch {epoch - 1}", dev,
                         record["wall_time"])
-                live.remove(k)          # it keeps stepping with the others, its slices unread
+                _retire(stack, k, m, live)
                 continue
             m.history.append(record)
             _save(m, epoch, data)
@@ -366,7 +374,7 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
             message = stop_rule(m.history) if stop_rule is not None else None
             if message:
                 _finish(m, "stopped", message, dev)
-                live.remove(k)
+                _retire(stack, k, m, live)
         if K == 1 and live:
             bar.set_postfix(loss=f"{losses[0] / len(data.y_train):.3f}",
                             acc=f"{first.history[-1]['test_acc']:.3f}",

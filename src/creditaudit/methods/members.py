@@ -14,6 +14,8 @@ The K lone models and Methods are built exactly as lone runs build them (`runs.b
     frozen       a block some member does not train is masked per member: that member's slices
                  are put back after each AdamW step (no update, no weight decay), so they stay
                  bit-identical to init; a block no member trains is not optimised at all.
+    retired      a member whose run ended (diverged, stopped) before the others: its slices are
+                 reset to its last checkpoint and masked the same way (`retire`).
 
 The step is `member_gradients` of member 0's Method (its knobs, e.g. clip and λ, are every
 member's) followed by the AdamW step and the mask. `sync()` copies each member's weights and
@@ -116,6 +118,19 @@ class MemberStack:
             return self.train_step
         return compiled_step(self.gradients, self.clear_gradients, self.apply_gradients,
                              name=self.name, fallback=fallback, **compile_options)
+
+    @torch.no_grad()
+    def retire(self, k: int, model: torch.nn.Module) -> None:
+        """Member k's run has ended (diverged, stopped) while the others train on: its slices take
+        `model`'s weights (its folder's last checkpoint, finite) and are masked from now on like a
+        frozen block's, so nothing non-finite of it enters the stack's arithmetic again."""
+        idx = torch.tensor([k], device=self.net.params["embed.weight"].device)
+        optimised = {id(p) for p in self.params}
+        for name, p in model.named_parameters():
+            stacked = self.net.params[name]
+            stacked[k] = p.detach()
+            if id(stacked) in optimised:
+                self.frozen.append((stacked, idx, stacked.detach()[idx].clone()))
 
     @torch.no_grad()
     def sync(self) -> None:
