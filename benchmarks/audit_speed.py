@@ -14,8 +14,13 @@ and prints as the last line
     python benchmarks/audit_speed.py                          # the whole quick audit (slow on CPU)
     python benchmarks/audit_speed.py --methods bp dfa --epochs 3
     python benchmarks/audit_speed.py --device cpu --jobs 2
+    python benchmarks/audit_speed.py --methods bp dfa --epochs 3 --stack both
 
-Runs trained in one stack (creditaudit.stacked) record the stack's elapsed time as their
+--stack on|off passes --stack / --no-stack to the audit (default: the audit's own rule, stacks on
+CUDA only); --stack both times the audit stacked and lone in the same invocation (stacked first)
+and prints `audit_cost_in_bp_runs_lone=…` before the last line, which is then the stacked one.
+
+Runs trained in one stack (train.train_runs, K > 1) record the stack's elapsed time as their
 wall_time, so a stacked method's per-run times overlap: its sum over-counts its share, and the
 breakdown says "stacked" when the runs of a method report equal times.
 """
@@ -63,25 +68,33 @@ def main(argv=None) -> None:
     ap.add_argument("--bp-epochs", type=int, default=15, help="epochs of the bp reference run")
     ap.add_argument("--device", default=None, help="passed to both commands (default: theirs)")
     ap.add_argument("--jobs", type=int, default=None, help="passed to the audit")
-    ap.add_argument("--keep", metavar="DIR", help="write the audit into DIR (kept) instead of a temp folder")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="write the audit(s) into DIR (kept) instead of a temp folder")
+    ap.add_argument("--stack", choices=("default", "on", "off", "both"), default="default",
+                    help="the audit's stacking: its default rule, --stack, --no-stack, or both")
     args = ap.parse_args(argv)
 
+    modes = {"default": [None], "on": ["--stack"], "off": ["--no-stack"], "both": ["--stack", "--no-stack"]}
     with tempfile.TemporaryDirectory(prefix="audit_speed_") as tmp:
         tmp = Path(tmp)
-        audit_dir = Path(args.keep) if args.keep else tmp / "audit"
-        if args.keep and audit_dir.exists():
-            sys.exit(f"{audit_dir} exists: the timing needs a fresh folder")
-        audit_args = ["audit", "--preset", "quick", "--out", str(audit_dir), "--quiet"]
-        if args.methods:
-            audit_args += ["--methods", *args.methods]
-        if args.epochs:
-            audit_args += ["--epochs", str(args.epochs)]
-        if args.device:
-            audit_args += ["--device", args.device]
-        if args.jobs is not None:
-            audit_args += ["--jobs", str(args.jobs)]
-        audit_s = run_command(audit_args, ok=(0, 3))     # 3: some method incomplete, still a full audit
-        per = breakdown(audit_dir)
+        audits = []
+        for flag in modes[args.stack]:
+            audit_dir = Path(args.keep) / (flag or "audit").lstrip("-") if args.keep else tmp / f"audit{flag}"
+            if audit_dir.exists():
+                sys.exit(f"{audit_dir} exists: the timing needs a fresh folder")
+            audit_args = ["audit", "--preset", "quick", "--out", str(audit_dir), "--quiet"]
+            if args.methods:
+                audit_args += ["--methods", *args.methods]
+            if args.epochs:
+                audit_args += ["--epochs", str(args.epochs)]
+            if args.device:
+                audit_args += ["--device", args.device]
+            if args.jobs is not None:
+                audit_args += ["--jobs", str(args.jobs)]
+            if flag:
+                audit_args.append(flag)
+            seconds = run_command(audit_args, ok=(0, 3))  # 3: some method incomplete, still a full audit
+            audits.append((flag, seconds, breakdown(audit_dir)))
 
         bp_args = ["train", "--method", "bp", "--dataset", "mnist1d", "--epochs", str(args.bp_epochs),
                    "--quiet", "--out", str(tmp / "bp")]
@@ -89,14 +102,18 @@ def main(argv=None) -> None:
             bp_args += ["--device", args.device]
         bp_s = run_command(bp_args)
 
-    print(f"audit (quick preset{', methods ' + ' '.join(args.methods) if args.methods else ''}"
-          f"{', ' + str(args.epochs) + ' epochs' if args.epochs else ''}): {audit_s:.1f} s as a whole command")
-    print(f"{'method':<14}{'runs':>6}{'sum wall_time s':>18}{'mean per run s':>16}")
-    for method, walls in sorted(per.items(), key=lambda kv: -sum(kv[1])):
-        note = "  (stacked: shared times)" if len(walls) > 1 and len(set(walls)) < len(walls) else ""
-        print(f"{method:<14}{len(walls):>6}{sum(walls):>18.1f}{sum(walls) / len(walls):>16.1f}{note}")
+    for flag, audit_s, per in audits:
+        print(f"audit (quick preset{', methods ' + ' '.join(args.methods) if args.methods else ''}"
+              f"{', ' + str(args.epochs) + ' epochs' if args.epochs else ''}{', ' + flag if flag else ''}): "
+              f"{audit_s:.1f} s as a whole command")
+        print(f"{'method':<14}{'runs':>6}{'sum wall_time s':>18}{'mean per run s':>16}")
+        for method, walls in sorted(per.items(), key=lambda kv: -sum(kv[1])):
+            note = "  (stacked: shared times)" if len(walls) > 1 and len(set(walls)) < len(walls) else ""
+            print(f"{method:<14}{len(walls):>6}{sum(walls):>18.1f}{sum(walls) / len(walls):>16.1f}{note}")
     print(f"bp run ({args.bp_epochs} epochs, mnist1d): {bp_s:.1f} s as a whole command")
-    print(f"audit_cost_in_bp_runs={audit_s / bp_s:.2f}")
+    for flag, audit_s, _ in reversed(audits):
+        print(f"audit_cost_in_bp_runs{'_lone' if flag == '--no-stack' and len(audits) > 1 else ''}"
+              f"={audit_s / bp_s:.2f}")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,10 @@ on a GPU unless --no-compile, eager on a CPU), and prints per row
   * GPU busy       fraction of that wall time the GPU spends in kernels (torch.profiler over one
                    block of steps; the profiler's own overhead makes it a lower bound), with the
                    kernels launched per step; "n/a (no CUDA)" on a CPU;
-  * stacked        run-epochs/s of a stack of `--runs` members (creditaudit.stacked.StackTrainer)
-                   where stacking exists (ResMLP × bp, fa, dfa, dfa-penalty), against the serial
-                   rate; "—" elsewhere (those runs train serially).
+  * stacked        run-epochs/s of a stack of `--runs` members (methods.members.MemberStack, the
+                   one trainer's step) where the method is on the member axis for the
+                   architecture (ResMLP × bp, fa, dfa, dfa-penalty), against the lone rate; "—"
+                   elsewhere (those runs train as stacks of one).
 
 Then the projected wall time of the paper's reproduction on this device: `--project-seeds` seeds ×
 (main run + frozen + shallow control) of every timed ResMLP method × `--project-epochs` epochs of
@@ -40,8 +41,8 @@ from creditaudit.methods import METHODS
 from creditaudit.model import ARCHITECTURES
 from creditaudit.runs import build_method, build_model, resolve_device
 from creditaudit.seeding import derived_generator
-from creditaudit.stacked import STACKABLE_ARCHS, STACKABLE_METHODS, StackTrainer
-from creditaudit.train import compile_mode_for, precision_context, step_runner
+from creditaudit.methods.members import MemberStack
+from creditaudit.train import can_stack, compile_mode_for, precision_context, step_runner
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
@@ -81,17 +82,19 @@ def serial_step(config: RunConfig, data: ArrayDataset, device: torch.device, com
     return one
 
 
-def stacked_step(configs, data, device):
-    """One stacked step of all members (StackTrainer, each member's own data stream)."""
+def stacked_step(configs, data, device, compile_step):
+    """One step of all members as one stack (MemberStack, each member's own data stream), compiled
+    as the trainer compiles it."""
     models = [build_model(c, data.input_shape, data.n_classes).to(device) for c in configs]
-    methods = [build_method(c, m) for c, m in zip(configs, models)]
-    trainer = StackTrainer(configs, models, methods, device)
+    stack = MemberStack([build_method(c, m) for c, m in zip(configs, models)])
+    mode = compile_mode_for(device, compile_step)
+    step = stack.step_function(fallback=True, mode=mode) if mode is not None else stack.train_step
     streams = [batches_forever(data, configs[0].batch_size, derived_generator(c.seed, "data"))
                for c in configs]
 
     def one():
         batch = [next(s) for s in streams]
-        trainer.train_step(torch.stack([b[0] for b in batch]), torch.stack([b[1] for b in batch]))
+        step(torch.stack([b[0] for b in batch]), torch.stack([b[1] for b in batch]))
     return one
 
 
@@ -180,9 +183,9 @@ def main(argv=None) -> None:
             busy_s = "n/a (no CUDA)" if busy is None else f"{busy[0]:.0%} ({busy[1]:.0f} kernels)"
             serial_rate = 1.0 / (t * steps_per_epoch)
             stacked_s, rate = "—", serial_rate
-            if arch in STACKABLE_ARCHS and name in STACKABLE_METHODS and args.runs > 1:
+            if can_stack(config) and args.runs > 1:
                 configs = [config.replace(seed=s) for s in range(args.runs)]
-                ts = seconds_per_step(stacked_step(configs, data, device), device, args.steps,
+                ts = seconds_per_step(stacked_step(configs, data, device, compile_step), device, args.steps,
                                       args.warmup, args.rounds)
                 rate = args.runs / (ts * steps_per_epoch)
                 stacked_s = f"{rate:.3f} (N={args.runs})"

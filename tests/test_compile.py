@@ -13,7 +13,7 @@ import torch
 
 from creditaudit.data import ArrayDataset
 from creditaudit.methods import METHODS, MethodSettings, method_class
-from creditaudit.model import build_model
+from creditaudit.model import ResidualMLP, build_model
 
 BUILT_IN = tuple(METHODS)          # every built-in method (the registry)
 SIZES = {"resmlp": dict(width=16, blocks=2), "vit-mini": dict(width=8, blocks=2, options={"heads": 2, "patch": 4}),
@@ -111,3 +111,36 @@ def test_a_step_on_the_device_never_synchronises(device):
                 method.train_step(x, y)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("name", [m for m, cls in METHODS.items() if cls.on_member_axis(ResidualMLP)])
+def test_the_member_step_compiles_whole_without_recompiling(name, device):
+    """A stack of 3 members (two seeds and a frozen control) on the member axis: its `gradients`
+    compiles with fullgraph=True, a second and later batches reuse the graph, and the compiled
+    stack's update is the eager stack's."""
+    from creditaudit.methods.members import MemberStack
+    torch._dynamo.reset()
+
+    def stack():
+        methods = []
+        for seed, blocks in ((0, (0, 1)), (1, (0, 1)), (0, ())):
+            torch.manual_seed(seed)
+            model = build_model("resmlp", (12,), 10, width=16, blocks=2, w2_std=0.3).to(device, torch.float64)
+            settings = MethodSettings(epochs=3, seed=seed, lr=1e-2, trainable_blocks=blocks)
+            methods.append(method_class(name)(model, settings))
+        return MemberStack(methods)
+    eager, compiled = stack(), stack()
+    step = compiled.step_function(backend="eager")
+    assert step != compiled.train_step
+    for i, (x, y) in enumerate(batches("resmlp", device, k=3)):
+        xs = torch.stack([x, x.flip(0), x])
+        ys = torch.stack([y, y.flip(0), y])
+        want = eager.train_step(xs, ys)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            got = step(xs, ys)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for k, p in eager.net.params.items():
+        torch.testing.assert_close(compiled.net.params[k], p, rtol=1e-12, atol=1e-12, msg=k)
+    for p, q in zip(eager.params, compiled.params):
+        torch.testing.assert_close(compiled.opt.state[q]["exp_avg"], eager.opt.state[p]["exp_avg"],
+                                   rtol=1e-12, atol=1e-12)

@@ -41,7 +41,7 @@ def test_a_library_call_runs_where_its_inputs_are(tmp_path, device, monkeypatch)
     "auto", it would get the `meta` device and every number below would be unreadable."""
     from creditaudit.experiments import eval_batches
     from creditaudit.experiments.common import diagnose_run
-    from creditaudit.stacked import train_stack
+    from creditaudit.train import train_runs
     from creditaudit.train import train_run
     monkeypatch.setattr(runs, "resolve_device", lambda *a, **k: torch.device("meta"))
     if device.type == "cpu":      # and a resolver bound elsewhere would pick a GPU that is not there
@@ -56,9 +56,10 @@ def test_a_library_call_runs_where_its_inputs_are(tmp_path, device, monkeypatch)
     assert report.verdict.split(":")[0] in ("trustworthy", "walk back", "incomplete")
     assert all(v == v for v in report.residual_norms)                    # real numbers, not meta
     assert runs.load_run(tmp_path / "run").model.out_head.weight.device.type == "cpu"
-    records = train_stack([config.replace(seed=1), config.replace(seed=2)],
-                          [tmp_path / "s1", tmp_path / "s2"], data=data)
-    assert [r["status"] for r in records] == ["finished", "finished"]
+    trained = train_runs([config.replace(seed=1), config.replace(seed=2)],
+                         [tmp_path / "s1", tmp_path / "s2"], data=data, progress=False)
+    assert [t.run.status["status"] for t in trained] == ["finished", "finished"]
+    assert [t.stack_size for t in trained] == [2, 2]
 
 
 def test_a_python_audit_without_a_device_runs_on_the_cpu(tmp_path, monkeypatch):

@@ -375,7 +375,7 @@ def test_clip_travels_from_toml_to_the_step_and_back_from_the_run_folder(tmp_pat
     runs that differ only in clip never share a stack."""
     from creditaudit.config import audit_config_from_dict
     from creditaudit.runs import build_method, build_model, load_run
-    from creditaudit.stacked import group_stacks
+    from creditaudit.train import group_stacks
     from creditaudit.train import train_run
     audit = audit_config_from_dict({"dataset": "digits", "methods": ["dfa"], "seeds": [1],
                                     "training": {"clip": 1e-3}, "model": {"width": 16, "blocks": 2}})

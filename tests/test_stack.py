@@ -1,4 +1,4 @@
-"""Stacked training (creditaudit.stacked) equals the serial trainer member by member.
+"""A stack of K members on the one trainer (`train.train_runs`) equals K lone runs member by member.
 
 float64 end to end (default dtype + a dataset whose batches come out in float64), so the only
 difference between a stacked member and its serial run is floating-point reassociation of batched
@@ -6,28 +6,18 @@ vs plain matmuls: the bound checked is 1e-9 relative (measured ≤ 5e-16 after 3
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
 from creditaudit import store
 from creditaudit.config import RunConfig
-from creditaudit.data import ArrayDataset, load_dataset
+from member_reference import f64_synthetic
 from creditaudit.runs import load_run, read_status
-from creditaudit.stacked import can_stack, group_stacks, stack_key, train_stack
-from creditaudit.train import train_run
+from creditaudit.experiments.common import StackJob, stack_job
+from creditaudit.train import can_stack, group_stacks, stack_key, train_run, train_runs
 
 TINY = dict(dataset="synthetic", width=16, blocks=2, epochs=3, batch_size=128)
 RTOL = 1e-9
-
-
-@dataclass
-class F64Dataset(ArrayDataset):
-    """The same batches as ArrayDataset, in float64."""
-
-    def prepare(self, x, train=False, gen=None, draws=None):
-        return super().prepare(x, train, gen, draws).double()
 
 
 @pytest.fixture
@@ -36,11 +26,15 @@ def f64(device):
     the test device."""
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
-    d = load_dataset("synthetic")
-    # 1024 train / 500 test samples: 8 batches per epoch, a small last eval chunk
-    yield F64Dataset(d.name, d.x_train[:1024], d.y_train[:1024], d.x_test, d.y_test,
-                     d.n_classes).to(device)
+    yield f64_synthetic(device)
     torch.set_default_dtype(before)
+
+
+def train_stack(configs, dirs, data):
+    """The records a worker's stack job returns, for a stack trained on `data` (train.train_runs)."""
+    trained = train_runs(configs, dirs, data=data, progress=False)
+    return [{"status": t.run.status["status"], "trained": t.trained, "stacked": t.stack_size > 1,
+             "stack_size": t.stack_size} for t in trained]
 
 
 def _members(method: str) -> list[RunConfig]:
@@ -146,8 +140,9 @@ def test_stacked_folder_is_reused_and_finished_members_skipped(tmp_path, f64):
     assert [r["trained"] for r in again] == [False, False]
 
 
-def test_member_with_later_checkpoint_resumes_serially(tmp_path, f64, monkeypatch):
-    """A stack member killed after epoch 1 resumes serially and ends exactly like a serial run."""
+def test_members_with_later_checkpoints_resume(tmp_path, f64, monkeypatch):
+    """A stack killed after its members saved epoch 1 resumes each member from its own last
+    checkpoint (members at one epoch stacked again) and ends exactly like a lone run."""
     configs = _members("bp")[:3]
     dirs = [tmp_path / f"m{i}" for i in range(3)]
     real_save = store.save_checkpoint
@@ -162,11 +157,13 @@ def test_member_with_later_checkpoint_resumes_serially(tmp_path, f64, monkeypatc
     monkeypatch.setattr(store, "save_checkpoint", real_save)
     records = train_stack(configs, dirs, data=f64)
     assert [r["status"] for r in records] == ["finished"] * 3
-    assert [r["stacked"] for r in records] == [False, False, False]   # m0, m1 resumed; m2 alone
-    serial = train_run(configs[1], tmp_path / "serial", data=f64, progress=False)
-    got = load_run(dirs[1]).model.state_dict()
-    for name, w in serial.model.state_dict().items():
-        assert _rel(got[name], w) < RTOL
+    # m0 and m1 resume from their epoch-1 checkpoints as one stack; m2 (epoch 0 only) alone
+    assert [r["stacked"] for r in records] == [True, True, False]
+    for i in range(3):
+        serial = train_run(configs[i], tmp_path / f"serial{i}", data=f64, progress=False)
+        got = load_run(dirs[i]).model.state_dict()
+        for name, w in serial.model.state_dict().items():
+            assert _rel(got[name], w) < RTOL
 
 
 def test_grouping():
@@ -181,11 +178,11 @@ def test_grouping():
 
 def test_stack_job(tmp_path, device):
     """The worker function run_all's integration hook maps over stacks (float32, real loader)."""
-    from creditaudit.stacked import StackJob, stack_job
     base = RunConfig(method="fa", dataset="synthetic", width=16, blocks=2, epochs=1, batch_size=256)
     configs = [base, base.replace(seed=7)]
     dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
     res = stack_job(StackJob([c.to_dict() for c in configs], dirs, "data", str(device), 1))
+    assert [r["stack_size"] for r in res["members"]] == [2, 2]
     assert [r["status"] for r in res["members"]] == ["finished", "finished"]
     assert all(r["stacked"] for r in res["members"])
     assert load_run(dirs[1]).finished

@@ -626,7 +626,7 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     from .data import DATASET_NAMES
     from .methods import METHODS
     from .model import ARCHITECTURES
-    from .stacked import STACKABLE_ARCHS, STACKABLE_METHODS
+    from .train import stackable
     h = lambda name: f"{field_help(AuditConfig, name)} (default: from the preset or config file)"
     p.add_argument("--preset", choices=PRESET_NAMES,
                    help="quick: MNIST-1D, no download, 15 epochs; paper: CIFAR-10, 100 epochs "
@@ -661,7 +661,7 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     stacking = p.add_mutually_exclusive_group()
     stacking.add_argument("--stack", dest="stack", action="store_const", const=True,
                           help=f"train runs of one model shape as one batched stack "
-                               f"({', '.join(STACKABLE_METHODS)} on {', '.join(STACKABLE_ARCHS)}) "
+                               f"({stackable()}) "
                                "(default: on CUDA only, where it pays)")
     stacking.add_argument("--no-stack", dest="stack", action="store_const", const=False,
                           help="train every run on its own, to compare (default: on CUDA only)")

@@ -1,11 +1,29 @@
-"""The trainer: runs any method plug-in on any dataset, epoch by epoch, into a run folder.
+"""The one trainer: runs any method plug-in on any dataset, epoch by epoch, into run folders.
 
-It knows nothing about a method's update rule or about verdicts: it draws batches, calls
-`method.train_step`, steps the schedules, evaluates, records the training-time monitor ((a), (b),
-(b′) statistics and accuracy on one fixed eval batch, plus the method's own `epoch_log`), and
-checkpoints. An early-stop rule, when wanted, is handed in (`verdict.stop_rule`). A killed run
-resumes from its last completed epoch and ends with exactly the weights and metrics of an
-uninterrupted run (CPU, same thread count; on CUDA up to kernel nondeterminism).
+It knows nothing about a method's update rule or about verdicts: it draws batches, calls the
+step, steps the schedules, evaluates, records the training-time monitor ((a), (b), (b′)
+statistics and accuracy on one fixed eval batch, plus the method's own `epoch_log`), and
+checkpoints.
+
+A single run is a stack of one (SPEC §8). `train_runs` trains K runs that share a model shape
+and everything but their seed and trainable blocks (`stack_key`) as one stack: when their method
+is on the member axis for the architecture (`Method.on_member_axis`: bp, fa, dfa, dfa-penalty on
+the ResMLP), the step is `methods.members.MemberStack`'s — one batched step of every member on
+(K, B, …) batches, each member with its own data order, init, feedback draws, clipping, frozen
+mask, AdamW state and LR schedule — and `train_run` is `train_runs` of one. A method that is not
+on the member axis (ep, sb, cb, a user's `PKG:CLASS`, any method on vit-mini / resnet-small in
+this stage) trains as a stack of one through its lone `train_step`, exactly as before. Each
+member's folder is what a lone run writes (config.json, checkpoints, metrics.jsonl, sealed
+status.json); the global torch RNG is each member's own while its work runs, and is what its
+checkpoint records. A member that goes non-finite is finished as "diverged" alone (its folder as
+a lone diverged run's) while the others train on, its slices reset to its last checkpoint and
+masked (members share no arithmetic: AdamW is elementwise, means and norms are per member). In a stack of K > 1,
+`wall_time` is the stack's elapsed time, shared by its members.
+
+An early-stop rule, when wanted, is handed in (`verdict.stop_rule`). A killed run resumes from
+its last completed epoch and ends with exactly the weights and metrics of an uninterrupted run
+(CPU, same thread count; on CUDA up to kernel nondeterminism); resumed members at one checkpoint
+epoch stack again.
 
 Where and how fast: a run trains on the device it is given, else where its data are, else the CPU
 (never "auto": the command line resolves that). A step touches the host never: the epoch's order
@@ -20,8 +38,10 @@ a Python caller and the test suite pay no compilation unless they ask).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -33,7 +53,10 @@ from . import store
 from .config import RunConfig
 from .data import ArrayDataset, load_dataset
 from .errors import CreditAuditError
+from .methods import METHODS, method_class
+from .methods.members import MemberStack
 from .metrics import accuracy, monitor_snapshot
+from .model import ARCH_CLASSES
 from .runs import Run, as_device, build_method, build_model, data_shape, existing_run_is_done, load_run
 from .seeding import derived_generator
 
@@ -90,7 +113,8 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
               progress: bool = True, stop_rule: StopRule | None = None,
               compile_step: bool | None = False,
               on_epoch: Callable[[Sequence[dict]], None] | None = None) -> Run:
-    """Train `config` into folder `out`, resuming from its checkpoint if one exists.
+    """Train `config` into folder `out`, resuming from its checkpoint if one exists: a stack of
+    one (`train_runs`).
 
     A folder holding a different config (any field, the data digest and code version included) is
     refused. A finished run is returned as is. An unbound `config` (data_digest None) is bound to
@@ -104,93 +128,261 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
     step (False, the default: eager; None: on CUDA only; `compile_mode_for`). Neither changes the
     run's config.
     """
-    out = Path(out)
+    return train_runs([config], [out], data_dir=data_dir, device=device, data=data, progress=progress,
+                      stop_rule=stop_rule, compile_step=compile_step,
+                      on_epoch=None if on_epoch is None else (lambda i, history: on_epoch(history)))[0].run
+
+
+# -- which runs stack ---------------------------------------------------------------------------
+def can_stack(config: RunConfig) -> bool:
+    """Whether `config` can share a stack with other runs: its method is on the member axis for
+    its architecture (`Method.on_member_axis`), and no early-stop rule reads its monitor (such a
+    run trains as a stack of one)."""
+    if config.stop_when_flagged is not None:
+        return False
+    return method_class(config.method).on_member_axis(ARCH_CLASSES[config.arch])
+
+
+def stackable() -> str:
+    """The built-in methods on the member axis, per architecture, in words (for --help)."""
+    parts = []
+    for arch, cls in ARCH_CLASSES.items():
+        names = [name for name, m in METHODS.items() if m.on_member_axis(cls)]
+        if names:
+            parts.append(f"{', '.join(names)} on {arch}")
+    return "; ".join(parts)
+
+
+def stack_key(config: RunConfig) -> str:
+    """Configs with equal keys can share a stack: every field of the run but its seed and
+    trainable blocks (so a new RunConfig field separates stacks without touching this)."""
+    return json.dumps({k: v for k, v in config.to_dict().items() if k not in ("seed", "trainable_blocks")},
+                      sort_keys=True)
+
+
+def group_stacks(configs: Sequence[RunConfig], max_size: int | None = None) -> list[list[int]]:
+    """Indices of `configs` grouped into stacks (first-seen order; each group at most `max_size`);
+    a config that cannot stack is a group of its own."""
+    groups: dict[Any, list[int]] = {}
+    for i, c in enumerate(configs):
+        key = stack_key(c) if can_stack(c) else ("alone", i)
+        groups.setdefault(key, []).append(i)
+    out = []
+    for idx in groups.values():
+        size = max_size or len(idx)
+        out.extend(idx[j:j + size] for j in range(0, len(idx), size))
+    return out
+
+
+# -- the one trainer --------------------------------------------------------------------------
+@dataclass
+class Trained:
+    """One run of `train_runs`: its folder read back, and how many runs its last stack held."""
+
+    run: Run
+    stack_size: int
+    trained: bool
+
+
+@dataclass
+class _Member:
+    """A run inside a stack: its lone model and Method (the folder's view of it), its data order
+    and its global torch RNG state, its history."""
+
+    config: RunConfig
+    out: Path
+    model: torch.nn.Module
+    method: Any
+    data_gen: torch.Generator
+    rng: torch.Tensor
+    history: list[dict] = field(default_factory=list)
+    run: Run | None = None                 # set once the member's folder is finished
+
+
+def train_runs(configs: Sequence[RunConfig], outs: Sequence[str | Path], *,
+               data_dir: str | Path | None = None, device: str | torch.device | None = None,
+               data: ArrayDataset | None = None, progress: bool = True,
+               stop_rule: StopRule | None = None, compile_step: bool | None = False,
+               on_epoch: Callable[[int, Sequence[dict]], None] | None = None) -> list[Trained]:
+    """Train runs that can share a stack (one `stack_key`, all `can_stack`; or a single run of
+    any method) into their folders: THE trainer. Members that start from the same epoch (fresh
+    runs; resumed runs at one checkpoint epoch) train as one stack on the member axis when their
+    method is on it (`methods.members.MemberStack`), a lone run as a stack of one; a run of a
+    method that is not on the member axis trains through its lone `train_step`. Each member's
+    folder is what a lone run writes. Finished folders are returned as they are. Raises what
+    `train_run` raises. on_epoch(i, history): after each recorded epoch of member i."""
+    configs, outs = list(configs), [Path(o) for o in outs]
+    if len(configs) != len(outs):
+        raise ValueError("train_runs needs one folder per config")
+    if len(configs) > 1 and (len({stack_key(c) for c in configs}) > 1 or not all(map(can_stack, configs))):
+        raise ValueError("train_runs trains several runs only as one stack: configs that can_stack "
+                         "and share one stack_key")
     dev = as_device(device, data.device if data is not None else None)
-    if config.data_digest is None:      # the data's contents are part of the run: bind them first
-        data = data if data is not None else load_dataset(config.dataset, data_dir, dev)
-        config = config.bind_data(data.digest)
-    if existing_run_is_done(out, config):
-        return load_run(out, dev)
-    data = data if data is not None else load_dataset(config.dataset, data_dir, dev)
-    config.bind_data(data.digest)       # other data than the config's are refused, not trained on;
-    data = data.to(dev)                 # digested before the move: cached on the caller's object
-    try:                # after the data loaded: a refused dataset leaves no half-made run folder
+    if any(c.data_digest is None for c in configs):   # the data's contents are part of each run
+        data = data if data is not None else load_dataset(configs[0].dataset, data_dir, dev)
+        configs = [c.bind_data(data.digest) for c in configs]
+    results: list[Trained | None] = [None] * len(configs)
+    for i, (c, o) in enumerate(zip(configs, outs)):
+        if existing_run_is_done(o, c):
+            results[i] = Trained(load_run(o, dev), 1, False)
+    todo = [i for i, r in enumerate(results) if r is None]
+    if not todo:
+        return results                                   # type: ignore[return-value]
+    data = data if data is not None else load_dataset(configs[0].dataset, data_dir, dev)
+    for i in todo:
+        configs[i].bind_data(data.digest)  # other data than the config's are refused, not trained on;
+    data = data.to(dev)                    # digested before the move: cached on the caller's object
+    members = {i: _start_member(configs[i], outs[i], data, dev) for i in todo}
+    by_epoch: dict[int, list[int]] = {}
+    for i in todo:                         # a stack's members step together: one start epoch each
+        by_epoch.setdefault(members[i].history[-1]["epoch"] if members[i].history else 0, []).append(i)
+    for group in by_epoch.values():
+        _train_stack([members[i] for i in group], data, dev, progress, stop_rule, compile_step,
+                     None if on_epoch is None else (lambda j, h, group=group: on_epoch(group[j], h)))
+        for i in group:
+            results[i] = Trained(members[i].run, len(group), True)
+    return results                                       # type: ignore[return-value]
+
+
+def _start_member(config: RunConfig, out: Path, data: ArrayDataset, dev: torch.device) -> _Member:
+    """The member of a run folder: resumed from its checkpoint, else built as a lone run builds
+    it (model from the seed, then the Method and its draws), with the global RNG state that
+    follows; its config written first."""
+    try:            # after the data loaded: a refused dataset leaves no half-made run folder
         out.mkdir(parents=True, exist_ok=True)
         store.atomic_write_json(out / "config.json", config.to_dict())
     except OSError as err:
         raise _write_error(out, err, None) from None
-
     data_gen = derived_generator(config.seed, "data")
-    history: list[dict] = []
     if store.has_checkpoint(out):
         run = load_run(out, dev)
-        model, method, history = run.model, run.method, run.history
         data_gen.set_state(run.state["data_gen"])
-        torch.set_rng_state(run.state["torch_rng"])
-    else:
-        model = build_model(config, data.input_shape, data.n_classes).to(dev)
-        method = build_method(config, model)
+        return _Member(config, out, run.model, run.method, data_gen, run.state["torch_rng"], run.history)
+    model = build_model(config, data.input_shape, data.n_classes).to(dev)
+    method = build_method(config, model)
+    return _Member(config, out, model, method, data_gen, torch.get_rng_state())
+
+
+@contextlib.contextmanager
+def _own_rng(m: _Member):
+    """The global torch RNG is the member's own while its work runs (its lone steps, its monitor
+    line); the state it leaves is kept as the member's. After a stack, the global RNG holds the
+    last member's state: for a lone run its own, as a lone trainer leaves it."""
+    torch.set_rng_state(m.rng)
+    try:
+        yield
+    finally:
+        m.rng = torch.get_rng_state()
+
+
+def _save(m: _Member, epoch: int, data: ArrayDataset) -> None:
+    try:
+        store.save_checkpoint(m.out, epoch, {
+            "model": m.model.state_dict(), "method": m.method.state_dict(),
+            "data_gen": m.data_gen.get_state(), "torch_rng": m.rng, "history": m.history,
+        }, {**data_shape(data), "label": m.config.label}, m.config.to_dict())
+        store.write_metrics(m.out, m.history)
+    except (OSError, SafetensorError) as err:  # safetensors reports ENOSPC/EFBIG as its own error
+        raise _write_error(m.out, err, epoch - 1 if epoch else None) from None
+
+
+def _finish(m: _Member, status: str, message: str, dev: torch.device, wall: float | None = None) -> None:
+    last = m.history[-1]
+    try:
+        store.write_sealed_json(m.out / "status.json", store.json_safe({
+            "status": status, "message": message, "epochs_completed": last["epoch"],
+            "epochs_planned": m.config.epochs, "test_acc": last["test_acc"],
+            "wall_time": last["wall_time"] if wall is None else wall,
+            "checkpoint": store.checkpoint_digest(m.out)}))
+    except OSError as err:
+        raise _write_error(m.out, err, last["epoch"]) from None
+    m.run = load_run(m.out, dev)
+
+
+def _retire(stack: MemberStack | None, k: int, m: _Member, live: list[int]) -> None:
+    """Member k's folder is finished: it leaves the live members, and its stack slices are masked
+    at its last checkpoint's weights while the others train on."""
+    live.remove(k)
+    if stack is not None and live:
+        stack.retire(k, m.run.model)
+
+
+def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, progress: bool,
+                 stop_rule: StopRule | None, compile_step: bool | None,
+                 on_epoch: Callable[[int, Sequence[dict]], None] | None) -> None:
+    """Train members that start from one epoch, together, to their end; each folder finished."""
+    first = members[0]
+    K = len(members)
+    on_axis = first.method.on_member_axis(type(first.model))
+    stack = MemberStack([m.method for m in members]) if on_axis else None
+    if stack is None and K > 1:
+        raise ValueError(f"{first.config.method} is not on the member axis: its runs train one at a time")
     eval_x, eval_y = data.eval_batch(0)
-
-    def save(epoch: int) -> None:
-        try:
-            store.save_checkpoint(out, epoch, {
-                "model": model.state_dict(), "method": method.state_dict(),
-                "data_gen": data_gen.get_state(), "torch_rng": torch.get_rng_state(),
-                "history": history,
-            }, {**data_shape(data), "label": config.label}, config.to_dict())
-            store.write_metrics(out, history)
-        except (OSError, SafetensorError) as err:  # safetensors reports ENOSPC/EFBIG as its own error
-            raise _write_error(out, err, epoch - 1 if epoch else None) from None
-
-    def finish(status: str, message: str, wall: float | None = None) -> Run:
-        last = history[-1]
-        try:
-            store.write_sealed_json(out / "status.json", store.json_safe({
-                "status": status, "message": message, "epochs_completed": last["epoch"],
-                "epochs_planned": config.epochs, "test_acc": last["test_acc"],
-                "wall_time": last["wall_time"] if wall is None else wall,
-                "checkpoint": store.checkpoint_digest(out)}))
-        except OSError as err:
-            raise _write_error(out, err, last["epoch"]) from None
-        return load_run(out, dev)
-
-    t0 = time.perf_counter() - (history[-1]["wall_time"] if history else 0.0)
-    if not history:  # epoch 0: the model at init, the reference for every later growth figure
-        history.append(_record(0, None, model, data, eval_x, eval_y, 0.0, {}))
-        save(0)
-    if on_epoch is not None:
-        on_epoch(history)
-    start = history[-1]["epoch"]
-    bar = tqdm(range(start + 1, config.epochs + 1), desc=config.label, disable=not progress,
-               initial=start, total=config.epochs, leave=False)
-    step = step_runner(method, compile_mode_for(dev, compile_step))
-    for epoch in bar:
-        model.train()
-        loss_sum = torch.zeros((), device=dev)
-        with precision_context(config.precision, dev):
-            for x, y in data.train_batches(config.batch_size, data_gen):
-                loss_sum += step(x, y).float() * len(y)
-        method.end_epoch()
-        train_loss = float(loss_sum) / len(data.y_train)
-        record = _record(epoch, train_loss, model, data, eval_x, eval_y, time.perf_counter() - t0,
-                         method.epoch_log())
-        if not (_finite(train_loss) and all(_finite(v) for v in record["h_norms"])
-                and weights_finite(model)):
-            bad = store.json_safe(record)
-            return finish("diverged", f"non-finite values at epoch {epoch} (train loss {train_loss}, "
-                          f"‖h_l‖ {bad['h_norms']}); kept the checkpoint of epoch {epoch - 1}",
-                          record["wall_time"])
-        history.append(record)
-        save(epoch)
+    t0 = time.perf_counter() - (first.history[-1]["wall_time"] if first.history else 0.0)
+    for k, m in enumerate(members):
+        if not m.history:  # epoch 0: the model at init, the reference for every later growth figure
+            with _own_rng(m):
+                m.history.append(_record(0, None, m.model, data, eval_x, eval_y, 0.0, {}))
+            _save(m, 0, data)
         if on_epoch is not None:
-            on_epoch(history)
-        bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{record['test_acc']:.3f}",
-                        hL=f"{record['h_norms'][-1]:.2g}")
-        message = stop_rule(history) if stop_rule is not None else None
-        if message:
-            return finish("stopped", message)
-    return finish("finished", f"trained {config.epochs} epochs")
+            on_epoch(k, m.history)
+    start = first.history[-1]["epoch"]
+    label = first.config.label if K == 1 else f"{first.config.method} stack of {K}"
+    bar = tqdm(range(start + 1, first.config.epochs + 1), desc=label, disable=not progress,
+               initial=start, total=first.config.epochs, leave=False)
+    mode = compile_mode_for(dev, compile_step)
+    if stack is not None:
+        step = stack.step_function(fallback=True, mode=mode) if mode is not None else stack.train_step
+    else:
+        lone = step_runner(first.method, mode)
+        step = lambda x, y: lone(x[0], y[0]).unsqueeze(0)            # a lone step on a stack of one
+    live = list(range(K))
+    for epoch in bar:
+        for m in members:
+            m.model.train()
+        loss_sum = torch.zeros(K, device=dev)
+        with precision_context(first.config.precision, dev), \
+                (_own_rng(first) if stack is None else contextlib.nullcontext()):
+            for batches in zip(*(data.train_batches(first.config.batch_size, m.data_gen) for m in members)):
+                y = torch.stack([b[1] for b in batches])             # (K, B): member k's batch in row k
+                loss_sum += step(torch.stack([b[0] for b in batches]), y).float() * y.shape[1]
+        if stack is not None:
+            stack.sync()
+            stack.end_epoch()
+        else:
+            first.method.end_epoch()
+        losses = loss_sum.tolist()
+        wall = time.perf_counter() - t0
+        for k in list(live):
+            m = members[k]
+            train_loss = losses[k] / len(data.y_train)
+            with _own_rng(m):
+                record = _record(epoch, train_loss, m.model, data, eval_x, eval_y, wall,
+                                 m.method.epoch_log())
+            if not (_finite(train_loss) and all(_finite(v) for v in record["h_norms"])
+                    and weights_finite(m.model)):
+                bad = store.json_safe(record)
+                _finish(m, "diverged", f"non-finite values at epoch {epoch} (train loss {train_loss}, "
+                        f"‖h_l‖ {bad['h_norms']}); kept the checkpoint of epoch {epoch - 1}", dev,
+                        record["wall_time"])
+                _retire(stack, k, m, live)
+                continue
+            m.history.append(record)
+            _save(m, epoch, data)
+            if on_epoch is not None:
+                on_epoch(k, m.history)
+            message = stop_rule(m.history) if stop_rule is not None else None
+            if message:
+                _finish(m, "stopped", message, dev)
+                _retire(stack, k, m, live)
+        if K == 1 and live:
+            bar.set_postfix(loss=f"{losses[0] / len(data.y_train):.3f}",
+                            acc=f"{first.history[-1]['test_acc']:.3f}",
+                            hL=f"{first.history[-1]['h_norms'][-1]:.2g}")
+        if not live:
+            return
+    for k in live:
+        _finish(members[k], "finished", f"trained {members[k].config.epochs} epochs", dev)
 
 
 def weights_finite(model: torch.nn.Module) -> bool:

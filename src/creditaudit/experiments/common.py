@@ -25,10 +25,10 @@ from ..errors import CreditAuditError
 from ..metrics import accuracy
 from ..protocol import diagnose
 from ..runner import make_executor
-from ..runs import DONE, Run, as_device, failure_record, load_run, read_status, run_dir_for
-from ..stacked import StackJob, group_stacks, stack_job, stacking_pays
+from ..runs import (DONE, Run, as_device, existing_run_is_done, failure_record, load_run, read_status,
+                    run_dir_for)
 from ..store import json_number as _num
-from ..train import train_run
+from ..train import group_stacks, train_run, train_runs
 from ..verdict import Thresholds, stop_rule
 
 
@@ -140,9 +140,68 @@ def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: f
     return report
 
 
+@dataclass
+class StackJob:
+    """A worker's share of `run_all`: runs of one stack (plain dicts, so it pickles for any executor)."""
+
+    configs: list[dict]
+    run_dirs: list[str]
+    data_dir: str
+    device: str
+    threads: int
+    compile_step: bool | None = False
+
+
+def stack_job(job: StackJob) -> dict[str, Any]:
+    """Train one stack in a worker (`train.train_runs`); never raises: {"members": [one
+    train_job-style record per run, with "stacked" and "stack_size"]}. A folder that cannot be
+    read fails alone; a failure while the stack trains fails every member it holds."""
+    torch.set_num_threads(job.threads)
+    t0 = time.perf_counter()
+    configs = [RunConfig.from_dict(c) for c in job.configs]
+    dirs = [Path(d) for d in job.run_dirs]
+    records: list[dict | None] = [None] * len(configs)
+    try:
+        data = dataset(configs[0].dataset, job.data_dir, job.device)
+    except Exception as err:  # noqa: BLE001
+        return {"members": [failure_record(d, err, time.perf_counter() - t0) for d in dirs]}
+    ok = []
+    for i, (c, d) in enumerate(zip(configs, dirs)):
+        try:                   # one bad folder (another run's, a corrupt status) must not stop the others
+            existing_run_is_done(d, c.bind_data(data.digest))
+            ok.append(i)
+        except Exception as err:  # noqa: BLE001
+            records[i] = {**failure_record(d, err, time.perf_counter() - t0), "stacked": False}
+    try:
+        trained = train_runs([configs[i] for i in ok], [dirs[i] for i in ok], data=data,
+                             device=job.device, progress=False, compile_step=job.compile_step)
+        for i, t in zip(ok, trained):
+            (dirs[i] / "error.txt").unlink(missing_ok=True)
+            records[i] = {"status": t.run.status["status"], "message": t.run.status["message"],
+                          "trained": t.trained, "seconds": time.perf_counter() - t0,
+                          "stacked": t.stack_size > 1, "stack_size": t.stack_size}
+    except Exception as err:  # noqa: BLE001 — a failed stack: each of its members failed
+        for i in ok:
+            records[i] = {**failure_record(dirs[i], err, time.perf_counter() - t0), "stacked": False}
+    return {"members": records}
+
+
 def train_any(job: Job | StackJob) -> dict[str, Any]:
     """One unit of work: a stack of runs trained as one, or a single run; {"members": [record…]}."""
     return stack_job(job) if isinstance(job, StackJob) else {"members": [train_job(job)]}
+
+
+def stacking_pays(device: torch.device) -> bool:
+    """The `stack=None` (auto) rule of run_all: always on CUDA; on CPU only if CPU_STACK_PAYS."""
+    return device.type == "cuda" or CPU_STACK_PAYS
+
+
+# Measured on the shared 2-core CPU before the member axis (benchmarks/gpu_throughput.py --device
+# cpu --shape mnist1d: quick-audit model d=256 L=4, batch 128, input 40; stacked ÷ lone
+# run-steps/s): 1 thread — bp 0.99 (K=4), 1.15 (K=12); dfa 1.02 (K=4), 1.38 (K=12). The step is
+# matmul-bound on CPU (a batched matmul costs what its K plain ones cost), so stacking does not
+# pay reliably there: run_all keeps one run per single-threaded worker per core on CPU.
+CPU_STACK_PAYS = False
 
 
 def default_workers(device: torch.device, n_jobs: int) -> int:
@@ -229,7 +288,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     groups = (group_stacks(configs, max_size=math.ceil(len(configs) / workers) if dev.type == "cpu" else None)
               if use_stack else [[i] for i in range(len(configs))])
     units = [StackJob([configs[i].to_dict() for i in g], [str(dirs[i]) for i in g], execution.data_dir,
-                      str(dev), threads) if len(g) > 1 else train_jobs[g[0]] for g in groups]
+                      str(dev), threads, execution.compile_step) if len(g) > 1 else train_jobs[g[0]]
+             for g in groups]
     bar = tqdm(total=len(configs), desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
 
     def said(j: int, res: dict) -> None:

@@ -14,6 +14,12 @@ Conventions shared by all methods:
     local loss of block l:  (f_l(h_l.detach()) · a_{l+1}.detach()).sum(-1).mean()
 Only blocks listed in `settings.trainable_blocks` may change; the rest stay bit-identical
 (the frozen control and the depth ladder rely on it).
+
+The member axis (SPEC §8): a method whose step is also written over a leading member axis
+implements `member_gradients` (and, with per-run tensors such as feedback matrices,
+`member_feedback`); the trainer then trains K runs of it on K ResidualMLPs of one shape as one
+stack (`methods.members.MemberStack`), a lone run being a stack of one. A method that does not
+(or a subclass that changed the lone step since) trains as a stack of one through its lone step.
 """
 from __future__ import annotations
 
@@ -81,6 +87,8 @@ class Method(ABC):
     # run without trainable blocks is spelled with: such a run is the same whatever their values
     # (`runs.canonical_control`)
     trainable_only_options: ClassVar[dict[str, Any]] = {}
+    # the architectures `member_gradients` is written for (empty: the method trains lone)
+    member_archs: ClassVar[tuple[type, ...]] = ()
 
     @classmethod
     def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -190,6 +198,47 @@ class Method(ABC):
         for opt in self.optimizers:
             opt.step()
 
+    # -- the member axis --------------------------------------------------------------------
+    # everything a lone step runs: a subclass that overrides any of them (sign-symmetry rebuilds
+    # fa's B in prepare_step, Kolen–Pollack learns B) computes another step than the member step
+    _STEP_PATH: ClassVar[tuple[str, ...]] = ("gradients", "train_step", "prepare_step", "end_step",
+                                             "apply_gradients", "clear_gradients")
+
+    @classmethod
+    def _lone_step(cls) -> tuple:
+        return tuple(getattr(cls, name) for name in cls._STEP_PATH)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "member_gradients" in vars(cls):     # the lone step this member step was written for
+            cls._member_step_of = cls._lone_step()
+
+    @classmethod
+    def on_member_axis(cls, arch: type) -> bool:
+        """Whether K runs of this class on models of class `arch` can train as one stack: the
+        class (or an ancestor) defines `member_gradients` for that architecture (`member_archs`),
+        and the lone step (every method of `_STEP_PATH`) is still the one it was written beside —
+        a subclass or a patch that changes any part of the lone step trains through it, as a stack
+        of one."""
+        written_for = getattr(cls, "_member_step_of", None)
+        return (written_for is not None and issubclass(arch, cls.member_archs)
+                and written_for == cls._lone_step())
+
+    def member_feedback(self) -> dict[str, torch.Tensor]:
+        """This run's fixed tensors the member step reads (e.g. its feedback matrices), by name;
+        the stack stacks them along the member axis, so member k reads run k's own draws."""
+        return {}
+
+    def member_gradients(self, stack, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """`gradients` over a leading member axis: fill the .grad of `stack.net.params` (stacked
+        (K, …) leaves of a `model.members.MemberResMLP`) for a batch x (K, B, …), y (K, B) and
+        return each member's CE, (K,). `stack` (a `methods.members.MemberStack`) also holds
+        `feedback` (the members' `member_feedback`, stacked (K, …)), `trains` ((K, L) bool: which
+        member trains which block) and `trained` (the blocks some member trains, a tuple). Means
+        and norms are per member, never across members. Called on member 0, whose knobs (clip,
+        options) every member shares. No host sync (it is compiled like `gradients`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no member-axis step")
+
     def compilable(self) -> bool:
         """Whether the step is the `gradients` + `apply_gradients` split (so `gradients` may be
         compiled); False for a method that overrides `train_step` itself."""
@@ -198,38 +247,12 @@ class Method(ABC):
     def step_function(self, fallback: bool = False, **compile_options):
         """The callable the trainer runs per batch: `train_step`, or with torch.compile options
         (mode="reduce-overhead" = CUDA graphs, backend="eager", …) `gradients` compiled whole
-        (fullgraph=True: a graph break is an error, not a silent host round trip), between the
-        eager `prepare_step` (generator draws) and `apply_gradients` (the optimizer steps: their
-        first call initialises state, which Dynamo does not trace). A method that overrides
-        `train_step` is never compiled. fallback=True: if the compiled `gradients` raises (a
-        compiler failure: tracing fails before anything is updated), warn once and compute the
-        step's gradients eagerly, then and from then on; the optimizer step is never repeated."""
+        between the eager `prepare_step` (generator draws) and `apply_gradients`
+        (`compiled_step`). A method that overrides `train_step` is never compiled."""
         if not compile_options or not self.compilable():
             return self.train_step
-        state = {"gradients": torch.compile(self.gradients, fullgraph=True, **compile_options)}
-
-        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            self.clear_gradients()
-            self.prepare_step()
-            try:
-                gradients = state["gradients"]
-                try:
-                    with torch._dynamo.config.patch(trace_autograd_ops=True):   # backward() in the graph
-                        loss = gradients(x, y)
-                except Exception as err:  # noqa: BLE001 — a compiler failure must not lose the run
-                    if not fallback or gradients == self.gradients:
-                        raise
-                    first = str(err).splitlines()[0] if str(err) else ""
-                    warnings.warn(f"compiling the {self.name} step failed ({type(err).__name__}: "
-                                  f"{first}); training eagerly")
-                    state["gradients"] = self.gradients
-                    self.clear_gradients()
-                    loss = self.gradients(x, y)
-            finally:
-                self.end_step()
-            self.apply_gradients()
-            return loss
-        return step
+        return compiled_step(self.gradients, self.clear_gradients, self.apply_gradients,
+                             self.prepare_step, self.end_step, self.name, fallback, **compile_options)
 
     @abstractmethod
     def credit(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
@@ -275,3 +298,41 @@ class Method(ABC):
             sched.load_state_dict(s)
         self.gen.set_state(state["gen"])
         self.load_extra_state(state["extra"])
+
+
+
+def compiled_step(gradients, clear, apply, prepare=None, end=None, name: str = "", fallback: bool = False,
+                  **compile_options):
+    """A step `clear → prepare → gradients → end → apply` whose `gradients` is compiled whole
+    (fullgraph=True: a graph break is an error, not a silent host round trip). The eager
+    `prepare`/`end` hold what a graph cannot (generator draws, module patches); `apply` (the
+    optimizer steps) stays outside, as AdamW's first call initialises state Dynamo does not trace.
+    fallback=True: if the compiled `gradients` raises (a compiler failure: tracing fails before
+    anything is updated), warn once and compute the gradients eagerly, then and from then on; the
+    optimizer step is never repeated."""
+    state = {"gradients": torch.compile(gradients, fullgraph=True, **compile_options)}
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        clear()
+        if prepare is not None:
+            prepare()
+        try:
+            compiled = state["gradients"]
+            try:
+                with torch._dynamo.config.patch(trace_autograd_ops=True):   # backward() in the graph
+                    loss = compiled(x, y)
+            except Exception as err:  # noqa: BLE001 — a compiler failure must not lose the run
+                if not fallback or compiled is gradients:
+                    raise
+                first = str(err).splitlines()[0] if str(err) else ""
+                warnings.warn(f"compiling the {name} step failed ({type(err).__name__}: "
+                              f"{first}); training eagerly")
+                state["gradients"] = gradients
+                clear()
+                loss = gradients(x, y)
+        finally:
+            if end is not None:
+                end()
+        apply()
+        return loss
+    return step

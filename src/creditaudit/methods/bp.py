@@ -2,18 +2,24 @@
 
     θ ← AdamW(θ, ∂CE/∂θ)            for embed, trainable blocks, out_ln, out_head
     a_l = g_l = ∂CE/∂h_l            (so Γ_l = 1 by construction)
+
+On the member axis (K runs of one ResMLP shape): one backward of Σ_k CE_k gives each member
+exactly ∂CE_k/∂θ_k, members sharing no parameter.
 """
 from __future__ import annotations
 
 import torch.nn.functional as F
 
 from ..metrics import bp_gradients
+from ..model.members import member_cross_entropy
+from ..model.resmlp import ResidualMLP
 from .base import Method
 
 
 class BP(Method):
     name = "bp"
     paper = True
+    member_archs = (ResidualMLP,)
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
@@ -27,3 +33,12 @@ class BP(Method):
 
     def credit(self, x, y):
         return bp_gradients(self.model, x, y).grads
+
+    def member_gradients(self, stack, x, y):
+        net = stack.net
+        h = net.embed_input(x)
+        for l in range(net.n_blocks):
+            h = h + net.block(l, h)                       # h_{l+1} = h_l + f_l(h_l), per member
+        ce = member_cross_entropy(net.readout(h), y)      # (K,)
+        ce.sum().backward()
+        return ce.detach()

@@ -26,6 +26,7 @@ import math
 
 import torch
 
+from ..model.resmlp import ResidualMLP
 from ..seeding import derived_generator
 from .local import LocalMethod, output_error, rms_normalise
 
@@ -41,8 +42,12 @@ def draw_feedback(model, gen: torch.Generator) -> list[torch.Tensor]:
 
 def dfa_credit(e: torch.Tensor, feedback: list[torch.Tensor], n_blocks: int,
                shape: tuple[int, ...]) -> list[torch.Tensor]:
-    """[a_0, …, a_L] with a_0 = rms(e·B_0ᵀ) and a_{l+1} = rms(e·B_lᵀ), each of the stream's shape."""
-    projected = [rms_normalise((e @ b.T).view((-1,) + shape)) for b in feedback]  # a = e · Bᵀ / rms
+    """[a_0, …, a_L] with a_0 = rms(e·B_0ᵀ) and a_{l+1} = rms(e·B_lᵀ), each of the stream's shape.
+    Lone: e (N, C), B_l (D, C). On the member axis: e (K, N, C), B_l (K, D, C), member k's e
+    projected through member k's B."""
+    lead = e.shape[:-1]
+    projected = [rms_normalise((e @ b.transpose(-1, -2)).view(lead + shape), batch_dims=len(lead))
+                 for b in feedback]                                           # a = e · Bᵀ / rms
     return [projected[0]] + projected[:n_blocks]
 
 
@@ -50,6 +55,7 @@ class DFA(LocalMethod):
     name = "dfa"
     paper = True
     random_feedback = True
+    member_archs = (ResidualMLP,)
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
@@ -71,6 +77,18 @@ class DFA(LocalMethod):
         e = output_error(fwd.logits.detach(), y)                               # e = softmax − onehot
         credit = dfa_credit(e, self.feedback, self.model.n_blocks, self.model.stream_shape)
         return self.local_gradients(y, fwd, credit, lam=self.lam)
+
+    def member_feedback(self):
+        return {f"B{l}": b for l, b in enumerate(self.feedback)}
+
+    def member_gradients(self, stack, x, y):
+        """The same step per member: e_k, a_k from member k's own B_l; blocks that member k does
+        not train weigh 0 in its objective; clipping per member and block."""
+        fwd = self.member_local_forward(stack.net, x, stack.trained)
+        e = output_error(fwd.logits.detach(), y)                               # (K, B, C)
+        feedback = [stack.feedback[f"B{l}"] for l in range(len(self.feedback))]
+        credit = dfa_credit(e, feedback, stack.net.n_blocks, self.model.stream_shape)
+        return self.member_local_gradients(stack.net, y, fwd, credit, stack.trains, lam=self.lam)
 
     def credit(self, x, y):
         return self._credit(x, y, self.feedback)[1]

@@ -47,6 +47,8 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from ..errors import CreditAuditError
+from ..model.members import member_cross_entropy, member_linear
+from ..model.resmlp import ResidualMLP
 from .base import Method
 
 ROUTED = (nn.Linear, nn.Conv2d)
@@ -93,6 +95,24 @@ class FeedbackConv2d(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_out.sum((0, 2, 3))
         return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+class MemberFeedbackLinear(torch.autograd.Function):
+    """`FeedbackLinear` per member: x (K, B, in), W, B (K, out, in), b (K, out);
+    y = x·Wᵀ + b, δx = δy·B, ∂W = δyᵀ·x, ∂b = Σ δy, each member with its own W and B."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, feedback):
+        ctx.save_for_backward(x, feedback)
+        return member_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, feedback = ctx.saved_tensors
+        grad_x = torch.bmm(grad_out, feedback) if ctx.needs_input_grad[0] else None          # δy · B
+        grad_w = torch.bmm(grad_out.transpose(1, 2), x) if ctx.needs_input_grad[1] else None  # δyᵀ · x
+        grad_b = grad_out.sum(1) if ctx.needs_input_grad[2] else None                         # Σ δy
+        return grad_x, grad_w, grad_b, None
 
 
 def _linear_forward(module: nn.Linear, feedback: dict[str, torch.Tensor], name: str, called: set):
@@ -174,6 +194,7 @@ class FA(Method):
     name = "fa"
     paper = True
     random_feedback = True
+    member_archs = (ResidualMLP,)
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
@@ -216,6 +237,23 @@ class FA(Method):
         loss = F.cross_entropy(self.model.readout(hidden[-1]), y)
         loss.backward()                                   # δ flows through B; ∂W = δᵀx as usual
         return loss.detach()
+
+    def member_feedback(self):
+        return {f"{l}.{name}": b for l, pair in enumerate(self.feedback) for name, b in pair.items()}
+
+    def member_gradients(self, stack, x, y):
+        """The step on the member axis: each block's W1, W2 of member k send δ back through that
+        member's B (`MemberFeedbackLinear`); a member's frozen block computes (and the stack
+        discards) a weight gradient, but its error still flows through its B as in the lone step."""
+        net = stack.net
+        h = net.embed_input(x)
+        for l in range(net.n_blocks):
+            def routed(z, w, b, name, l=l):
+                return MemberFeedbackLinear.apply(z, w, b, stack.feedback[f"{l}.{name}"])
+            h = h + net.block(l, h, routed)
+        ce = member_cross_entropy(net.readout(h), y)
+        ce.sum().backward()
+        return ce.detach()
 
     def _credit(self, x, y, feedback) -> list[torch.Tensor]:
         with torch.enable_grad():

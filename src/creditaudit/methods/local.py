@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..model.members import MemberResMLP, member_cross_entropy
 from .base import Method
 
 
@@ -28,15 +29,16 @@ def output_error(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return logits.softmax(-1) - F.one_hot(y, logits.shape[-1]).to(logits.dtype)
 
 
-def rms_normalise(a: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """a / (rms(a) + eps), per sample over all its features."""
-    rms = a.pow(2).flatten(1).mean(-1).sqrt().view((-1,) + (1,) * (a.dim() - 1))
-    return a / (rms + eps)
+def rms_normalise(a: torch.Tensor, eps: float = 1e-6, batch_dims: int = 1) -> torch.Tensor:
+    """a / (rms(a) + eps), per sample over all its features; the first `batch_dims` dims index
+    samples ((N,) for a lone run, (K, N) on the member axis)."""
+    rms = a.pow(2).flatten(batch_dims).mean(-1).sqrt()
+    return a / (rms.view(rms.shape + (1,) * (a.dim() - batch_dims)) + eps)
 
 
-def sample_dot(f: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """⟨f_i, a_i⟩ per sample over all features, (N,)."""
-    return (f * a).flatten(1).sum(-1)
+def sample_dot(f: torch.Tensor, a: torch.Tensor, batch_dims: int = 1) -> torch.Tensor:
+    """⟨f_i, a_i⟩ per sample over all features, (N,) (or (K, N) with batch_dims=2)."""
+    return (f * a).flatten(batch_dims).sum(-1)
 
 
 @dataclass
@@ -112,3 +114,56 @@ class LocalMethod(Method):
         for l in fwd.branches:
             torch.nn.utils.clip_grad_norm_(self.block_params(l), self.settings.clip)
         return ce.detach()
+
+    # -- the same step over a leading member axis ------------------------------------------------
+    @staticmethod
+    def member_local_forward(net: MemberResMLP, x: torch.Tensor, trained: tuple[int, ...]) -> LocalForward:
+        """`local_forward` of K members at once (x (K, B, …)): a block that some member trains
+        (`trained`) keeps its graph — the members that do not train it weigh its local loss by 0
+        in `member_local_gradients` — and a block that no member trains runs without one."""
+        h0 = net.embed_input(x)
+        h = h0.detach()
+        hidden, branches = [h], {}
+        for l in range(net.n_blocks):
+            if l in trained:
+                f = net.block(l, h)
+                branches[l] = f
+                h = h + f.detach()
+            else:
+                with torch.no_grad():
+                    h = h + net.block(l, h)
+            hidden.append(h)
+        return LocalForward(net.readout(h), hidden, h0, branches)
+
+    def member_local_gradients(self, net: MemberResMLP, y: torch.Tensor, fwd: LocalForward,
+                               credit: list[torch.Tensor], trains: torch.Tensor,
+                               lam: float = 0.0) -> torch.Tensor:
+        """`local_gradients` per member: J = Σ_k J_k with J_k member k's objective (its CE,
+        its embedding term, and the local loss of each block it trains, weighted by trains[k, l]
+        ∈ {0, 1}); members share no parameter, so one backward of J gives each member exactly
+        its own gradient. Then each member's block gradient is clipped on its own norm
+        (`clip_members`). Returns the members' CEs (K,)."""
+        a = [t.detach() for t in credit]
+        ce = member_cross_entropy(fwd.logits, y)
+        total = ce.sum() + sample_dot(fwd.h0, a[0], 2).mean(1).sum()
+        for l, f in fwd.branches.items():
+            local = sample_dot(f, a[l + 1], 2).mean(1)
+            if lam:
+                local = local + lam * f.pow(2).flatten(2).sum(-1).mean(1)
+            total = total + (local * trains[:, l].to(local.dtype)).sum()
+        total.backward()
+        for l in fwd.branches:
+            clip_members(net.block_params(l), self.settings.clip)
+        return ce.detach()
+
+
+def clip_members(params: list[torch.Tensor], clip: float) -> None:
+    """`torch.nn.utils.clip_grad_norm_(member k's slices, clip)` for every member k at once:
+    g_k ← g_k · min(1, clip / (‖g_k‖ + 1e-6)) with ‖g_k‖ the norm over all of member k's slices."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    total = torch.stack([g.flatten(1).norm(dim=1) for g in grads], dim=1).norm(dim=1)   # (K,)
+    coef = torch.clamp(clip / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.view((-1,) + (1,) * (g.dim() - 1)))

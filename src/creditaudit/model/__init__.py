@@ -85,6 +85,14 @@ ARCHITECTURES: dict[str, Callable[..., ResidualModel]] = {
 }
 
 
+# the class each architecture builds (what a method's member axis is written for)
+ARCH_CLASSES: dict[str, type[ResidualModel]] = {
+    "resmlp": ResidualMLP,
+    "vit-mini": ViTMini,
+    "resnet-small": SmallResNet,
+}
+
+
 def build_model(arch: str, input_shape: tuple[int, ...], n_classes: int, *, width: int, blocks: int,
                 activation: str = "gelu", w2_std: float = 0.01,
                 options: dict[str, Any] | None = None) -> ResidualModel:
@@ -107,6 +115,6 @@ def build_model(arch: str, input_shape: tuple[int, ...], n_classes: int, *, widt
     return ARCHITECTURES[arch](tuple(input_shape), n_classes, width, blocks, activation, w2_std, opts)
 
 
-__all__ = ["ACTIVATIONS", "ARCHITECTURES", "ARCH_OPTIONS", "ARCH_OPTION_HELP", "BasicBlock", "Block",
+__all__ = ["ACTIVATIONS", "ARCHITECTURES", "ARCH_CLASSES", "ARCH_OPTIONS", "ARCH_OPTION_HELP", "BasicBlock", "Block",
            "ResidualMLP", "ResidualModel", "ResidualStream", "SmallResNet", "TransformerBlock",
            "ViTMini", "as_stream", "build_model", "resolve_arch_options"]

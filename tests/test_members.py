@@ -1,0 +1,187 @@
+"""The member axis (SPEC §8, issue 23 stage 1): bp, fa, dfa and dfa-penalty on the ResMLP train K
+runs as one stack through the one trainer, and each member is the lone run it stands for.
+
+"The lone run" is main's trainer before the member axis: `tests/data/lone_runs_main.json` holds
+the fingerprints of its runs (tests/member_reference.py: weights, AdamW moments and step counts,
+learning rates, RNG states, every metrics line). CPU, float64, one thread: the only difference left
+is floating-point reassociation of batched vs plain matmuls, so the bound is 1e-9 relative
+(measured ≤ 5e-16).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditaudit import store
+from creditaudit.methods import METHODS
+from creditaudit.methods.bp import BP
+from creditaudit.methods.members import MemberStack
+from creditaudit.model import ARCH_CLASSES
+from creditaudit.runs import load_run
+from creditaudit.train import can_stack, stack_key, train_run, train_runs
+from member_reference import CONFIGS, METHOD_NAMES, f64_synthetic, fingerprint, worst_difference
+
+REFERENCE = json.loads((Path(__file__).parent / "data" / "lone_runs_main.json").read_text())
+RTOL = 1e-9
+
+
+@pytest.fixture
+def f64():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield f64_synthetic()
+    torch.set_default_dtype(before)
+
+
+def _fp(run) -> dict:
+    return json.loads(json.dumps(store.json_safe(fingerprint(run))))
+
+
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_a_lone_run_is_a_stack_of_one_and_equals_mains_lone_run(tmp_path, f64, method):
+    """K = 1: train_run (now the one trainer's stack of one, on the member axis) ends where main's
+    lone trainer ended, for the main run, another seed, the frozen control, a ladder rung and the
+    shallow control."""
+    for tag in ("main", "seed123", "frozen", "rung1", "shallow"):
+        config = CONFIGS[f"{method}/{tag}"]
+        assert can_stack(config)
+        run = train_run(config, tmp_path / tag, data=f64, progress=False)
+        assert worst_difference(_fp(run), REFERENCE[f"{method}/{tag}"]) < RTOL, tag
+
+
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_a_stack_of_k_equals_k_lone_runs_of_main(tmp_path, f64, method):
+    """Main run, another seed, frozen control and a ladder rung in one stack (and the two shallow
+    controls in another): each member's folder is main's lone run of it."""
+    for tags in (("main", "seed123", "frozen", "rung1"), ("shallow", "shallow123")):
+        configs = [CONFIGS[f"{method}/{t}"] for t in tags]
+        assert len({stack_key(c) for c in configs}) == 1
+        trained = train_runs(configs, [tmp_path / t for t in tags], data=f64, progress=False)
+        assert [t.stack_size for t in trained] == [len(tags)] * len(tags)
+        for tag, t in zip(tags, trained):
+            assert worst_difference(_fp(t.run), REFERENCE[f"{method}/{tag}"]) < RTOL, tag
+
+
+def _weights(run_dir) -> dict[str, torch.Tensor]:
+    return load_run(run_dir).model.state_dict()
+
+
+def _history(run_dir) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "wall_time"} for r in load_run(run_dir).history]
+
+
+@pytest.mark.parametrize("method", ["fa", "dfa-penalty"])
+def test_permuting_members_permutes_results_and_a_duplicated_seed_gives_equal_slices(tmp_path, f64, method):
+    tags = ("main", "frozen", "rung1", "main")               # the main run twice
+    configs = [CONFIGS[f"{method}/{t}"] for t in tags]
+    train_runs(configs, [tmp_path / f"a{i}" for i in range(4)], data=f64, progress=False)
+    order = [2, 3, 0, 1]
+    train_runs([configs[i] for i in order], [tmp_path / f"b{i}" for i in order], data=f64, progress=False)
+    for i in range(4):
+        wa, wb = _weights(tmp_path / f"a{i}"), _weights(tmp_path / f"b{i}")
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), i
+        assert _history(tmp_path / f"a{i}") == _history(tmp_path / f"b{i}")
+    w0, w3 = _weights(tmp_path / "a0"), _weights(tmp_path / "a3")
+    assert all(torch.equal(w0[k], w3[k]) for k in w0)
+    assert _history(tmp_path / "a0") == _history(tmp_path / "a3")
+
+
+def _inject_nan(monkeypatch, member: int, at_step: int) -> None:
+    """After the AdamW step number `at_step` of a stack, one weight of `member` becomes NaN."""
+    real = MemberStack.apply_gradients
+    count = {"steps": 0}
+
+    def apply(self):
+        real(self)
+        count["steps"] += 1
+        if count["steps"] == at_step:
+            with torch.no_grad():
+                self.net.params["blocks.0.w1.weight"][member, 0, 0] = float("nan")
+    monkeypatch.setattr(MemberStack, "apply_gradients", apply)
+
+
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_a_nan_in_one_member_leaves_the_others_bit_identical(tmp_path, f64, method, monkeypatch):
+    """Member j goes NaN in epoch 2 (step 10 of 8 per epoch): every other member ends bit-identical
+    to the same stack without the NaN; member j ends diverged alone, its folder the one a lone run
+    with the same NaN writes (status, message, the epoch-1 checkpoint and metrics)."""
+    tags = ("main", "seed123", "rung1")
+    configs = [CONFIGS[f"{method}/{t}"] for t in tags]
+    clean = train_runs(configs, [tmp_path / f"clean{i}" for i in range(3)], data=f64, progress=False)
+    _inject_nan(monkeypatch, member=1, at_step=10)
+    stacks = []
+    real_init = MemberStack.__init__
+    monkeypatch.setattr(MemberStack, "__init__", lambda self, methods: (real_init(self, methods),
+                                                                         stacks.append(self))[0])
+    hit = train_runs(configs, [tmp_path / f"hit{i}" for i in range(3)], data=f64, progress=False)
+    assert [t.run.status["status"] for t in hit] == ["finished", "diverged", "finished"]
+    # the diverged member was retired: its slices hold its last checkpoint, masked, nothing NaN
+    kept = _weights(tmp_path / "hit1")
+    for name, p in stacks[0].net.params.items():
+        assert torch.isfinite(p).all() and torch.equal(p[1], kept[name]), name
+    for i in (0, 2):
+        wa, wb = _weights(tmp_path / f"clean{i}"), _weights(tmp_path / f"hit{i}")
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+        assert _history(tmp_path / f"clean{i}") == _history(tmp_path / f"hit{i}")
+    _inject_nan(monkeypatch, member=0, at_step=10)
+    lone = train_run(configs[1], tmp_path / "lone", data=f64, progress=False)
+    got = hit[1].run
+    assert got.status["status"] == lone.status["status"] == "diverged"
+    assert got.status["message"] == lone.status["message"]
+    assert got.status["epochs_completed"] == lone.status["epochs_completed"] == 1
+    assert _history(tmp_path / "hit1") == _history(tmp_path / "lone") == _history(tmp_path / "clean1")[:2]
+    wa, wb = _weights(tmp_path / "hit1"), _weights(tmp_path / "lone")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert clean[1].run.status["status"] == "finished"
+
+
+def test_frozen_slices_stay_bit_identical_to_init_and_are_not_optimised(f64):
+    """The per-member mask: a block member k does not train is put back after every step."""
+    from creditaudit.runs import build_method, build_model
+    configs = [CONFIGS["bp/main"], CONFIGS["bp/frozen"], CONFIGS["bp/rung1"]]
+    methods = [build_method(c, build_model(c, f64.input_shape, f64.n_classes)) for c in configs]
+    stack = MemberStack(methods)
+    init = {k: v.detach().clone() for k, v in stack.net.params.items()}
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        batches = [next(f64.train_batches(64, gen)) for _ in configs]
+        stack.train_step(torch.stack([b[0] for b in batches]), torch.stack([b[1] for b in batches]))
+    p = stack.net.params
+    assert torch.equal(p["blocks.0.w1.weight"][1:], init["blocks.0.w1.weight"][1:])   # frozen, rung 1
+    assert not torch.equal(p["blocks.0.w1.weight"][0], init["blocks.0.w1.weight"][0])
+    assert torch.equal(p["blocks.1.w2.weight"][1], init["blocks.1.w2.weight"][1])     # frozen
+    assert not torch.equal(p["blocks.1.w2.weight"][2], init["blocks.1.w2.weight"][2])  # rung 1 trains it
+
+
+def test_which_methods_are_on_the_member_axis():
+    """bp, fa, dfa, dfa-penalty on the ResMLP; the rest (and every method on the other
+    architectures, in this stage) train as a stack of one through their lone step; so does a
+    subclass that changes the lone step of a member-axis method."""
+    resmlp = ARCH_CLASSES["resmlp"]
+    on = {name for name, cls in METHODS.items() if cls.on_member_axis(resmlp)}
+    assert on == set(METHOD_NAMES)
+    assert not any(cls.on_member_axis(ARCH_CLASSES[a]) for cls in METHODS.values()
+                   for a in ARCH_CLASSES if a != "resmlp")
+
+    class MyBP(BP):
+        name = "my-bp"
+
+        def gradients(self, x, y):
+            return super().gradients(x, y)
+
+    class MyBPOnTheAxis(MyBP):
+        def member_gradients(self, stack, x, y):
+            return super().member_gradients(stack, x, y)
+
+    assert not MyBP.on_member_axis(resmlp) and MyBPOnTheAxis.on_member_axis(resmlp)
+
+    class MyFA(METHODS["fa"]):   # a rule that rebuilds fa's feedback each step (as sign-symmetry does)
+        name = "my-fa"
+
+        def prepare_step(self):
+            super().prepare_step()
+
+    assert METHODS["fa"].on_member_axis(resmlp) and not MyFA.on_member_axis(resmlp)
