@@ -85,6 +85,22 @@ def step_runner(method, mode: str | None):
     return method.step_function(fallback=True, mode=mode) if mode is not None else method.train_step
 
 
+def no_exit(step: Callable, label: str) -> Callable:
+    """`step`, with a SystemExit raised inside it (a method of the user's calling sys.exit) turned
+    into a CreditAuditError: the run stays unfinished (no status.json; the last finished epoch's
+    checkpoint is kept), the audit records it as failed and the command line exits non-zero —
+    never a silent exit 0 that a CI could read as a passed check. A KeyboardInterrupt passes on:
+    it stops training like Ctrl-C (exit 130, resumable)."""
+    def guarded(x, y):
+        try:
+            return step(x, y)
+        except SystemExit as err:
+            raise CreditAuditError(f"the method's step called sys.exit({err.code!r}) in run {label}; "
+                                   "the run is unfinished (its finished epochs are kept) — remove "
+                                   "the exit, then train again") from None
+    return guarded
+
+
 def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None = None,
               device: str | torch.device | None = None, data: ArrayDataset | None = None,
               progress: bool = True, stop_rule: StopRule | None = None,
@@ -164,7 +180,7 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
     start = history[-1]["epoch"]
     bar = tqdm(range(start + 1, config.epochs + 1), desc=config.label, disable=not progress,
                initial=start, total=config.epochs, leave=False)
-    step = step_runner(method, compile_mode_for(dev, compile_step))
+    step = no_exit(step_runner(method, compile_mode_for(dev, compile_step)), config.label)
     for epoch in bar:
         model.train()
         loss_sum = torch.zeros((), device=dev)

@@ -135,7 +135,9 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         "strategies": list(STRATEGIES),
         "methods": [row],
         "strategy_totals": {s: int(row["strategies"][s] == "walk back") for s in STRATEGIES},
-        "sensitivity": threshold_sensitivity(reports, thresholds)[0] if reports else None,
+        # (d)'s row from the across-seeds decision, as `audit` and `creditaudit thresholds` read it
+        "sensitivity": threshold_sensitivity(reports, thresholds, depth={method: row["depth"]})[0]
+        if reports else None,
         "runs": [o.to_dict() for o in outcomes],
         "flag_table": flag_table(), "seed_noise": noise.to_dict(), "n_test": n_test,
     }
@@ -143,7 +145,8 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         raise CreditAuditError(f"out={out} is a file; give a folder for the audit")
     if (out / "audit.json").exists():         # never replace the report of another audit
         old = read_audit(out)
-        if old.get("source") != "user-loop" or old.get("config") != store.json_safe(result["config"]):
+        same = lambda k: store.json_safe(old.get(k)) == store.json_safe(result[k])
+        if old.get("source") != "user-loop" or not all(map(same, ("config", "n_test", "thresholds"))):
             raise CreditAuditError(f"{out} already holds the report of another audit; give this one "
                                    "its own out=, or delete that folder to replace it")
     try:
