@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import creditaudit
-from creditaudit import evidence, store
+from creditaudit import store
 from creditaudit.cli import main as cli_main
 from creditaudit.errors import CreditAuditError, CreditAuditWarning
 from creditaudit.model import ResidualMLP, ResidualStream
@@ -183,7 +183,8 @@ def _monitored(tmp_path, digits, name="run", epochs=1, control=True, break_contr
 # -- 1. one gate: every entrance hands its evidence to evidence.gate ----------------------------------
 @pytest.fixture
 def spy(monkeypatch):
-    calls: list[evidence.Evidence] = []
+    from creditaudit import evidence
+    calls: list = []
     real = evidence.gate
 
     def gate(ev):
