@@ -113,7 +113,9 @@ class Monitor:
                       floor assumes a mean over 128), e.g. `data.eval_batch(0)`.
     out:              the run folder (refused if it holds a run already).
     epochs:           how many epochs the loop will train; fewer by `finish()` = "ended-early".
-    adapter:          how to reach the residual stream of a model that is not a creditaudit class.
+    adapter:          how to reach the residual stream of a model that is not a creditaudit class;
+                      its stream must reproduce model(eval x) to 1e-5 + 1e-4·|logit| (float32;
+                      adapter.check_reproduces), else the Monitor refuses in one line.
     test_batches:     iterable of (x, y) for the test accuracy when `epoch_end` is not given one.
     diagnose_batches: eval batches of the final diagnosis (the protocol wants K ≥ 8 disjoint
                       batches of 128); default [eval_batch].

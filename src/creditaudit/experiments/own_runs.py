@@ -97,15 +97,14 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     outcomes = [_outcome(r, method, seeds[r.info["init_sha256"]]) for r in mains]
     controlled: dict[str, Path] = {}
     for c in ctrls:
-        if c.info.get("control") != "frozen":
-            raise CreditAuditError(f"{c.run_dir} is not a frozen control (train it under "
-                                   "Monitor(mon.frozen_control(), ..., control_of=mon))")
         sha = c.info["init_sha256"]
         if sha not in seeds:
             raise CreditAuditError(f"the control {c.run_dir} belongs to none of the runs given "
                                    "(its initial weights match no run)")
         main = next(r for r in mains if r.info["init_sha256"] == sha)
-        control_accuracy(c.run_dir, main.info)      # its own run's, trained like it, blocks at init
+        # the evidence gate: a frozen control, its own run's, trained like it, blocks at init,
+        # embedding and readout trained, finite — else refused in one line
+        control_accuracy(c.run_dir, main.info)
         if sha in controlled:
             raise CreditAuditError(f"{c.run_dir} and {controlled[sha]} are both controls of "
                                    f"{main.run_dir}; pass one control per run")
