@@ -248,8 +248,9 @@ def test_a_frozen_control_that_never_trained_is_refused_by_diagnose(runs, capsys
 
 def test_an_audit_with_an_untrained_control_is_never_trustworthy(pkg, tmp_path):
     """The audit cannot refuse one method's control without losing the others: the seed's (d) is
-    not evaluated, the control is marked refused, and the method verdict names why."""
-    (tmp_path / "a.toml").write_text('controls = ["frozen"]\n[model]\nwidth = 16\nblocks = 2\n')
+    not evaluated, the control is marked refused, and the method verdict names why; a shallow
+    control that never trained is refused too (its accuracy is not reported)."""
+    (tmp_path / "a.toml").write_text('controls = ["frozen", "shallow"]\n[model]\nwidth = 16\nblocks = 2\n')
     quiet(["audit", "--config", tmp_path / "a.toml", "--dataset", "digits", "--methods",
            "gaterules:HeadlessBP", "--seeds", 0, "--epochs", 2, "--out", tmp_path / "aud", "--jobs", 1,
            "--device", "cpu", "--quiet"])
@@ -259,8 +260,10 @@ def test_an_audit_with_an_untrained_control_is_never_trustworthy(pkg, tmp_path):
     for rule in ("project", "paper"):
         assert row["verdicts"][rule]["outcome"] != "trustworthy"
     assert "never trained" in " ".join(row["missing"])
-    ctrl = next(r for r in audit["runs"] if r["control"] == "frozen")
-    assert ctrl["status"] == "refused"
+    for kind in ("frozen", "shallow"):                   # neither yardstick trained: both refused
+        ctrl = next(r for r in audit["runs"] if r["control"] == kind)
+        assert ctrl["status"] == "refused" and "never trained" in ctrl["message"], ctrl["message"]
+    assert row["shallow_acc"] is None
 
 
 def test_a_control_with_non_finite_outputs_is_refused(weights, capsys):

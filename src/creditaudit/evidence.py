@@ -47,6 +47,7 @@ class ControlEvidence:
                     initial values (None: not checkable).
     finite:         every weight, and its outputs on the eval batch, are finite (None: not checked).
     unverified:     why blocks/rest could not be checked (e.g. no initial weights were given).
+    kind:           "frozen" (the (d) yardstick) or "shallow" (no blocks at all; reported only).
     """
 
     where: str
@@ -57,6 +58,7 @@ class ControlEvidence:
     rest_moved: bool | None = None
     finite: bool | None = None
     unverified: str | None = None
+    kind: str = "frozen"                # or "shallow": the audit's no-block control (no (d))
 
 
 @dataclass(frozen=True)
@@ -90,28 +92,28 @@ class Admission:
 
 def _control(c: ControlEvidence) -> tuple[float | None, str | None]:
     if c.mismatch is not None:
-        raise CreditAuditError(f"the frozen control {c.where} is not this run's control: {c.mismatch}; "
+        raise CreditAuditError(f"the {c.kind} control {c.where} is not this run's control: {c.mismatch}; "
                                "train the control with the run's own settings, blocks frozen")
     if c.finite is False:
-        raise CreditAuditError(f"the frozen control {c.where} has non-finite weights or outputs; it "
+        raise CreditAuditError(f"the {c.kind} control {c.where} has non-finite weights or outputs; it "
                                "diverged or is corrupt, so its accuracy is no yardstick — train it again")
     if c.blocks_at_init is False:
-        raise CreditAuditError(f"the frozen control {c.where} is not frozen at initialisation: its "
+        raise CreditAuditError(f"the {c.kind} control {c.where} is not frozen at initialisation: its "
                                "block parameters differ from the run's initial ones; train the control "
                                "with its blocks left at their initial values")
     if c.rest_moved is False:
-        raise CreditAuditError(f"the frozen control {c.where} never trained: its embedding and readout "
+        raise CreditAuditError(f"the {c.kind} control {c.where} never trained: its embedding and readout "
                                "still equal the initial weights, so any run would clear it; train its "
                                "embedding and readout like the run (blocks frozen), then pass it")
     if not c.finished:
-        return None, f"the frozen control {c.where} has not finished training"
+        return None, f"the {c.kind} control {c.where} has not finished training"
     if c.acc is None:
-        return None, f"the frozen control {c.where} has no test accuracy"
+        return None, f"the {c.kind} control {c.where} has no test accuracy"
     if c.unverified is not None:
-        return None, (f"the frozen control {c.where} (accuracy {c.acc:.4f}) is unverified: "
+        return None, (f"the {c.kind} control {c.where} (accuracy {c.acc:.4f}) is unverified: "
                       f"{c.unverified}")
     if c.finite is None or c.blocks_at_init is None or c.rest_moved is None:
-        return None, (f"the frozen control {c.where} could not be checked (blocks at initialisation, "
+        return None, (f"the {c.kind} control {c.where} could not be checked (blocks at initialisation, "
                       "embedding and readout trained, finite weights)")
     return float(c.acc), None
 

@@ -5,7 +5,9 @@
     RUN/metrics.jsonl      one line per completed epoch (epoch 0 = at initialisation)
     RUN/status.json        how training ended: finished / stopped / diverged, epochs completed
     RUN/error.txt          the traceback of a run that raised
-    RUN/diagnosis.json     the latest diagnosis of the run (the audit's, or `creditaudit diagnose`'s)
+    RUN/diagnosis.json     the latest diagnosis of the run (the audit's, or `creditaudit diagnose`'s),
+                           bound to the run it was made of (`run_binding`: run key, checkpoint
+                           seal, status digest; `evidence.gate` refuses a copied or stale one)
 
 Nothing here trains or judges; `train.py` writes runs, the experiments read them through `load_run`.
 """
@@ -230,12 +232,14 @@ def _mismatch(config: RunConfig, control: Run) -> str | None:
     return None
 
 
-def control_evidence(config: RunConfig, control: Run, x: torch.Tensor | None = None) -> ControlEvidence:
+def control_evidence(config: RunConfig | None, control: Run, x: torch.Tensor | None = None) -> ControlEvidence:
     """What the run folder `control` shows as the frozen control of the run `config`, for `evidence.gate`:
     whether it is this run's (same settings, seed, data and code), finished, its blocks equal to
     the initialisation its seed gives, its embedding and readout moved from it, and its weights
-    (and its logits on `x`, when given) finite. Measures only; the gate decides."""
-    mismatch = _mismatch(config, control)
+    (and its logits on `x`, when given) finite. `config` None: a control judged on its own (the
+    audit's shallow control: no blocks, so only its embedding and readout must have trained).
+    Measures only; the gate decides."""
+    mismatch = None if config is None else _mismatch(config, control)
     where = str(control.run_dir)
     if mismatch is not None:
         return ControlEvidence(where, mismatch=mismatch, finished=control.finished, acc=control.test_acc)
@@ -252,6 +256,7 @@ def control_evidence(config: RunConfig, control: Run, x: torch.Tensor | None = N
             finite = bool(model(x.to(next(model.parameters()).device)).isfinite().all())
     return ControlEvidence(
         where, finished=control.finished, acc=control.test_acc, finite=finite,
+        kind="frozen" if config is not None else control.config.control,
         blocks_at_init=all(torch.equal(now[n], start[n]) for n in blocks),
         rest_moved=bool(rest) and not all(torch.equal(now[n], start[n]) for n in rest))
 

@@ -282,6 +282,14 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
                 control.status, control.message = "refused", str(err)
         return gated[key]
 
+    for o in outcomes:          # a shallow control is a yardstick too: it must have trained
+        if o.config.control == "shallow" and o.status == "finished":
+            try:
+                evidence.gate(evidence.Evidence(o.config.label, None, control_evidence(
+                    None, load_run(o.run_dir, "cpu"), data.eval_batch(0)[0])))
+            except CreditAuditError as err:
+                o.status, o.message = "refused", str(err)
+
     diag_jobs, diag_index = [], []
     for i, o in enumerate(outcomes):
         if o.status not in DONE:
