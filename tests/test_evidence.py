@@ -237,6 +237,31 @@ def test_the_lightning_callback_goes_through_the_gate(spy, tmp_path, digits):
     assert cb.report.flags["d"] is not None                  # the run gained (d) through the gate
 
 
+def test_the_gate_rules_on_records():
+    """The one function, on records alone: what it refuses, what it leaves "not evaluated"."""
+    from creditaudit.evidence import ControlEvidence, Evidence, gate
+    good = ControlEvidence("C", acc=0.6, blocks_at_init=True, rest_moved=True, finite=True)
+    assert gate(Evidence("r", None, good)).frozen_acc == 0.6
+    for bad, needle in ((dict(mismatch="arch is 'vit' there but 'resmlp' here"), "not this run's control"),
+                        (dict(finite=False), "non-finite"), (dict(blocks_at_init=False), "not frozen"),
+                        (dict(rest_moved=False), "never trained")):
+        with pytest.raises(CreditAuditError, match=needle):
+            gate(Evidence("r", None, ControlEvidence(**{**good.__dict__, **bad})))
+    for lacking, needle in ((dict(finished=False), "not finished"), (dict(acc=None), "no test accuracy"),
+                            (dict(unverified="no init"), "unverified: no init"),
+                            (dict(finite=None), "could not be checked")):
+        admitted = gate(Evidence("r", None, ControlEvidence(**{**good.__dict__, **lacking})))
+        assert admitted.frozen_acc is None and needle in admitted.depth_why
+    assert gate(Evidence("r")).frozen_acc is None               # no control: (d) not evaluated
+    bound = {"run": "k", "checkpoint": "c", "status": "s"}
+    gate(Evidence("r", diagnosis_binding=bound, run_binding=dict(bound), check_binding=True))
+    for key in bound:
+        with pytest.raises(CreditAuditError, match="belongs to another"):
+            gate(Evidence("r", diagnosis_binding=bound, run_binding={**bound, key: "x"}, check_binding=True))
+    with pytest.raises(CreditAuditError, match="names no run"):
+        gate(Evidence("r", diagnosis_binding=None, run_binding=bound, check_binding=True))
+
+
 # -- 2. what the gate refuses or marks "not evaluated" ------------------------------------------------
 def test_a_frozen_control_that_never_trained_is_refused_by_diagnose(runs, capsys):
     """A rule that leaves embedding and readout alone when the blocks are frozen gives a control
