@@ -273,6 +273,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
         (None, why) when refused — then (d) is not evaluated for `o`'s seed, and the control is
         marked refused so that no table pairs a seed with it."""
         key = (o.config.run_key, control.config.run_key)
+        if control.status == "refused":        # refused for another run it controls (a λ sweep's)
+            return None, control.message
         if key not in gated:
             try:
                 ev = control_evidence(o.config, load_run(control.run_dir, "cpu"), data.eval_batch(0)[0])
@@ -296,7 +298,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             continue
         frozen = frozen_of(o.config) if frozen_of else None
         control = by_key.get(frozen.run_key) if frozen else None
-        admitted, refused = admit(o, control) if control is not None and control.status in DONE else (None, None)
+        admitted, refused = (admit(o, control) if control is not None and control.status in (*DONE, "refused")
+                             else (None, None))
         diag_jobs.append(DiagnoseJob(o.config.to_dict(), str(o.run_dir), execution.data_dir, str(dev),
                                      threads, asdict(thresholds),
                                      frozen_acc=admitted.frozen_acc if admitted else None,
