@@ -387,6 +387,8 @@ def test_a_monitored_diagnosis_copied_to_another_run_is_refused(tmp_path, digits
     shutil.copy(tmp_path / "a" / "diagnosis.json", tmp_path / "b" / "diagnosis.json")
     one_error_line(*cli(["check", tmp_path / "b"], capsys)[::2], "belongs to another run")
     one_error_line(*cli(["diagnose", tmp_path / "b"], capsys)[::2], "belongs to another run")
+    with pytest.raises(CreditAuditError, match="belongs to another run"):
+        creditaudit.audit_own_runs([tmp_path / "b"], out=tmp_path / "aud", n_test=360)
 
 
 def test_sys_exit_in_a_rule_or_a_factory_is_an_unfinished_run_and_a_non_zero_exit(runs, weights, tmp_path,

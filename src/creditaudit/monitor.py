@@ -541,7 +541,8 @@ class MonitoredRun:
 
 
 def load_monitored(run_dir: str | Path) -> MonitoredRun:
-    """Read a monitored run folder (every record integrity-checked; nothing unpickled)."""
+    """Read a monitored run folder (every record integrity-checked, its diagnosis bound to this
+    run by the evidence gate; nothing unpickled)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CreditAuditError(f"run folder {run_dir} does not exist")
@@ -550,6 +551,9 @@ def load_monitored(run_dir: str | Path) -> MonitoredRun:
     status = read_status(run_dir)
     path = run_dir / "diagnosis.json"
     diagnosis = store.read_sealed_json(path, "run's diagnosis") if path.exists() else None
+    if diagnosis is not None:     # one copied from another run, or older than the run's status
+        evidence.gate(evidence.Evidence(str(run_dir), diagnosis_binding=diagnosis.get("run_binding"),
+                                        run_binding=diagnosis_binding(run_dir), check_binding=True))
     return MonitoredRun(run_dir, info, state["history"], status, diagnosis)
 
 
@@ -627,6 +631,4 @@ def stored_diagnosis(run_dir: str | Path) -> StoredDiagnosis:
     if run.diagnosis is None:
         raise CreditAuditError(f"{run_dir} has no diagnosis: its Monitor never reached finish() "
                                f"(status {run.status.get('status', 'none: still training or killed')})")
-    evidence.gate(evidence.Evidence(str(run_dir), diagnosis_binding=run.diagnosis.get("run_binding"),
-                                    run_binding=diagnosis_binding(run_dir), check_binding=True))
-    return StoredDiagnosis(run)
+    return StoredDiagnosis(run)        # its binding to this run was checked by load_monitored
