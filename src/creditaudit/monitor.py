@@ -46,8 +46,8 @@ import torch
 from . import __version__, evidence, store
 from .adapter import Adapter, block_modules, check_reproduces, check_residual, stream_of
 from .errors import CreditAuditError, CreditAuditWarning
-from .metrics import MonitorSnapshot, accuracy, monitor_snapshot
 from .evidence import ControlEvidence
+from .metrics import MonitorSnapshot, accuracy, monitor_snapshot
 from .runs import diagnosis_binding, read_status, write_diagnosis
 from .verdict import FLAG_NAMES, Thresholds, first_fire_epochs, stop_rule
 
@@ -220,12 +220,14 @@ class Monitor:
             main_sha, main_id = main_info["init_sha256"], main_info.get("run_id")
         trainable = [n for b in block_modules(self.model, self.adapter) for n, p in b.named_parameters()
                      if p.requires_grad]
-        mismatch = (f"this model does not start from the initial weights of {main_dir}; build the "
-                    "control with that Monitor's frozen_control()" if main_sha != self.init_sha256 else
-                    "its blocks still require grad; build it with mon.frozen_control(), which "
-                    "freezes them" if trainable else
-                    f"{main_dir} was written by an older creditaudit (no run id); monitor the run "
-                    "again" if main_id is None else None)
+        mismatch = None
+        if main_sha != self.init_sha256:
+            mismatch = (f"this model does not start from the initial weights of {main_dir}; build "
+                        "the control with that Monitor's frozen_control()")
+        elif trainable:
+            mismatch = "its blocks still require grad; build it with mon.frozen_control(), which freezes them"
+        elif main_id is None:
+            mismatch = f"{main_dir} was written by an older creditaudit (no run id); monitor the run again"
         # the control as it starts: the gate refuses one that is not this run's; it trains next
         evidence.gate(evidence.Evidence(str(main_dir), None, ControlEvidence(
             str(self.out), mismatch, finished=False)))
