@@ -209,12 +209,12 @@ def check_reproduces(model: nn.Module, stream: ResidualStream, x: torch.Tensor,
     float16/bfloat16 logits). Otherwise every measurement would be of another network than the one
     trained, so this is one line saying which part differs — the shape, or the values by how much,
     with `Adapter(skip=False)` suggested when the blocks add their own skip (and `skip=True` in
-    the opposite case), found by trying the flipped stream. A model without a usable forward (it
-    raises NotImplementedError, or returns no tensor, e.g. a dict) has nothing to compare with:
-    the check is skipped."""
+    the opposite case), found by trying the flipped stream. A model without a forward of x alone
+    (it raises NotImplementedError, or TypeError for a forward that needs more arguments, or it
+    returns no tensor, e.g. a dict) has nothing to compare with: the check is skipped."""
     try:
         direct = model(x)
-    except NotImplementedError:
+    except (NotImplementedError, TypeError):
         return
     except Exception as err:  # noqa: BLE001 — the user's forward failing on its own batch is theirs to fix
         raise CreditAuditError(f"model(x) raised {type(err).__name__} on the eval batch: "
