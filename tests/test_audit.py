@@ -59,9 +59,10 @@ def test_audit_numbers_match_an_independent_cli_diagnose_of_the_same_run_folders
             assert direct[key] == stored[key], (entry["label"], key)
         assert direct["depth"]["frozen_acc"] == frozen["test_acc"]
         assert direct["depth"]["acc"] == entry["test_acc"]
-        # the audit also left the same diagnosis, sealed, in the run folder
-        assert store.read_sealed_json(os.path.join(entry["run_dir"], "diagnosis.json"),
-                                      "diagnosis") == stored
+        # the audit also left the same diagnosis, sealed, in the run folder, bound to that run
+        beside = store.read_sealed_json(os.path.join(entry["run_dir"], "diagnosis.json"), "diagnosis")
+        assert beside.pop("run_binding")["run"] == entry["key"]
+        assert beside == stored
         checked += 1
     assert checked == 1
     dfa = next(r for r in saved["runs"] if r["method"] == "dfa" and r["control"] == "none")

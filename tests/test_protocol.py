@@ -187,7 +187,7 @@ def test_non_finite_stream_gives_a_report_not_an_exception(digits, batches, trai
 def test_report_dict_and_table(digits, batches, trained):
     model, bp = trained
     r = diagnose(model, batches, method=bp, frozen_acc=0.5, rho=True, label="bp seed 0",
-                 monitor_history=[{"epoch": 1, "h_norms": [1, 2], "g_norms": [1e-3, 1e-3],
+                 monitor_history=[{"epoch": 1, "h_norms": [1, 2, 2, 2, 2], "g_norms": [1e-3] * 5,
                                    "max_growth": 2.0, "gain": 0.5, "test_acc": 0.9}])
     d = json.loads(json.dumps(r.to_dict(), allow_nan=False))
     for key in ("verdict", "paper_verdict", "flags", "residual_norms", "bp_grad_norms",

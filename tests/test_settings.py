@@ -359,9 +359,9 @@ def test_output_switches(folders, monkeypatch, capsys):
         assert cli_main([sub, RUN, "--device", "cpu", "--json", *extra]) == 0
         report = json.loads(capsys.readouterr().out)
         assert isinstance(report, dict) and report["label"] in plain and "{" not in plain
-    from creditaudit import store
     from creditaudit.check import check_path
-    store.write_sealed_json(Path(RUN) / "diagnosis.json", report)    # the last diagnose --json
+    from creditaudit.runs import write_diagnosis
+    write_diagnosis(Path(RUN), report)       # the last diagnose --json, bound to its run
     code = cli_main(["check", RUN])
     lines = capsys.readouterr().out
     assert cli_main(["check", RUN, "--json"]) == code

@@ -184,3 +184,64 @@ def check_residual(stream: ResidualStream, x: torch.Tensor, y: torch.Tensor) -> 
     if len(y) and (int(y.min()) < 0 or int(y.max()) >= logits.shape[1]):
         raise CreditAuditError(f"eval labels range over {int(y.min())}…{int(y.max())} but the model "
                                f"has {logits.shape[1]} classes")
+
+
+# the stream must give model(x) to this tolerance (|stream − model| ≤ ATOL + RTOL·|model(x)|,
+# elementwise): float32 re-association of the same sums stays orders of magnitude inside it; a
+# half-precision model (fp16/bf16 logits) gets HALF_RTOL/HALF_ATOL, its own rounding being ~1e-3
+RTOL, ATOL = 1e-4, 1e-5
+HALF_RTOL, HALF_ATOL = 1e-2, 1e-3
+
+
+def _rebuilt(model: nn.Module, adapter: Adapter, skip: bool) -> ResidualStream | None:
+    """The adapter's stream with `skip` set, or None when it cannot be built."""
+    try:
+        return stream_of(model, Adapter(adapter.blocks, adapter.embed, adapter.readout, skip))
+    except CreditAuditError:
+        return None
+
+
+@torch.no_grad()
+def check_reproduces(model: nn.Module, stream: ResidualStream, x: torch.Tensor,
+                     adapter: Adapter | None = None) -> None:
+    """The adapter proves itself: its stream, readout(steps(embed(x))), must reproduce the model's
+    own forward model(x) on the eval batch to RTOL = 1e-4, ATOL = 1e-5 (float32; 1e-2 / 1e-3 for
+    float16/bfloat16 logits). Otherwise every measurement would be of another network than the one
+    trained, so this is one line saying which part differs — the shape, or the values by how much,
+    with `Adapter(skip=False)` suggested when the blocks add their own skip (and `skip=True` in
+    the opposite case), found by trying the flipped stream. A model without a forward of x alone
+    (it raises NotImplementedError, or TypeError for a forward that needs more arguments, or it
+    returns no tensor, e.g. a dict) has nothing to compare with: the check is skipped."""
+    try:
+        direct = model(x)
+    except (NotImplementedError, TypeError):
+        return
+    except Exception as err:  # noqa: BLE001 — the user's forward failing on its own batch is theirs to fix
+        raise CreditAuditError(f"model(x) raised {type(err).__name__} on the eval batch: "
+                               f"{' '.join(str(err).split())[:200]}; give an eval batch the model's "
+                               "forward accepts") from None
+    if not isinstance(direct, torch.Tensor):
+        return
+    streamed = stream.forward_from(0, stream.embed(x))
+    if tuple(streamed.shape) != tuple(direct.shape):
+        raise CreditAuditError(f"the adapter's stream gives logits of shape {tuple(streamed.shape)} but "
+                               f"model(x) returns {tuple(direct.shape)}; check the adapter's readout "
+                               "(it must end where the model's forward ends)")
+    half = direct.dtype in (torch.float16, torch.bfloat16)
+    rtol, atol = (HALF_RTOL, HALF_ATOL) if half else (RTOL, ATOL)
+    ref, got = direct.float(), streamed.float()
+    if torch.isclose(got, ref, rtol=rtol, atol=atol, equal_nan=True).all():
+        return
+    diff = float((got - ref).abs().nan_to_num(float("inf")).max())
+    hint = ("check the adapter's embed, blocks and readout: the stream must compute what the forward "
+            "computes (embed → every block in order → readout, a final norm or pooling included)")
+    if adapter is not None and adapter.stream is None:
+        flipped = _rebuilt(model, adapter, not adapter.skip)
+        if flipped is not None:
+            other = flipped.forward_from(0, flipped.embed(x)).float()
+            if torch.isclose(other, ref, rtol=rtol, atol=atol, equal_nan=True).all():
+                hint = ("the blocks seem to add their own skip: pass Adapter(skip=False)" if adapter.skip
+                        else "the blocks seem to be residual branches without their skip: pass "
+                             "Adapter(skip=True)")
+    raise CreditAuditError(f"the adapter's stream does not reproduce model(x): its logits differ by up "
+                           f"to {diff:.3g} (tolerance {atol:g} + {rtol:g}·|logit|); {hint}")

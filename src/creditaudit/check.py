@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import store
+from . import evidence, store
 from .errors import CreditAuditError
+from .runs import diagnosis_binding
 from .verdict import Verdict, verdict_of
 
 TRUSTWORTHY, WALK_BACK, INCOMPLETE = 0, 1, 3
@@ -49,6 +50,10 @@ def check_path(path: Path) -> tuple[list[str], int, dict]:
         where = f"{path / 'audit.json'}"
     elif (path / "diagnosis.json").exists():
         report = store.read_sealed_json(path / "diagnosis.json", "run's diagnosis")
+        # a diagnosis copied from another folder, or made before the run finished or resumed,
+        # is refused by the evidence gate
+        evidence.gate(evidence.Evidence(str(path), diagnosis_binding=report.get("run_binding"),
+                                        run_binding=diagnosis_binding(path), check_binding=True))
         results = [report]
         rows = [(str(report.get("label") or path.name), report["verdict"])]
         where = f"{path / 'diagnosis.json'}"

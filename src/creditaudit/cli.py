@@ -227,10 +227,11 @@ def _train_or_record(train_run, config, out: Path, **train_kwargs):
 
 # -- diagnose / calibrate / check -------------------------------------------------------------------
 def _load_for_diagnosis(args):
-    """The run, its eval batches and (optionally) its checked frozen control."""
+    """The run, its eval batches and (optionally) its frozen control (judged by the evidence gate
+    in `diagnose_run`)."""
     from .data import load_dataset
     from .experiments import eval_batches
-    from .runs import check_frozen_control, load_run, resolve_device
+    from .runs import load_run, resolve_device
     run = load_run(args.run_dir, resolve_device(args.device))
     control = None
     if getattr(args, "frozen_control", None):
@@ -239,7 +240,6 @@ def _load_for_diagnosis(args):
                                    "give the control's run folder (`creditaudit train ... --frozen --out "
                                    "DIR`), a weights file only with --model")
         control = load_run(args.frozen_control, "cpu")
-        check_frozen_control(run, control)
     data = load_dataset(run.config.dataset, args.data_dir, next(run.model.parameters()).device)
     batches = eval_batches(data, args.eval_batches)
     _check_credit(run, *batches[0])
@@ -274,6 +274,7 @@ def _diagnose_user_model(args):
     from .experiments import eval_batches
     from .protocol import diagnose
     from .runs import resolve_device
+    from . import evidence
     from .usermodel import user_model_evidence
     if not args.weights or not args.dataset:
         raise CreditAuditError("--model needs --weights FILE.safetensors and --dataset NAME")
@@ -284,19 +285,13 @@ def _diagnose_user_model(args):
     batches = eval_batches(data, args.eval_batches)
     ev = user_model_evidence(args.model, args.weights, data, batches, frozen=args.frozen_control,
                              init=args.init_weights, device=device)
-    unverified = ev["control_unverified"]
-    # an unverified control is no evidence for (d): it is not evaluated, so never "trustworthy"
-    report = diagnose(ev["model"], batches, frozen_acc=None if unverified else ev["frozen_acc"],
-                      test_acc=ev["test_acc"], monitor_history=ev["history"],
+    # the evidence gate: a control that is not this model's, untrained or non-finite is refused; an
+    # unverified one is no evidence for (d) (not evaluated, so never "trustworthy")
+    admitted = evidence.gate(evidence.Evidence(args.model, None, ev["control"]))
+    report = diagnose(ev["model"], batches, frozen_acc=admitted.frozen_acc, test_acc=ev["test_acc"],
+                      monitor_history=ev["history"], depth_unevaluated=admitted.depth_why,
                       rho=getattr(args, "rho", False), label=f"{args.model} ({Path(args.weights).name})")
     report.first_fire = None          # two snapshots (init, now) are no training-time monitor
-    if unverified:
-        why = (f"the frozen control {args.frozen_control} (accuracy {ev['frozen_acc']:.4f} vs "
-               f"{ev['test_acc']:.4f}) is unverified: {unverified}")
-        old = report.not_evaluated.get("d")
-        report.not_evaluated["d"] = why
-        report.notes = [n for n in report.notes if old is None or old not in n]
-        report.notes.append(f"(d) not evaluated: {why}.")
     return report
 
 
@@ -324,9 +319,9 @@ def _cmd_diagnose(args) -> int:
         report = _diagnosis(args)
     print(report.to_json(indent=2) if args.json else report)
     if args.run_dir:                  # saved beside the run, so `creditaudit check RUN_DIR` reads it
-        from .store import write_sealed_json
+        from .runs import write_diagnosis
         try:
-            write_sealed_json(Path(args.run_dir) / "diagnosis.json", report.to_dict())
+            write_diagnosis(Path(args.run_dir), report.to_dict())
         except OSError as err:
             print(f"creditaudit: note: could not save {Path(args.run_dir) / 'diagnosis.json'} "
                   f"({err.strerror or err}); the diagnosis above stands", file=sys.stderr)
@@ -858,8 +853,18 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM stops like Ctrl-C: workers stopped, exit 130
     try:
-        args = build_parser().parse_args(argv)
-        return args.func(args)
+        args = build_parser().parse_args(argv)     # --help ends here with its own SystemExit(0)
+        try:
+            return args.func(args)
+        except SystemExit as err:
+            # only the user's code (a --model factory or its forward, a PKG:CLASS rule's step or
+            # credit) exits inside a command: a run it was training is unfinished, nothing was
+            # judged, and the exit must not read as success (`check` exiting 0)
+            raise CreditAuditError(f"code of yours called sys.exit({err.code!r}) inside `creditaudit "
+                                   f"{args.command}` (a model factory or forward, or a method's step "
+                                   "or credit); nothing was judged and a run it trained is unfinished "
+                                   "(its finished epochs are kept) — remove the exit and run the same "
+                                   "command again") from None
     except CreditAuditError as err:
         print(f"creditaudit: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -15,7 +15,9 @@ WandbLogger, MLFlowLogger, …) under the names of trackers.py, at the trainer's
 `creditaudit/epoch` beside them. A StopRun (a flag held
 `stop_when_flagged` epochs, or divergence) sets `trainer.should_stop`; an exception seals the run
 "interrupted". `frozen_control()` gives the (d) control module, fitted under
-`CreditAuditCallback(..., control_of=this_callback)`.
+`CreditAuditCallback(..., control_of=this_callback)`. A fit whose epochs do not see all the
+training data (`fast_dev_run`, `limit_train_batches` below one epoch) is sealed "ended-early",
+never "finished".
 """
 from __future__ import annotations
 
@@ -32,6 +34,26 @@ try:
 except ImportError:  # pragma: no cover — the extra is not installed
     raise CreditAuditError("the Lightning callback needs the lightning package: "
                            "pip install \"creditaudit[lightning]\"") from None
+
+
+def _partial_epochs(trainer) -> str | None:
+    """Why this fit's epochs do not each see all the training data (None when they do): a
+    `fast_dev_run`, or `limit_train_batches` below one epoch (a fraction < 1, or fewer batches than
+    the training loader holds). Such a fit is no finished run, whatever `max_epochs` says."""
+    if trainer.fast_dev_run:
+        return f"Trainer(fast_dev_run={trainer.fast_dev_run!r}) trains a few batches only"
+    limit = trainer.limit_train_batches
+    if isinstance(limit, float) and limit < 1.0:
+        return f"Trainer(limit_train_batches={limit:g}) trains only part of each epoch"
+    if isinstance(limit, int):
+        try:
+            full = len(trainer.train_dataloader)
+        except TypeError:               # an iterable without a length: the limit cannot be checked
+            full = None
+        if full is None or limit < full:
+            return (f"Trainer(limit_train_batches={limit}) trains {limit} batches of "
+                    f"{'an unknown number' if full is None else full} per epoch")
+    return None
 
 
 class CreditAuditCallback(L.Callback):
@@ -94,6 +116,9 @@ class CreditAuditCallback(L.Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if self.monitor.status:
             return
+        partial = _partial_epochs(trainer)
+        if partial is not None:
+            self.monitor.partial_epochs = partial
         test_acc = None
         if self.monitor.test_batches is None:
             if self.test_acc_key is None or self.test_acc_key not in trainer.callback_metrics:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import numbers
 import time
 import uuid
 import warnings
@@ -42,11 +43,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 
-from . import __version__, store
-from .adapter import Adapter, block_modules, check_residual, stream_of
+from . import __version__, evidence, store
+from .adapter import Adapter, block_modules, check_reproduces, check_residual, stream_of
 from .errors import CreditAuditError, CreditAuditWarning
-from .metrics import accuracy, monitor_snapshot
-from .runs import read_status
+from .evidence import ControlEvidence
+from .metrics import MonitorSnapshot, accuracy, monitor_snapshot
+from .runs import diagnosis_binding, read_status, write_diagnosis
 from .verdict import FLAG_NAMES, Thresholds, first_fire_epochs, stop_rule
 
 if TYPE_CHECKING:
@@ -55,6 +57,9 @@ if TYPE_CHECKING:
 SOURCE = "user-loop"
 RUN_FILE = "run.json"
 RUN_FILES = ("run.json", "config.json", "checkpoint.json", "status.json", "metrics.jsonl")
+# the fields of a monitor line the monitor measures (train._record's): user logs never overwrite them
+MEASURED_FIELDS = ("epoch", "train_loss", "test_acc", "wall_time",
+                   *MonitorSnapshot([], [], 0.0, 0.0, 0.0, 0.0).to_dict())
 FINISHED, ENDED_EARLY, INTERRUPTED, STOPPED, DIVERGED = (
     "finished", "ended-early", "interrupted", "stopped", "diverged")
 
@@ -111,7 +116,9 @@ class Monitor:
                       floor assumes a mean over 128), e.g. `data.eval_batch(0)`.
     out:              the run folder (refused if it holds a run already).
     epochs:           how many epochs the loop will train; fewer by `finish()` = "ended-early".
-    adapter:          how to reach the residual stream of a model that is not a creditaudit class.
+    adapter:          how to reach the residual stream of a model that is not a creditaudit class;
+                      its stream must reproduce model(eval x) to 1e-5 + 1e-4·|logit| (float32;
+                      adapter.check_reproduces), else the Monitor refuses in one line.
     test_batches:     iterable of (x, y) for the test accuracy when `epoch_end` is not given one.
     diagnose_batches: eval batches of the final diagnosis (the protocol wants K ≥ 8 disjoint
                       batches of 128); default [eval_batch].
@@ -167,7 +174,9 @@ class Monitor:
         was_training = model.training
         model.eval()
         try:
+            evidence.check_depth(self.stream.n_blocks)
             check_residual(self.stream, self.x.to(dev), self.y.to(dev))
+            check_reproduces(model, self.stream, self.x.to(dev), adapter)    # the adapter proves itself
         finally:
             model.train(was_training)
         self._stop = stop_rule(stop_when_flagged, thresholds)
@@ -193,6 +202,9 @@ class Monitor:
                      "stop_when_flagged": stop_when_flagged, "thresholds": asdict(thresholds)}
         self.history: list[dict] = []
         self.status: dict[str, Any] = {}
+        # set by an integration whose epochs do not see all the training data (Lightning's
+        # fast_dev_run, limit_train_batches < 1 epoch): why, so `finish` never calls it finished
+        self.partial_epochs: str | None = None
         self.report = None
         self._epoch_offset: int | None = None
         self._steps = 0
@@ -227,17 +239,19 @@ class Monitor:
             raise CreditAuditError(f"method={method!r}, but {main_dir} trains "
                                    f"{main_info.get('method')!r}; a control takes its run's method "
                                    "(leave method= out)")
-        if main_sha != self.init_sha256:
-            raise CreditAuditError(f"this model does not start from the initial weights of {main_dir}; "
-                                   "build the control with that Monitor's frozen_control()")
         trainable = [n for b in block_modules(self.model, self.adapter) for n, p in b.named_parameters()
                      if p.requires_grad]
-        if trainable:
-            raise CreditAuditError("the frozen control's blocks still require grad; build it with "
-                                   "mon.frozen_control(), which freezes them")
-        if main_id is None:
-            raise CreditAuditError(f"{main_dir} was written by an older creditaudit (no run id); "
-                                   "monitor the run again")
+        mismatch = None
+        if main_sha != self.init_sha256:
+            mismatch = (f"this model does not start from the initial weights of {main_dir}; build "
+                        "the control with that Monitor's frozen_control()")
+        elif trainable:
+            mismatch = "its blocks still require grad; build it with mon.frozen_control(), which freezes them"
+        elif main_id is None:
+            mismatch = f"{main_dir} was written by an older creditaudit (no run id); monitor the run again"
+        # the control as it starts: the gate refuses one that is not this run's; it trains next
+        evidence.gate(evidence.Evidence(str(main_dir), None, ControlEvidence(
+            str(self.out), mismatch, finished=False)))
         return str(main_dir), main_id, main_info.get("method")
 
     def frozen_control(self) -> torch.nn.Module:
@@ -277,6 +291,9 @@ class Monitor:
         device: no host sync); `n` its number of samples, so the epoch's train loss is the
         per-sample mean exactly as `creditaudit train` records it."""
         self._check_open()
+        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n <= 0):
+            raise CreditAuditError(f"step(loss, n): n is the batch's number of samples, a positive "
+                                   f"integer (e.g. len(y)), got {n!r}")
         weight = 1 if n is None else int(n)
         value = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
         if self._loss_sum is None:
@@ -295,6 +312,10 @@ class Monitor:
         Raises StopRun when the run ended here (diverged, or a flag held `stop_when_flagged`).
         """
         self._check_open()
+        clash = sorted(set(logs) & set(MEASURED_FIELDS))
+        if clash:
+            raise CreditAuditError(f"epoch_end() logs {', '.join(clash)}, which the monitor measures "
+                                   "itself; give your numbers other names (e.g. my_" + clash[0] + ")")
         k = self.epochs_completed + 1
         if self._steps == 0:
             raise CreditAuditError(f"epoch_end() for epoch {k} came before any step(): call "
@@ -341,7 +362,10 @@ class Monitor:
         `control_of=` this Monitor calls that itself when it finishes."""
         if not self.status:
             done = self.epochs_completed
-            if done >= self.epochs:
+            if self.partial_epochs is not None:
+                self._seal(ENDED_EARLY, f"{self.partial_epochs}: no epoch saw all the training data, "
+                                        "so this is not a finished run")
+            elif done >= self.epochs:
                 self._seal(FINISHED, f"trained {self.epochs} epochs in the user's loop")
             else:
                 self._seal(ENDED_EARLY, f"finish() after {done} of {self.epochs} planned epochs")
@@ -419,9 +443,15 @@ class Monitor:
         fired = first_fire_epochs(self.history, self.thresholds)
         for key, epoch in fired.items():
             if epoch is not None and self._fired.get(key) is None:
+                cause = ("" if epoch != 0 else
+                         "; it fired at epoch 0, before any training: a likely cause is the adapter "
+                         "(does it describe the model? blocks that add their own skip need "
+                         "Adapter(skip=False))" if self.adapter is not None else
+                         "; it fired at epoch 0, before any training: the model's initialisation "
+                         "(or its .stream()) is the likely cause")
                 warnings.warn(FlagFired(f"{self.label}: {FLAG_NAMES[key]} fired at epoch {epoch} "
                                         f"(‖h_L‖ {record['h_norms'][-1]:.3g}, ‖g_L‖ "
-                                        f"{record['g_norms'][-1]:.3g}, gain {record['gain']:.3g})"),
+                                        f"{record['g_norms'][-1]:.3g}, gain {record['gain']:.3g}){cause}"),
                               stacklevel=4)
                 if self.on_flag is not None:
                     self.on_flag(key, epoch, record)
@@ -444,26 +474,37 @@ class Monitor:
             self._tb.close()
 
     def _control_check(self) -> dict[str, bool]:
-        """Is this control what (d) needs? Its block parameters still equal the snapshot init, and
-        the parameters outside the blocks (embedding, readout) moved: a control that never trained,
-        or whose blocks trained too, is not the frozen-blocks control."""
+        """What this control shows the evidence gate (evidence.py judges it): whether its block
+        parameters still equal the snapshot init, whether the parameters outside the blocks
+        (embedding, readout) moved, and whether its weights and its logits on the eval batch are
+        finite."""
         in_blocks = {id(p) for b in block_modules(self.model, self.adapter) for p in b.parameters()}
         same = {n: torch.equal(p.detach().cpu(), self.init[n].cpu())
                 for n, p in self.model.named_parameters() if n in self.init}
         ids = {n: id(p) for n, p in self.model.named_parameters()}
         blocks = [same[n] for n in same if ids[n] in in_blocks]
         rest = [same[n] for n in same if ids[n] not in in_blocks]
-        return {"blocks_at_init": all(blocks), "rest_moved": bool(rest) and not all(rest)}
+        was = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                logits = self.stream.forward_from(0, self.stream.embed(self.x.to(_device_of(self.model))))
+        finally:
+            self.model.train(was)
+        finite = all(bool(p.isfinite().all()) for p in self.model.parameters()) and bool(logits.isfinite().all())
+        return {"blocks_at_init": all(blocks), "rest_moved": bool(rest) and not all(rest), "finite": finite}
 
     def _diagnose(self, from_checkpoint: bool = False):
         from .protocol import diagnose
         batches = self.diagnose_batches or [(self.x, self.y)]
         dev = _device_of(self.model)
         batches = [(x.to(dev), y.to(dev)) for x, y in batches]
-        frozen_acc = None
-        if self.frozen_control_dir is not None:
-            frozen_acc = control_accuracy(self.frozen_control_dir, self.info)
         status = self.status["status"]
+        training = {"status": status, "epochs_completed": self.epochs_completed,
+                    "epochs_planned": self.epochs}
+        admitted = evidence.gate(evidence.Evidence(
+            self.label, training, None if self.frozen_control_dir is None
+            else control_evidence(self.frozen_control_dir, self.info)))
         model = self.model
         if status == DIVERGED or from_checkpoint:
             # the last (finite) checkpoint, as the trainer's run folder keeps it; the model in
@@ -474,15 +515,15 @@ class Monitor:
         was = model.training
         model.eval()
         try:
-            report = diagnose(stream, batches, method=self.credit, frozen_acc=frozen_acc,
+            report = diagnose(stream, batches, method=self.credit, frozen_acc=admitted.frozen_acc,
+                              depth_unevaluated=admitted.depth_why,
                               test_acc=self.history[-1]["test_acc"], thresholds=self.thresholds,
                               monitor_history=self.history, label=self.label,
                               diverged=self.status["message"] if status == DIVERGED else None,
-                              training={"status": status, "epochs_completed": self.epochs_completed,
-                                        "epochs_planned": self.epochs})
+                              training=training)
         finally:
             model.train(was)
-        store.write_sealed_json(self.out / "diagnosis.json", report.to_dict())
+        write_diagnosis(self.out, report.to_dict())
         return report
 
 
@@ -529,7 +570,8 @@ class MonitoredRun:
 
 
 def load_monitored(run_dir: str | Path) -> MonitoredRun:
-    """Read a monitored run folder (every record integrity-checked; nothing unpickled)."""
+    """Read a monitored run folder (every record integrity-checked, its diagnosis bound to this
+    run by the evidence gate; nothing unpickled)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CreditAuditError(f"run folder {run_dir} does not exist")
@@ -538,39 +580,41 @@ def load_monitored(run_dir: str | Path) -> MonitoredRun:
     status = read_status(run_dir)
     path = run_dir / "diagnosis.json"
     diagnosis = store.read_sealed_json(path, "run's diagnosis") if path.exists() else None
+    if diagnosis is not None:     # one copied from another run, or older than the run's status
+        evidence.gate(evidence.Evidence(str(run_dir), diagnosis_binding=diagnosis.get("run_binding"),
+                                        run_binding=diagnosis_binding(run_dir), check_binding=True))
     return MonitoredRun(run_dir, info, state["history"], status, diagnosis)
 
 
-def control_accuracy(control_dir: str | Path, main_info: dict) -> float | None:
-    """The test accuracy of a finished frozen control of the run whose run.json is `main_info`
-    (None while the control is unfinished). Refused with one line: a folder that is not a frozen
-    control, the control of another run (its `control_of_id` names another run id, even from the
-    same initial weights), one planned for another number of epochs, and a finished one whose
-    blocks moved or whose embedding and readout never trained."""
+def control_evidence(control_dir: str | Path, main_info: dict) -> ControlEvidence:
+    """What the monitored folder `control_dir` shows as the frozen control of the run whose
+    run.json is `main_info`, for `evidence.gate`: whether it is that run's (a frozen control, from
+    its initial weights, built for its run id — not only the same init —, planned for its epochs),
+    finished, and what its Monitor found when it was sealed (blocks at init, embedding and readout
+    trained, finite weights and logits). Measures only; the gate decides."""
     run = load_monitored(control_dir)
-    if run.info.get("control") != "frozen":
-        raise CreditAuditError(f"{control_dir} is not a frozen control (train it under "
-                               "Monitor(mon.frozen_control(), ..., control_of=mon))")
-    if run.info.get("init_sha256") != main_info.get("init_sha256"):
-        raise CreditAuditError(f"the frozen control {control_dir} starts from other initial weights "
-                               "than this run; it is the control of another run")
-    if run.info.get("control_of_id") is None or run.info.get("control_of_id") != main_info.get("run_id"):
-        raise CreditAuditError(f"the frozen control {control_dir} was built for another run "
-                               f"({run.info.get('control_of')}); train this run's own control with "
-                               "Monitor(mon.frozen_control(), ..., control_of=mon)")
-    if run.info.get("epochs") != main_info.get("epochs"):
-        raise CreditAuditError(f"the frozen control {control_dir} plans {run.info.get('epochs')} epochs, "
-                               f"the run {main_info.get('epochs')}; train the control like the run")
-    if not run.finished:
-        return None
-    check = run.status.get("control_check") or {}
-    if not check.get("blocks_at_init"):
-        raise CreditAuditError(f"the frozen control {control_dir} ended with its blocks changed from "
-                               "the initial weights; it is not the frozen-blocks control")
-    if not check.get("rest_moved"):
-        raise CreditAuditError(f"the frozen control {control_dir} never trained its embedding or "
-                               "readout (they equal the initial weights); train it like the run")
-    return run.test_acc
+    info, check = run.info, run.status.get("control_check") or {}
+    mismatch = None
+    if info.get("control") != "frozen":
+        mismatch = ("it is not a frozen control (train it under Monitor(mon.frozen_control(), ..., "
+                    "control_of=mon))")
+    elif info.get("init_sha256") != main_info.get("init_sha256"):
+        mismatch = "it starts from other initial weights than this run (the control of another run)"
+    elif info.get("control_of_id") is None or info.get("control_of_id") != main_info.get("run_id"):
+        mismatch = (f"it was built for another run ({info.get('control_of')}); train this run's own "
+                    "control with Monitor(mon.frozen_control(), ..., control_of=mon)")
+    elif info.get("epochs") != main_info.get("epochs"):
+        mismatch = f"it plans {info.get('epochs')} epochs, the run {main_info.get('epochs')}"
+    return ControlEvidence(str(control_dir), mismatch, run.finished, run.test_acc,
+                           check.get("blocks_at_init"), check.get("rest_moved"), check.get("finite"))
+
+
+def control_accuracy(control_dir: str | Path, main_info: dict) -> float | None:
+    """The test accuracy of the frozen control in `control_dir` of the run whose run.json is
+    `main_info`, as the evidence gate admits it (None while the control is unfinished or could not
+    be checked); a control the gate refuses is one line (CreditAuditError)."""
+    return evidence.gate(evidence.Evidence(str(main_info.get("label")), None,
+                                           control_evidence(control_dir, main_info))).frozen_acc
 
 
 class StoredDiagnosis:
@@ -616,4 +660,4 @@ def stored_diagnosis(run_dir: str | Path) -> StoredDiagnosis:
     if run.diagnosis is None:
         raise CreditAuditError(f"{run_dir} has no diagnosis: its Monitor never reached finish() "
                                f"(status {run.status.get('status', 'none: still training or killed')})")
-    return StoredDiagnosis(run)
+    return StoredDiagnosis(run)        # its binding to this run was checked by load_monitored

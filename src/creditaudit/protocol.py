@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import metrics as M
+from . import evidence, metrics as M
 from .errors import CreditAuditError
 from .model import as_stream
 from .seeding import derived_generator
@@ -86,6 +86,7 @@ class Report:
     training: dict | None = None              # status, epochs_completed, epochs_planned
     nudge: list[M.NudgeResult] | None = None  # nudging test at the ρ layers (needs a method)
     reasons_by_flag: dict[str, str] = field(default_factory=dict)   # the reasons, keyed by flag
+    missing_evidence: list[str] = field(default_factory=list)   # gaps beyond flags and training
 
     @property
     def verdict(self) -> str:
@@ -131,6 +132,7 @@ class Report:
             "first_fire": self.first_fire, "diverged": self.diverged,
             "init_growth": self.init_growth, "stack_growth": self.stack_growth,
             "not_evaluated": self.not_evaluated, "training": self.training,
+            "missing_evidence": self.missing_evidence,
             "nudge": None if self.nudge is None else [n.to_dict() for n in self.nudge],
             "rho_bp_model_precision": self.rho_bp_model_precision,
             "thresholds": asdict(self.thresholds),
@@ -305,7 +307,8 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
              null: bool | None = None, null_k: int = 20, null_seed: int = 0,
              rho: bool | Sequence[int] = False, rho_m: int = 32, rho_eps: float = 1e-3,
              rho_seed: int = 0, label: str = "", diverged: str | None = None,
-             training: dict | None = None, missing_evidence: Sequence[str] = ()) -> Report:
+             training: dict | None = None, missing_evidence: Sequence[str] = (),
+             depth_unevaluated: str | None = None) -> Report:
     """Run the docs/PROTOCOL.md protocol on `model` (a ResidualStream or a model with `.stream()`).
 
     eval_batches:    list of (x, y); protocol: K ≥ 8 disjoint batches of 128 (s_l needs K ≥ 2).
@@ -331,7 +334,9 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
                      (None: a model trained elsewhere, taken as final).
     missing_evidence: what the caller knows is missing or unchecked (e.g. "the frozen control
                      could not be verified against the initialisation"); each keeps both verdicts
-                     from "trustworthy".
+                     from "trustworthy"; the report keeps them (with a non-finite credit's) as
+                     `missing_evidence`, which the method verdict across seeds carries on.
+    depth_unevaluated: why (d) has no control accuracy, as the evidence gate (evidence.py) said.
     Never raises on a non-finite model: the report says so instead. Raises CreditAuditError for
     inputs out of range (accuracies outside [0, 1] or NaN, malformed batches or credit).
     """
@@ -352,7 +357,7 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
     try:
         return _diagnose(model, batches, method, frozen_acc, test_acc, thresholds,
                          monitor_history, null, null_k, null_seed, rho, rho_m, rho_eps, rho_seed,
-                         label, diverged, training, list(missing_evidence))
+                         label, diverged, training, list(missing_evidence), depth_unevaluated)
     finally:
         if module is not None:
             module.train(was_training)
@@ -380,8 +385,11 @@ def _flags(values: dict, t: Thresholds, nonfinite: bool, diverged: str | None
 
 
 def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, null_k, null_seed,
-              rho, rho_m, rho_eps, rho_seed, label, diverged, training, missing) -> Report:
+              rho, rho_m, rho_eps, rho_seed, label, diverged, training, missing,
+              depth_why=None) -> Report:
     stream = as_stream(model)
+    evidence.check_depth(stream.n_blocks)
+    evidence.check_history(history, stream.n_blocks + 1)
     bps = []
     for i, (x, y) in enumerate(batches):
         with torch.no_grad():
@@ -421,10 +429,11 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
         not_evaluated["a_prime"] = ("no initialisation was recorded for this model, so only the "
                                     f"whole-stack ratio ‖h_L‖/‖h_0‖ = {stack:.3g} could be measured")
     if flags["d"] is None:
-        not_evaluated["d"] = ("no accuracy of a matching, finished frozen-blocks control was given "
+        not_evaluated["d"] = depth_why or ("no accuracy of a matching, finished frozen-blocks control was given "
                               "(creditaudit diagnose --frozen-control RUN_DIR)")
     if flags["c"] is None:
         not_evaluated["c"] = "s_l needs at least two eval batches with non-zero BP gradients"
+    evidence_gaps = missing        # the caller's and the credit's: carried into the method verdict
     missing = training_gaps(training) + missing
 
     report = Report(label, len(batches), len(pooled.logits), t, h_norms, g_norms, gain, growth,
@@ -450,8 +459,9 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
         if bad:
             # Γ is one of the two numbers the verdict vouches for: without it the verdict cannot
             # say the reported numbers stand
-            missing.append(f"Γ not evaluated: the method's credit is non-finite at residual "
-                           f"position(s) {', '.join(map(str, bad))}")
+            evidence_gaps.append(f"Γ not evaluated: the method's credit is non-finite at residual "
+                                 f"position(s) {', '.join(map(str, bad))}")
+            missing.append(evidence_gaps[-1])
             report.notes.append(f"{missing[-1]}.")
         if null is None:
             null = bool(getattr(method, "random_feedback", False))
@@ -472,6 +482,7 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
         report.first_fire = first_fire_epochs(history, t)
     report.project = decide(flags, "project", nonfinite, missing)
     report.paper = decide(flags, "paper", nonfinite, missing)
+    report.missing_evidence = evidence_gaps
     report.reasons_by_flag = reasons_by_flag(report)   # last: a reason may cite ρ_BP measured above
     report.reasons = list(report.reasons_by_flag.values())
     return report

@@ -5,7 +5,9 @@
     RUN/metrics.jsonl      one line per completed epoch (epoch 0 = at initialisation)
     RUN/status.json        how training ended: finished / stopped / diverged, epochs completed
     RUN/error.txt          the traceback of a run that raised
-    RUN/diagnosis.json     the latest diagnosis of the run (the audit's, or `creditaudit diagnose`'s)
+    RUN/diagnosis.json     the latest diagnosis of the run (the audit's, or `creditaudit diagnose`'s),
+                           bound to the run it was made of (`run_binding`: run key, checkpoint
+                           seal, status digest; `evidence.gate` refuses a copied or stale one)
 
 Nothing here trains or judges; `train.py` writes runs, the experiments read them through `load_run`.
 """
@@ -23,6 +25,7 @@ from . import store
 from .config import OutdatedRunConfig, RunConfig
 from .data import ArrayDataset
 from .errors import CreditAuditError
+from .evidence import ControlEvidence
 from .methods import Method, MethodSettings, method_class
 from .model import ResidualModel, build_model as build_architecture
 from .seeding import seed_everything
@@ -95,6 +98,7 @@ class Run:
     history: list[dict] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)    # the checkpoint's remaining state (RNGs)
+    shape: dict[str, Any] = field(default_factory=dict)    # the data's input_shape and n_classes
 
     @property
     def test_acc(self) -> float | None:
@@ -154,7 +158,8 @@ def load_run(run_dir: str | Path, device: str | torch.device | None = None) -> R
         raise CreditAuditError(f"the method state in {run_dir} does not fit a {config.method!r} run "
                                f"({type(err).__name__}: {err}); the checkpoint is corrupt or foreign") from None
     history = state.pop("history")
-    return Run(config, run_dir, model, method, history, read_status(run_dir), state)
+    return Run(config, run_dir, model, method, history, read_status(run_dir), state,
+               {"input_shape": meta["input_shape"], "n_classes": meta["n_classes"]})
 
 
 def existing_run_is_done(out: Path, config: RunConfig) -> bool:
@@ -214,15 +219,73 @@ CONTROL_FIELDS = ("method", "dataset", "arch", "seed", "epochs", "batch_size", "
                   "data_digest", "code_version", "precision")
 
 
-def check_frozen_control(run: Run, control: Run) -> None:
-    """Refuse a `--frozen-control` that is not the frozen control of `run`, naming the field."""
+def _mismatch(config: RunConfig, control: Run) -> str | None:
+    """Why `control` is not the frozen control of the run `config` (the first field that differs), or None."""
     if control.config.trainable_blocks != 0 or control.config.blocks == 0:
-        raise CreditAuditError(f"{control.run_dir} is not a frozen-blocks control (it is "
-                               f"{control.config.control!r}); train one with `creditaudit train ... --frozen`")
-    mine_c, theirs_c = canonical_control(run.config.replace(trainable_blocks=0)), canonical_control(control.config)
+        return (f"it is a {control.config.control!r} run, not a frozen-blocks control (train one with "
+                "`creditaudit train ... --frozen`)")
+    mine_c, theirs_c = canonical_control(config.replace(trainable_blocks=0)), canonical_control(control.config)
     for name in CONTROL_FIELDS:
         mine, theirs = getattr(mine_c, name), getattr(theirs_c, name)
         if mine != theirs:
-            raise CreditAuditError(f"the frozen control {control.run_dir} does not match the run: "
-                                   f"{name} is {theirs!r} there but {mine!r} here; train the control "
-                                   "with the run's settings plus --frozen")
+            return f"{name} is {theirs!r} there but {mine!r} here"
+    return None
+
+
+def control_evidence(config: RunConfig | None, control: Run, x: torch.Tensor | None = None) -> ControlEvidence:
+    """What the run folder `control` shows as the frozen control of the run `config`, for `evidence.gate`:
+    whether it is this run's (same settings, seed, data and code), finished, its blocks equal to
+    the initialisation its seed gives, its embedding and readout moved from it, and its weights
+    (and its logits on `x`, when given) finite. `config` None: a control judged on its own (the
+    audit's shallow control: no blocks, so only its embedding and readout must have trained).
+    Measures only; the gate decides."""
+    mismatch = None if config is None else _mismatch(config, control)
+    where = str(control.run_dir)
+    if mismatch is not None:
+        return ControlEvidence(where, mismatch=mismatch, finished=control.finished, acc=control.test_acc)
+    model = control.model
+    init = build_model(control.config, tuple(control.shape["input_shape"]), control.shape["n_classes"])
+    start = {n: p.detach() for n, p in init.named_parameters()}
+    now = {n: p.detach().cpu() for n, p in model.named_parameters()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    blocks = {names[id(p)] for b in model.blocks for p in b.parameters()}
+    rest = [names[id(p)] for p in (*model.embed_parameters(), *model.head_parameters())]
+    finite = all(bool(p.isfinite().all()) for p in now.values())
+    if finite and x is not None:
+        with torch.no_grad():
+            finite = bool(model(x.to(next(model.parameters()).device)).isfinite().all())
+    return ControlEvidence(
+        where, finished=control.finished, acc=control.test_acc, finite=finite,
+        kind="frozen" if config is not None else control.config.control,
+        blocks_at_init=all(torch.equal(now[n], start[n]) for n in blocks),
+        rest_moved=bool(rest) and not all(torch.equal(now[n], start[n]) for n in rest))
+
+
+def run_identity(run_dir: Path) -> str | None:
+    """What names the run in a folder: a Monitor's run id (run.json), else the run key of its
+    config.json; None when the folder holds neither."""
+    run_dir = Path(run_dir)
+    for name, key in (("run.json", "run_id"), ("config.json", None)):
+        path = run_dir / name
+        if path.exists():
+            raw = store.read_json(path, "run folder")
+            if not isinstance(raw, dict):
+                return None
+            return raw.get(key) if key else read_config(run_dir).run_key
+    return None
+
+
+def diagnosis_binding(run_dir: Path) -> dict[str, Any]:
+    """The run a diagnosis of `run_dir` is made of, as it stands now: its identity (run key or run
+    id), its checkpoint's seal and its sealed training status (None while it trains). Recorded in
+    diagnosis.json (`write_diagnosis`) and compared by `evidence.gate` when the diagnosis is read
+    back, as status.json is bound to its checkpoint."""
+    status = read_status(run_dir)
+    return {"run": run_identity(run_dir), "checkpoint": store.checkpoint_digest(run_dir),
+            "status": store.digest(store.json_safe(status)) if status else None}
+
+
+def write_diagnosis(run_dir: Path, report: dict) -> None:
+    """Seal `report` as <run_dir>/diagnosis.json, bound to the run as it stands now."""
+    store.write_sealed_json(Path(run_dir) / "diagnosis.json",
+                            {**report, "run_binding": diagnosis_binding(run_dir)})

@@ -108,6 +108,22 @@ def step_runner(method, mode: str | None):
     return method.step_function(fallback=True, mode=mode) if mode is not None else method.train_step
 
 
+def no_exit(step: Callable, label: str) -> Callable:
+    """`step`, with a SystemExit raised inside it (a method of the user's calling sys.exit) turned
+    into a CreditAuditError: the run stays unfinished (no status.json; the last finished epoch's
+    checkpoint is kept), the audit records it as failed and the command line exits non-zero —
+    never a silent exit 0 that a CI could read as a passed check. A KeyboardInterrupt passes on:
+    it stops training like Ctrl-C (exit 130, resumable)."""
+    def guarded(x, y):
+        try:
+            return step(x, y)
+        except SystemExit as err:
+            raise CreditAuditError(f"the method's step called sys.exit({err.code!r}) in run {label}; "
+                                   "the run is unfinished (its finished epochs are kept) — remove "
+                                   "the exit, then train again") from None
+    return guarded
+
+
 def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None = None,
               device: str | torch.device | None = None, data: ArrayDataset | None = None,
               progress: bool = True, stop_rule: StopRule | None = None,
@@ -334,7 +350,7 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
     if stack is not None:
         step = stack.step_function(fallback=True, mode=mode) if mode is not None else stack.train_step
     else:
-        lone = step_runner(first.method, mode)
+        lone = no_exit(step_runner(first.method, mode), first.config.label)
         step = lambda x, y: lone(x[0], y[0]).unsqueeze(0)            # a lone step on a stack of one
     live = list(range(K))
     for epoch in bar:

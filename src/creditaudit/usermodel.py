@@ -14,20 +14,23 @@ Weights are read with safetensors only, so loading cannot run code.
 The frozen control is the same FACTORY with its blocks left at initialisation and the rest trained;
 its weights give (d). The weights at initialisation, when given, give (a′) its growth-since-init
 part, and make the control checkable: its block parameters must equal the initial ones exactly, and
-its embedding and its head must each differ from them (a control that fails either is refused in
-one line, exit 2 — passing the initial weights, or the trained weights, as the control is caught).
+its embedding and its head must each differ from them, and its weights and logits must be finite
+(a control that fails any is refused by the evidence gate in one line, exit 2 — passing the initial
+weights, or the trained weights, as the control is caught).
 Without the initial weights the control cannot be checked: (d) is then "not evaluated" (its
 accuracy and gap are reported in a note, not judged), so the verdict is at best "incomplete".
 Weights identical to --weights are refused as a control either way.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from pathlib import Path
 
 import torch
 
 from .errors import CreditAuditError
+from .evidence import ControlEvidence
 from .metrics import accuracy, monitor_snapshot
 from .model import ResidualStream
 
@@ -151,47 +154,48 @@ def parameter_groups(model: torch.nn.Module) -> dict[str, set[str]] | None:
     return {"blocks": blocks, **groups}
 
 
-def check_frozen_control(model: torch.nn.Module, control: torch.nn.Module, init: torch.nn.Module | None,
-                         control_path: str) -> str | None:
-    """Verify that `control` is `model`'s frozen-blocks control; refuse one that is not.
+def control_evidence(model: torch.nn.Module, control: torch.nn.Module, init: torch.nn.Module | None,
+                     control_path: str, x: torch.Tensor) -> ControlEvidence:
+    """What the weights `control` show as `model`'s frozen-blocks control, for `evidence.gate`.
 
-    With the initial weights: every block parameter equals init, and the embedding and the head
-    each moved. Without them only the weights can be compared with the model's: identical ones are
-    refused, anything else is unverified. Returns None when verified, else why it is unverified.
-    """
+    Weights identical to the model's are no control (a depth gap of 0 by construction). With the
+    initial weights: whether every block parameter equals init and whether the embedding and the
+    head each moved. Without them (or when the blocks' parameters cannot be told apart) those stay
+    unchecked and `unverified` says why. Always: whether its weights and its logits on `x` are
+    finite. Measures only; the gate decides."""
     mine, theirs = dict(model.named_parameters()), dict(control.named_parameters())
+    with torch.no_grad():
+        finite = (all(bool(p.isfinite().all()) for p in theirs.values())
+                  and bool(control(x).isfinite().all()))
     if all(torch.equal(mine[n], theirs[n]) for n in mine):
-        raise CreditAuditError(f"the frozen control {control_path} holds the same weights as --weights "
-                               "(a depth gap of 0 by construction); give the weights of the model "
-                               "trained with its blocks left at initialisation")
+        return ControlEvidence(control_path, mismatch="it holds the same weights as --weights (a depth "
+                               "gap of 0 by construction); give the weights of the model trained with its "
+                               "blocks left at initialisation", finite=finite)
     groups = parameter_groups(control)
     if init is None:
-        return ("without --init-weights its blocks cannot be checked against initialisation; give "
-                "--init-weights INIT.safetensors")
+        return ControlEvidence(control_path, finite=finite, unverified=(
+            "without --init-weights its blocks cannot be checked against initialisation; give "
+            "--init-weights INIT.safetensors"))
     if groups is None:
-        return ("the model's .stream() steps are not modules of the model, so its block parameters "
-                "cannot be compared with --init-weights; make each step an nn.Module (or its .block)")
+        return ControlEvidence(control_path, finite=finite, unverified=(
+            "the model's .stream() steps are not modules of the model, so its block parameters "
+            "cannot be compared with --init-weights; make each step an nn.Module (or its .block)"))
     start = dict(init.named_parameters())
-    moved = sorted(n for n in groups["blocks"] if not torch.equal(theirs[n], start[n]))
-    if moved:
-        raise CreditAuditError(f"the frozen control {control_path} is not frozen at initialisation: "
-                               f"{len(moved)} block parameter(s) differ from --init-weights (first: "
-                               f"{moved[0]}); train the control with its blocks left at their initial "
-                               "values")
-    for part, names in groups.items():
-        if part != "blocks" and names and all(torch.equal(theirs[n], start[n]) for n in names):
-            raise CreditAuditError(f"the frozen control {control_path} is untrained: its {part} equal "
-                                   "--init-weights; train its embedding and head with the blocks frozen, "
-                                   "then pass those weights")
-    return None
+    rest = [names for part, names in groups.items() if part != "blocks" and names]
+    return ControlEvidence(
+        control_path, finite=finite,
+        blocks_at_init=all(torch.equal(theirs[n], start[n]) for n in groups["blocks"]),
+        # each of the embedding and the head must have moved (one group when they cannot be told apart)
+        rest_moved=bool(rest) and all(not all(torch.equal(theirs[n], start[n]) for n in names)
+                                      for names in rest))
 
 
 def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str | None = None,
                         init: str | None = None, device: torch.device | None = None) -> dict:
     """The model and what `protocol.diagnose` needs beside it: its test accuracy, the frozen
-    control's accuracy (or None), whether the control was verified (`control_unverified`: why not,
-    or None), and a two-row monitor history (init, now) when `init` is given. The models are put on
-    `device`, by default where the data are."""
+    control's evidence (`control`: a ControlEvidence for `evidence.gate`, or None), and a two-row
+    monitor history (init, now) when `init` is given. The models are put on `device`, by default
+    where the data are."""
     device = data.device if device is None else device
     model = load_weights(build_user_model(spec), weights).to(device).eval()
     x, y = batches[0]
@@ -200,14 +204,13 @@ def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str |
     start = None
     if init:
         start = load_weights(build_user_model(spec), init, "initial weights").to(device).eval()
-    frozen_acc, unverified = None, None
+    control_ev = None
     if frozen:
         control = load_weights(build_user_model(spec), frozen, "frozen-control weights").to(device).eval()
-        unverified = check_frozen_control(model, control, start, frozen)
-        frozen_acc = accuracy(control, data.eval_batches("test", 1000))
+        control_ev = dataclasses.replace(control_evidence(model, control, start, frozen, x),
+                                         acc=accuracy(control, data.eval_batches("test", 1000)))
     history = None
     if start is not None:
         history = [{"epoch": 0, "test_acc": None, **monitor_snapshot(start, x, y).to_dict()},
                    {"epoch": 1, "test_acc": test_acc, **monitor_snapshot(model, x, y).to_dict()}]
-    return {"model": model, "test_acc": test_acc, "frozen_acc": frozen_acc,
-            "control_unverified": unverified, "history": history}
+    return {"model": model, "test_acc": test_acc, "control": control_ev, "history": history}

@@ -45,6 +45,11 @@ TRUSTWORTHY, WALK_BACK, INCOMPLETE = "trustworthy", "walk back", "incomplete"
 ERROR_RATE = 0.05          # each one-sided claim of (d) across seeds
 POWER = 0.80               # "seeds likely to decide it": the count that decides with this probability
 MAX_SEEDS = 1000
+# (d) compares accuracy gaps with the margin in the flag's favour of not firing by this much: an
+# accuracy held in float32 is off by up to 2^-24 ≈ 6e-8 (a fraction ≤ 1), a gap of two by ≤ 1.2e-7,
+# so a gap of exactly the margin computed in float32 clears; 1e-6 stays far below one test
+# sample (1/n_test ≥ 1e-5 for test sets up to 100,000 samples)
+ACC_TOLERANCE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -206,7 +211,8 @@ FLAGS: dict[str, Flag] = {f.key: f for f in (
          ()),
     Flag("d", "(d)", "UNDERCUT",
          (Statistic("accuracy − frozen-blocks control accuracy", "gap", "depth_margin", "<",
-                    lambda d: (d.get("depth") or {}).get("gap"), tolerance=1e-9, log_scale=False),),
+                    lambda d: (d.get("depth") or {}).get("gap"), tolerance=ACC_TOLERANCE,
+                    log_scale=False),),
          "needs the accuracy of a finished, matching frozen-blocks control; across seeds a one-sided "
          "5 % decision that may be undetermined (the paper's rule: the mean gap)",
          "the headline accuracy",
@@ -257,7 +263,7 @@ def fires_a_prime(init_growth: float | str | None, stack_growth: float | str | N
 
 def fires_d(gap: float | str | None, t: Thresholds) -> bool | None:
     """(d) for one run: fires when accuracy − frozen-control accuracy falls short of the margin
-    (a gap within 1e-9 of the margin clears it despite float rounding); None when the gap could
+    (a gap within ACC_TOLERANCE of the margin clears it: float32 accuracies); None when the gap could
     not be measured."""
     return FLAGS["d"].fires({"gap": gap}, t)
 
@@ -704,7 +710,7 @@ def depth_decision(gaps: Sequence[PairedGap | float], t: Thresholds,
     values = [p.gap for p in pairs]
     noise = noise or SeedNoise.pooled([values])
     mean = statistics.fmean(values)
-    paper = mean < margin - 1e-9
+    paper = mean < margin - ACC_TOLERANCE
     candidates = []
     if noise.var is not None:
         candidates.append((noise.var, f"seed spread pooled over {noise.groups} method(s), "
@@ -721,9 +727,9 @@ def depth_decision(gaps: Sequence[PairedGap | float], t: Thresholds,
     df = noise.df if noise.df else (len(values) - 1 if len(values) >= 2 else math.inf)
     half = _quantile(1 - ERROR_RATE, df) * math.sqrt(var / len(values))
     lower, upper = mean - half, mean + half
-    if lower >= margin - 1e-9:
+    if lower >= margin - ACC_TOLERANCE:
         outcome = "clears"
-    elif upper < margin - 1e-9:
+    elif upper < margin - ACC_TOLERANCE:
         outcome = "undercut"
     else:
         outcome = "undetermined"
@@ -758,7 +764,7 @@ def _depth_interval(decisions: dict[str, DepthDecision], t: Thresholds) -> dict:
     consecutive bounds: each piece is checked by re-deciding there."""
     def outcomes(margin: float) -> tuple[str, ...]:
         return tuple(redecide(d, replace(t, depth_margin=margin)).outcome for d in decisions.values())
-    ends = sorted({b + 1e-9 for d in decisions.values() for b in (d.lower, d.upper) if b is not None})
+    ends = sorted({b + ACC_TOLERANCE for d in decisions.values() for b in (d.lower, d.upper) if b is not None})
     now = outcomes(t.depth_margin)
     lo, hi = -math.inf, math.inf
     for b in ends:                    # the outcomes are constant on each (b_i, b_{i+1}]
@@ -767,7 +773,7 @@ def _depth_interval(decisions: dict[str, DepthDecision], t: Thresholds) -> dict:
         if b >= t.depth_margin and hi == math.inf and outcomes(b + 1e-12) != now:
             hi = b
     return {"fires_when": "upper bound < threshold",
-            "interval": [lo - 1e-9 if math.isfinite(lo) else lo, hi - 1e-9 if math.isfinite(hi) else hi],
+            "interval": [lo, hi],      # where the outcomes change: a bound + ACC_TOLERANCE
             "interval_shape": "(lo, hi]",
             "n_fired": now.count("undercut"), "n_spared": now.count("clears"),
             "n_unmeasured": len(now) - now.count("undercut") - now.count("clears"),
@@ -891,7 +897,8 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNois
     project verdict uses `depth_decision` (one-sided, noise pooled over the audit: `noise`, default
     these seeds alone); the paper verdict the paper's rule, mean paired gap < margin. Anything
     missing — a run that failed, did not finish or was not diagnosed, a seed without a finished
-    frozen control — keeps a verdict from "trustworthy"; a fired flag still walks it back.
+    frozen control, a seed's `missing_evidence` (e.g. Γ not evaluated: a non-finite credit) —
+    keeps both verdicts from "trustworthy"; a fired flag still walks it back.
     """
     diagnosed = [s for s in seeds if s.report]
     keys = ("a", "a_prime", "b", "b_prime", "c")
@@ -911,7 +918,10 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNois
         missing.append(f"{len(lost)}/{len(seeds)} runs failed or were not diagnosed "
                        f"({', '.join(f'{s.label}: {s.status}' for s in lost)})")
     for s in diagnosed:
-        missing += [f"{s.label}: {gap}" for gap in training_gaps(s.report.get("training"))]
+        # a seed's training gap, or what its evidence lacked (its control refused or unverified, a
+        # non-finite credit: Γ not evaluated), holds the method back as it held the seed back
+        missing += [f"{s.label}: {gap}" for gap in training_gaps(s.report.get("training"))
+                    + list(s.report.get("missing_evidence") or ())]
     if len(pairs) < len(seeds) and pairs:
         missing.append(f"(d) paired with a finished frozen control for only {len(pairs)}/{len(seeds)} seeds")
     undetermined = depth.outcome == "undetermined"

@@ -4,12 +4,14 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..errors import CreditAuditWarning
 from .tensors import ArrayDataset
 
 
@@ -18,6 +20,10 @@ def _standardise(train: np.ndarray, test: np.ndarray) -> tuple[torch.Tensor, tor
     mu, sd = float(train.mean()), float(train.std()) + 1e-8
     return (torch.from_numpy(((train - mu) / sd).astype(np.float32)),
             torch.from_numpy(((test - mu) / sd).astype(np.float32)))
+
+
+# the default MNIST-1D (get_dataset_args(): 5000 samples split 0.8, sequences of 40)
+MNIST1D_SHAPES = {"x": (4000, 40), "x_test": (1000, 40)}
 
 
 def load_mnist1d(data_dir: Path, download: bool = True) -> ArrayDataset:
@@ -33,6 +39,11 @@ def load_mnist1d(data_dir: Path, download: bool = True) -> ArrayDataset:
     if arrays is not None:
         x, y, xt, yt = arrays
     else:                               # no cache, or a corrupt one: generate (it is derived data)
+        if cache.exists():              # the user is told: their file is replaced
+            warnings.warn(CreditAuditWarning(
+                f"{cache} is not an intact MNIST-1D cache (truncated, foreign, pickled, or arrays of "
+                f"another shape than {MNIST1D_SHAPES}); generating MNIST-1D again and replacing it"),
+                stacklevel=2)
         from mnist1d.data import get_dataset_args, make_dataset
         # make_dataset reseeds the global `random` and `numpy.random` generators to 42; restore them
         # so a run's own seeding does not depend on whether the cache already existed.
@@ -52,14 +63,15 @@ def load_mnist1d(data_dir: Path, download: bool = True) -> ArrayDataset:
 
 def _read_mnist1d_cache(cache: Path):
     """(x, y, x_test, y_test) from the cache, or None when it is not an intact MNIST-1D cache (a
-    truncated or foreign file, pickled arrays — never unpickled —, wrong shapes or labels)."""
+    truncated or foreign file, pickled arrays — never unpickled —, shapes other than MNIST-1D's
+    4000 × 40 / 1000 × 40, or wrong labels)."""
     try:
         with np.load(cache, allow_pickle=False) as z:
             x, y, xt, yt = (np.asarray(z[k]) for k in ("x", "y", "x_test", "y_test"))
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
-    ok = (x.ndim == 2 and xt.ndim == 2 and x.shape[1] == xt.shape[1] and y.shape == (len(x),)
-          and yt.shape == (len(xt),) and len(x) > 0 and len(xt) > 0
+    ok = (x.shape == MNIST1D_SHAPES["x"] and xt.shape == MNIST1D_SHAPES["x_test"]
+          and y.shape == (len(x),) and yt.shape == (len(xt),)
           and all(a.dtype.kind in "iuf" for a in (x, y, xt, yt))
           and np.isfinite(x).all() and np.isfinite(xt).all()
           and all(a.min() >= 0 and a.max() < 10 and (a == np.round(a)).all() for a in (y, yt)))

@@ -58,7 +58,8 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
     paired = [o for o in main if o.test_acc is not None and o.config.seed in frozen_by_seed]
     acc, acc_sd = mean_std([o.test_acc for o in main if o.test_acc is not None])
     facc, facc_sd = mean_std([frozen_by_seed[o.config.seed] for o in paired] or list(frozen_by_seed.values()))
-    sacc, sacc_sd = mean_std([o.test_acc for o in shallow if o.test_acc is not None])
+    sacc, sacc_sd = mean_std([o.test_acc for o in shallow if o.test_acc is not None
+                              and o.status == "finished"])      # not one the evidence gate refused
     rep = lambda key: [_num(o.report[key]) for o in diagnosed]
     gammas = [o.report["gamma"] for o in diagnosed if o.report.get("gamma")]
     nulls = [o.report["null"] for o in diagnosed if o.report.get("null")]

@@ -18,15 +18,15 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .. import store
+from .. import evidence, store
 from ..config import AuditConfig, RunConfig, default
 from ..data import ArrayDataset, load_dataset
 from ..errors import CreditAuditError
 from ..metrics import accuracy
 from ..protocol import diagnose
 from ..runner import make_executor
-from ..runs import (DONE, Run, as_device, existing_run_is_done, failure_record, load_run, read_status,
-                    run_dir_for)
+from ..runs import (DONE, Run, as_device, control_evidence, existing_run_is_done, failure_record,
+                    load_run, read_status, run_dir_for, write_diagnosis)
 from ..store import json_number as _num
 from ..train import group_stacks, train_run, train_runs
 from ..verdict import Thresholds, stop_rule
@@ -95,7 +95,9 @@ def train_job(job: Job) -> dict[str, Any]:
 
 @dataclass
 class DiagnoseJob(Job):
-    frozen_acc: float | None = None
+    frozen_acc: float | None = None           # the control accuracy the evidence gate admitted
+    depth_why: str | None = None              # else why (d) is not evaluated
+    missing_evidence: list = field(default_factory=list)
     n_eval: int = default(AuditConfig, "eval_batches")
     rho: bool = True
 
@@ -107,30 +109,37 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
         run = load_run(job.run_dir, job.device)
         data = dataset(run.config.dataset, job.data_dir, job.device)
         report = diagnose_run(run, eval_batches(data, job.n_eval), frozen_acc=job.frozen_acc,
+                              depth_why=job.depth_why, missing_evidence=job.missing_evidence,
                               thresholds=Thresholds(**job.thresholds), rho=job.rho,
                               run_data=data).to_dict()
-        store.write_sealed_json(Path(job.run_dir) / "diagnosis.json", report)
+        write_diagnosis(Path(job.run_dir), report)
         return report
     except Exception as err:  # noqa: BLE001
         return {"error": f"{type(err).__name__}: {err}"}
 
 
 def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: float | None = None,
+                 depth_why: str | None = None, missing_evidence: Sequence[str] = (),
                  thresholds: Thresholds = Thresholds(), rho: bool = False, null_k: int | None = None,
                  run_data: ArrayDataset | None = None):
-    """`protocol.diagnose` of a run read from its folder: its method, history and status, and the
-    accuracy of its frozen control (`control`, already checked to match; or `frozen_acc`). The run
-    must have trained on `run_data` (its data digest), else the diagnosis is refused."""
+    """`protocol.diagnose` of a run read from its folder: its method, history and status, and
+    (d)'s control: a `control` run folder goes through the evidence gate here (`evidence.gate`;
+    a control that is not this run's, never trained, or non-finite is refused); or `frozen_acc`
+    (with `depth_why` when None) as the gate already admitted it (`run_all`). The run must have
+    trained on `run_data` (its data digest), else the diagnosis is refused."""
     if run_data is not None:       # measured on other data than it trained on, nothing it says holds
         run.config.bind_data(run_data.digest)
-    if control is not None:
-        frozen_acc = control.test_acc if control.finished else None
     diverged = run.status.get("message") if run.status.get("status") == "diverged" else None
     training = {"status": run.status.get("status", "unfinished"),
                 "epochs_completed": run.epochs_completed, "epochs_planned": run.config.epochs}
+    if control is not None:
+        admitted = evidence.gate(evidence.Evidence(
+            run.config.label, training, control_evidence(run.config, control, batches[0][0])))
+        frozen_acc, depth_why = admitted.frozen_acc, admitted.depth_why
     report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
                       test_acc=run.test_acc, thresholds=thresholds, monitor_history=run.history,
                       rho=rho, label=run.config.label, diverged=diverged, training=training,
+                      missing_evidence=missing_evidence, depth_unevaluated=depth_why,
                       **({} if null_k is None else {"null_k": null_k}))   # None: diagnose's own default
     recomputed = accuracy(run.model, run_data.eval_batches("test", 1000)) if run_data is not None else None
     if recomputed is not None and run.test_acc is not None and abs(recomputed - run.test_acc) > 0.005:
@@ -316,15 +325,45 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
         outcomes.append(o)
 
     by_key = {o.config.run_key: o for o in outcomes}
+    gated: dict[tuple[str, str], tuple[evidence.Admission | None, str | None]] = {}
+
+    def admit(o: Outcome, control: Outcome) -> tuple[evidence.Admission | None, str | None]:
+        """The evidence gate on `control` as the frozen control of `o`: (admission, None), or
+        (None, why) when refused — then (d) is not evaluated for `o`'s seed, and the control is
+        marked refused so that no table pairs a seed with it."""
+        key = (o.config.run_key, control.config.run_key)
+        if control.status == "refused":        # refused for another run it controls (a λ sweep's)
+            return None, control.message
+        if key not in gated:
+            try:
+                ev = control_evidence(o.config, load_run(control.run_dir, "cpu"), data.eval_batch(0)[0])
+                gated[key] = evidence.gate(evidence.Evidence(o.config.label, None, ev)), None
+            except CreditAuditError as err:
+                gated[key] = None, str(err)
+                control.status, control.message = "refused", str(err)
+        return gated[key]
+
+    for o in outcomes:          # a shallow control is a yardstick too: it must have trained
+        if o.config.control == "shallow" and o.status == "finished":
+            try:
+                evidence.gate(evidence.Evidence(o.config.label, None, control_evidence(
+                    None, load_run(o.run_dir, "cpu"), data.eval_batch(0)[0])))
+            except CreditAuditError as err:
+                o.status, o.message = "refused", str(err)
+
     diag_jobs, diag_index = [], []
     for i, o in enumerate(outcomes):
         if o.status not in DONE:
             continue
         frozen = frozen_of(o.config) if frozen_of else None
         control = by_key.get(frozen.run_key) if frozen else None
-        frozen_acc = control.test_acc if control is not None and control.status == "finished" else None
+        admitted, refused = (admit(o, control) if control is not None and control.status in (*DONE, "refused")
+                             else (None, None))
         diag_jobs.append(DiagnoseJob(o.config.to_dict(), str(o.run_dir), execution.data_dir, str(dev),
-                                     threads, asdict(thresholds), frozen_acc=frozen_acc, n_eval=n_eval,
+                                     threads, asdict(thresholds),
+                                     frozen_acc=admitted.frozen_acc if admitted else None,
+                                     depth_why=admitted.depth_why if admitted else refused,
+                                     missing_evidence=[refused] if refused else [], n_eval=n_eval,
                                      rho=rho and o.config.control == "none"))
         diag_index.append(i)
     bar = tqdm(total=len(diag_jobs), desc="diagnoses", unit="run", disable=not progress,

@@ -131,15 +131,14 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     by_id = {r.info.get("run_id"): r for r in mains if r.info.get("run_id")}
     controlled: dict[str, Path] = {}
     for c in ctrls:
-        if c.info.get("control") != "frozen":
-            raise CreditAuditError(f"{c.run_dir} is not a frozen control (train it under "
-                                   "Monitor(mon.frozen_control(), ..., control_of=mon))")
         main = by_id.get(c.info.get("control_of_id"))
         if main is None:
             raise CreditAuditError(f"the frozen control {c.run_dir} was built for another run "
                                    f"({c.info.get('control_of')}), none of the runs given; pass "
                                    "its run too, or train each run's own control")
-        control_accuracy(c.run_dir, main.info)      # its own run's, trained like it, blocks at init
+        # the evidence gate: a frozen control, its own run's, trained like it, blocks at init,
+        # embedding and readout trained, finite — else refused in one line
+        control_accuracy(c.run_dir, main.info)
         if main.info["run_id"] in controlled:
             raise CreditAuditError(f"{c.run_dir} and {controlled[main.info['run_id']]} are both "
                                    f"controls of {main.run_dir}; pass one control per run")
@@ -170,7 +169,8 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         raise CreditAuditError(f"out={out} is a file; give a folder for the audit")
     if (out / "audit.json").exists():         # never replace the report of another audit
         old = read_audit(out)
-        if old.get("source") != "user-loop" or old.get("config") != store.json_safe(result["config"]):
+        same = lambda k: store.json_safe(old.get(k)) == store.json_safe(result[k])
+        if old.get("source") != "user-loop" or not all(map(same, ("config", "n_test", "thresholds"))):
             raise CreditAuditError(f"{out} already holds the report of another audit; give this one "
                                    "its own out=, or delete that folder to replace it")
     try:
