@@ -131,6 +131,9 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     by_id = {r.info.get("run_id"): r for r in mains if r.info.get("run_id")}
     controlled: dict[str, Path] = {}
     for c in ctrls:
+        if c.info.get("control") != "frozen":
+            raise CreditAuditError(f"{c.run_dir} is not a frozen control (train it under "
+                                   "Monitor(mon.frozen_control(), ..., control_of=mon))")
         main = by_id.get(c.info.get("control_of_id"))
         if main is None:
             raise CreditAuditError(f"the frozen control {c.run_dir} was built for another run "
