@@ -166,12 +166,16 @@ def _cmd_train(args) -> int:
     from .train import train_run
     from .verdict import Thresholds, first_fire_epochs, stop_rule
     config = _run_config(args)
+    if args.tensorboard:                      # refused now, not after the training it would log
+        from .trackers import check_log_dir
+        check_log_dir(args.tensorboard)
     _set_threads(args)
     data = load_dataset(config.dataset, args.data_dir, "cpu")
     config = config.bind_data(data.digest)      # the default folder's key names the data too
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
     device = resolve_device(args.device)      # a bad device is refused before any folder is made
     made = [p for p in (out, *out.parents) if not p.exists()]
+    had_config = (out / "config.json").exists()
     tensorboard = None
     try:
         with audit_lock(out):            # a second `train` on this folder is refused, as for audits
@@ -184,6 +188,12 @@ def _cmd_train(args) -> int:
                 on_epoch=tensorboard, compile_step=_compile_step(args))
             if tensorboard is not None and run is not None:
                 tensorboard.log(run.history)     # a run found finished is logged whole
+    except CreditAuditError:
+        # refused before the first checkpoint (a model its data cannot feed, say): the config.json
+        # written for it would make the corrected command's folder "a different run"
+        if not had_config and not (out / "checkpoint.json").exists():
+            (out / "config.json").unlink(missing_ok=True)
+        raise
     finally:
         if tensorboard is not None:
             tensorboard.close()
@@ -231,6 +241,9 @@ def _load_for_diagnosis(args):
     from .data import load_dataset
     from .experiments import eval_batches
     from .runs import check_frozen_control, load_run, resolve_device
+    if not args.run_dir:
+        raise CreditAuditError(f"give a run folder: creditaudit {args.command} RUN_DIR (a folder "
+                               "written by `creditaudit train`)")
     run = load_run(args.run_dir, resolve_device(args.device))
     control = None
     if getattr(args, "frozen_control", None):
@@ -395,6 +408,9 @@ def _cmd_audit(args) -> int:
     raw = _audit_raw(args)
     config = audit_config_from_dict(raw, where=args.config or "the audit settings")
     _require_schedule(args, raw)
+    if args.tensorboard:                      # refused now, not after the audit it would log
+        from .trackers import check_log_dir
+        check_log_dir(args.tensorboard)
     n_runs = len(config.run_configs())
     print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
           f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
@@ -837,19 +853,52 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+# what the report's symbols become on a console that cannot print them (cp1252, ASCII, …)
+_ASCII = {"′": "'", "‖": "||", "…": "...", "—": "-", "–": "-", "→": "->", "←": "<-", "≥": ">=",
+          "≤": "<=", "≈": "~", "×": "x", "−": "-", "·": "*", "Γ": "Gamma", "λ": "lambda",
+          "ρ": "rho", "β": "beta", "σ": "sigma", "τ": "tau", "∂": "d", "√": "sqrt", "∞": "inf",
+          "²": "^2", "Δ": "Delta", "ε": "eps", "ψ": "psi", "φ": "phi", "✓": "ok", "✗": "x"}
+
+
+def _ascii_fallback(err: UnicodeEncodeError):
+    text = err.object[err.start:err.end]
+    return "".join(_ASCII.get(c, "?") for c in text), err.end
+
+
+def _printable_console() -> None:
+    """stdout/stderr that never raise on a character the console's encoding lacks (a cp1252
+    Windows console and the ′ of "(a′)"): such a character is spelled in ASCII instead."""
+    import codecs
+    codecs.register_error("creditaudit-ascii", _ascii_fallback)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="creditaudit-ascii")
+
+
+_WRITE_ERRNOS = {"ENOSPC", "EDQUOT", "EROFS", "EFBIG"}   # the disk, not the path, is the problem
+
+
 def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM stops like Ctrl-C: workers stopped, exit 130
+    _printable_console()
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
     except CreditAuditError as err:
         print(f"creditaudit: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except OSError as err:                            # a full disk or a read-only folder while writing results
+    except OSError as err:        # reading or writing a file: which one the errno says
+        import errno
         where = f" {err.filename}" if getattr(err, "filename", None) else ""
-        print(f"creditaudit: error: cannot write{where} ({err.strerror or err}); finished runs are "
-              "saved — free space or fix permissions, then run the same command again", file=sys.stderr)
+        if errno.errorcode.get(err.errno) in _WRITE_ERRNOS:    # a full disk or a read-only one
+            print(f"creditaudit: error: cannot write{where} ({err.strerror or err}); finished runs "
+                  "are saved — free space or fix permissions, then run the same command again",
+                  file=sys.stderr)
+        else:                     # no permission, a folder where a file should be, a bad path
+            print(f"creditaudit: error: cannot read or write{where} ({err.strerror or err}); fix "
+                  "the path or its permissions, then run the same command again", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("creditaudit: interrupted; finished work is saved — run the same command again to "

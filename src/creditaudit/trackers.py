@@ -18,6 +18,7 @@ is one clear error.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -56,19 +57,41 @@ def scalars(row: dict, init_h_norms: Sequence | None, t: Thresholds = Thresholds
     return {k: v for k, v in out.items() if not math.isnan(v)}
 
 
+def check_log_dir(log_dir) -> Path:
+    """`log_dir` as a Path, refused in one line before any training when it cannot become a log
+    folder: not a path, a file (or under one), or in a folder this process cannot write to.
+    Nothing is created here, so a command refused later leaves no empty log folder behind."""
+    try:
+        import tensorboard  # noqa: F401 — SummaryWriter needs it; say so before training, not after
+    except ImportError:
+        raise CreditAuditError("TensorBoard logging needs the tensorboard package: "
+                               "pip install \"creditaudit[tensorboard]\"") from None
+    if isinstance(log_dir, bool) or not isinstance(log_dir, (str, os.PathLike)) or not str(log_dir).strip():
+        raise CreditAuditError(f"the TensorBoard log folder must be a path, got {log_dir!r}")
+    path = Path(log_dir)
+    existing = next(p for p in (path, *path.parents) if p.exists())   # "." or "/" at the latest
+    if existing.exists() and not existing.is_dir():
+        raise CreditAuditError(f"cannot log to TensorBoard in {path}: {existing} is a file, not a "
+                               "folder; give a folder for the log")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CreditAuditError(f"cannot log to TensorBoard in {path}: {existing} is not writable; "
+                               "give a writable folder for the log")
+    return path
+
+
 class TensorBoardLog:
     """Writes monitor records to a TensorBoard log folder as they come (`log(history)` logs the
     records it has not seen yet, so the trainer and the Monitor can hand it the whole history)."""
 
     def __init__(self, log_dir: str | Path, thresholds: Thresholds = Thresholds()):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise CreditAuditError("TensorBoard logging needs the tensorboard package: "
-                                   "pip install \"creditaudit[tensorboard]\"") from None
-        self.log_dir = Path(log_dir)
+        self.log_dir = check_log_dir(log_dir)
+        from torch.utils.tensorboard import SummaryWriter
         self.thresholds = thresholds
-        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        try:
+            self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        except OSError as err:
+            raise CreditAuditError(f"cannot log to TensorBoard in {self.log_dir} "
+                                   f"({err.strerror or err}); give a writable folder") from None
         self._logged = -1
 
     def log(self, history: Sequence[dict]) -> None:
