@@ -435,16 +435,17 @@ def cases(w: World) -> list[Case]:
     shutil.copy(o / "run" / "diagnosis.json", stolen / "diagnosis.json")
     add("check a run holding another run's diagnosis.json", "never-trustworthy",
         cli("check", stolen), owner="gate")
-    for name, path in damaged.items():
-        add(f"check damaged run: {name}", "never-trustworthy", cli("check", path))
+    for name, path in damaged.items():     # diagnosis.json is not yet bound to the files it judged
+        add(f"check damaged run: {name}", "never-trustworthy", cli("check", path), owner="gate")
 
     # audit / ladder / penalty-sweep: TOML configs and options
     for name, text in bad_tomls().items():
         p = o / "toml" / f"{name}.toml"
         p.parent.mkdir(exist_ok=True)
         p.write_bytes(text if isinstance(text, bytes) else text.encode())
-        for cmd in ("audit", "ladder"):
-            add(f"{cmd} --config {name}", "refusal", cli(cmd, "--config", p, "--out", w.fresh(cmd), "--quiet"))
+        for cmd in ("audit", "ladder"):      # a config that names its out= is run without --out
+            out = [] if re.search(rb"^out\s*=", p.read_bytes(), re.M) else ["--out", w.fresh(cmd)]
+            add(f"{cmd} --config {name}", "refusal", cli(cmd, "--config", p, *out, "--quiet"))
     add("audit --config (a folder)", "refusal", cli("audit", "--config", o / "toml"))
     add("audit --config nope.toml", "refusal", cli("audit", "--config", o / "nope.toml"))
     base = ["--config", o / "audit.toml", "--quiet", "--device", "cpu"]
@@ -758,7 +759,7 @@ def python_cases(w: World) -> list[Case]:
         "negative labels": lambda: diagnose(net(), [(X, Y - 1)]),
         "meta batches": lambda: diagnose(net(), [(X.to("meta"), Y.to("meta"))]),
         "meta model": lambda: diagnose(net().to("meta"), b), "half model": lambda: diagnose(net().half(), b),
-        "bf16 model": lambda: diagnose(net().bfloat16(), b), "half inputs to a float model": lambda: diagnose(net(), [(X.half(), Y)]),
+        "bf16 model": lambda: diagnose(net().bfloat16(), b),
         "a Linear": lambda: diagnose(torch.nn.Linear(10, 3), b), "a string": lambda: diagnose("model", b),
         "null with a 2-arg credit": lambda: diagnose(net(), b, method=lambda x, y: [torch.zeros(32, 16)] * 3, null=True),
         "null with a non-random method": lambda: diagnose(net(), b, method=_bp(net), null=True),
@@ -785,6 +786,8 @@ def python_cases(w: World) -> list[Case]:
             "gate" if name in ("history missing fields",) else "")
     add("diagnose() float64 inputs", "never-trustworthy", lambda: diagnose(net(), [(x.double(), y) for x, y in b]))
     add("diagnose() float64 model", "never-trustworthy", lambda: diagnose(net().double(), b))
+    add("diagnose() half inputs to a float32 model (cast up exactly)", "never-trustworthy",
+        lambda: diagnose(net(), [(x.half(), y) for x, y in b]))
     add("diagnose() a NaN model", "never-trustworthy", lambda: diagnose(_nan(net()), b))
     add("diagnose() a NaN credit", "never-trustworthy",
         lambda: diagnose(net(), b, method=lambda x, y: [torch.full((len(x), 16), float("nan"))] * 3, frozen_acc=0.0, test_acc=1.0))
@@ -826,7 +829,7 @@ def _build(arch):
 
 def _bp(net):
     from creditaudit.methods import METHODS, REFERENCE_METHOD, MethodSettings
-    return METHODS[REFERENCE_METHOD](net(), MethodSettings())
+    return METHODS[REFERENCE_METHOD](net(), MethodSettings(epochs=1))
 
 
 def _nan(model):

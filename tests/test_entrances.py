@@ -268,3 +268,31 @@ def test_readme_python_example_runs_with_diagnose_from_the_package():
              "my_credit_signals": lambda x, y: [torch.zeros(len(x), 16) for _ in range(3)]}
     exec(compile(code, str(README), "exec"), scope)
     assert scope["report"].gamma is not None and len(scope["report"].residual_norms) == 3
+
+
+def test_an_empty_tensorboard_folder_is_refused_not_ignored(tmp_path, capsys):
+    refused(["train", *TINY, "--out", tmp_path / "run", "--tensorboard", ""], capsys,
+            "log folder must be a path")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_sealed_record_with_nan_is_refused_as_edited(tmp_path):
+    from creditaudit.store import read_sealed_json, write_sealed_json
+    path = tmp_path / "audit.json"
+    write_sealed_json(path, {"test_acc": 0.5})
+    path.write_text(path.read_text().replace("0.5", "NaN"))
+    with pytest.raises(CreditAuditError, match="modified after it was written"):
+        read_sealed_json(path, "audit")
+
+
+def test_a_negative_penalty_is_refused_even_where_no_method_takes_it():
+    from creditaudit.config import audit_config_from_dict
+    with pytest.raises(CreditAuditError, match=r"lam in \[training\] of .* must be a finite number ≥ 0"):
+        audit_config_from_dict({"methods": ["bp"], "epochs": 1, "training": {"lam": -1.0}})
+
+
+def test_monitor_control_of_and_diagnose_credit_failures_are_one_line(tmp_path):
+    with pytest.raises(CreditAuditError, match="control_of must be a folder path"):
+        Monitor(model(), (X, Y), tmp_path / "run", epochs=1, control_of=5)
+    with pytest.raises(CreditAuditError, match="the method's credit raised ZeroDivisionError on eval batch 0"):
+        diagnose(model(), [(X, Y)], method=lambda x, y: 1 / 0)

@@ -166,7 +166,7 @@ def _cmd_train(args) -> int:
     from .train import train_run
     from .verdict import Thresholds, first_fire_epochs, stop_rule
     config = _run_config(args)
-    if args.tensorboard:                      # refused now, not after the training it would log
+    if args.tensorboard is not None:          # refused now, not after the training it would log
         from .trackers import check_log_dir
         check_log_dir(args.tensorboard)
     _set_threads(args)
@@ -179,7 +179,7 @@ def _cmd_train(args) -> int:
     tensorboard = None
     try:
         with audit_lock(out):            # a second `train` on this folder is refused, as for audits
-            if args.tensorboard:
+            if args.tensorboard is not None:
                 from .trackers import TensorBoardLog
                 tensorboard = TensorBoardLog(args.tensorboard)
             run = _train_or_record(
@@ -408,7 +408,7 @@ def _cmd_audit(args) -> int:
     raw = _audit_raw(args)
     config = audit_config_from_dict(raw, where=args.config or "the audit settings")
     _require_schedule(args, raw)
-    if args.tensorboard:                      # refused now, not after the audit it would log
+    if args.tensorboard is not None:          # refused now, not after the audit it would log
         from .trackers import check_log_dir
         check_log_dir(args.tensorboard)
     n_runs = len(config.run_configs())
@@ -417,7 +417,7 @@ def _cmd_audit(args) -> int:
     with audit_lock(Path(config.out)):
         result = audit(config, progress=not args.quiet, compile_step=_compile_step(args))
         files = _write_report_together(write_report, result, Path(config.out))
-    if args.tensorboard:              # every run's monitor history, one log folder per run
+    if args.tensorboard is not None:  # every run's monitor history, one log folder per run
         from .trackers import log_runs
         log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))
     print()

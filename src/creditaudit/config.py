@@ -411,6 +411,12 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
                 or value < 0:
             raise CreditAuditError(f"threshold {key} in {where} must be a finite number ≥ 0, got {value!r}")
+    lam = raw.get("training", {}).get(PENALTY_OPTION)
+    if lam is not None and (isinstance(lam, bool) or not isinstance(lam, (int, float))
+                            or not math.isfinite(lam) or lam < 0):
+        # checked here too: it reaches only the methods that declare λ, and may reach none
+        raise CreditAuditError(f"{PENALTY_OPTION} in [training] of {where} must be a finite number ≥ 0, "
+                               f"got {lam!r}")
     model = dict(raw.get("model", {}))
     if not isinstance(model.get("options", {}), dict):
         raise CreditAuditError(f"options in [model] of {where} must be a table of architecture options "

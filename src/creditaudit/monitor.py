@@ -178,6 +178,8 @@ class Monitor:
             if value is not None and not isinstance(value, Iterable):
                 raise CreditAuditError(f"{name} must be an iterable of (x, y) batches, got "
                                        f"{type(value).__name__}")
+        if control_of is not None and not isinstance(control_of, Monitor):
+            store.as_path(control_of, "control_of")       # a Monitor or the main run's folder
         if tensorboard is not None:        # refused before the run folder is written
             from .trackers import check_log_dir
             check_log_dir(tensorboard)

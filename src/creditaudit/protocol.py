@@ -357,7 +357,12 @@ def _credits(credit_fn, batches, hidden_shapes: list[list[torch.Size]]) -> list[
     """The credit a_0 … a_L of every batch, each shaped like its residual position; else one error."""
     out = []
     for i, ((x, y), shapes) in enumerate(zip(batches, hidden_shapes)):
-        credit = credit_fn(x, y)
+        try:
+            credit = credit_fn(x, y)
+        except Exception as err:  # noqa: BLE001 — the user's credit failing is theirs to fix
+            raise CreditAuditError(f"diagnose: the method's credit raised {type(err).__name__} on eval "
+                                   f"batch {i}: {' '.join(str(err).split())[:200]}; fix the method "
+                                   "(docs/WRITING_A_RULE.md)") from None
         if not isinstance(credit, (list, tuple)) or len(credit) != len(shapes):
             n = len(credit) if isinstance(credit, (list, tuple)) else type(credit).__name__
             raise CreditAuditError(f"diagnose: the method's credit for eval batch {i} has {n} entries; it "
