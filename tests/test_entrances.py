@@ -296,3 +296,13 @@ def test_monitor_control_of_and_diagnose_credit_failures_are_one_line(tmp_path):
         Monitor(model(), (X, Y), tmp_path / "run", epochs=1, control_of=5)
     with pytest.raises(CreditAuditError, match="the method's credit raised ZeroDivisionError on eval batch 0"):
         diagnose(model(), [(X, Y)], method=lambda x, y: 1 / 0)
+
+
+@pytest.mark.parametrize("command", ["audit", "ladder"])
+def test_a_refused_audit_leaves_no_locked_folder(tmp_path, capsys, command):
+    """Data that cannot be found is refused after the output folder was locked: the folder (and
+    the parents this command made) are removed again."""
+    refused([command, "--dataset", "mnist", "--data-dir", tmp_path / "none", "--methods", "bp",
+             "--seeds", "1", "--epochs", "1", "--quiet", "--out", tmp_path / "a" / "b"], capsys,
+            "MNIST not found")
+    assert not (tmp_path / "a").exists()

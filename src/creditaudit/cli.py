@@ -161,7 +161,6 @@ def _compile_step(args) -> bool | None:
 
 def _cmd_train(args) -> int:
     from .data import load_dataset
-    from .experiments.lock import audit_lock
     from .runs import resolve_device
     from .train import train_run
     from .verdict import Thresholds, first_fire_epochs, stop_rule
@@ -174,11 +173,9 @@ def _cmd_train(args) -> int:
     config = config.bind_data(data.digest)      # the default folder's key names the data too
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
     device = resolve_device(args.device)      # a bad device is refused before any folder is made
-    made = [p for p in (out, *out.parents) if not p.exists()]
-    had_config = (out / "config.json").exists()
     tensorboard = None
     try:
-        with audit_lock(out):            # a second `train` on this folder is refused, as for audits
+        with _locked_out(out, stub="config.json"):   # a second `train` here is refused, as for audits
             if args.tensorboard is not None:
                 from .trackers import TensorBoardLog
                 tensorboard = TensorBoardLog(args.tensorboard)
@@ -188,20 +185,9 @@ def _cmd_train(args) -> int:
                 on_epoch=tensorboard, compile_step=_compile_step(args))
             if tensorboard is not None and run is not None:
                 tensorboard.log(run.history)     # a run found finished is logged whole
-    except CreditAuditError:
-        # refused before the first checkpoint (a model its data cannot feed, say): the config.json
-        # written for it would make the corrected command's folder "a different run"
-        if not had_config and not (out / "checkpoint.json").exists():
-            (out / "config.json").unlink(missing_ok=True)
-        raise
     finally:
         if tensorboard is not None:
             tensorboard.close()
-        if made and out.is_dir() and {p.name for p in out.iterdir()} <= {".creditaudit.lock"}:
-            (out / ".creditaudit.lock").unlink(missing_ok=True)   # refused before anything was
-            for folder in made:                                   # written: leave no empty folders
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
     if run is None:
         return EXIT_INCOMPLETE
     last = run.history[-1]
@@ -215,6 +201,30 @@ def _cmd_train(args) -> int:
         f"({k.replace('_prime', '′')}) {'never' if v is None else f'epoch {v}'}" for k, v in fired.items()))
     print(f"  run folder: {out}")
     return 0
+
+
+@contextlib.contextmanager
+def _locked_out(out: Path, stub: str | None = None):
+    """`audit_lock(out)`, and a command refused inside it leaves nothing that blocks the corrected
+    command: folders it made that hold only the lock are removed, and `stub` (train's config.json)
+    when this command wrote it and no checkpoint followed — a refused model's config.json would
+    make the corrected run's folder "a different run"."""
+    from .experiments.lock import audit_lock
+    made = [p for p in (out, *out.parents) if not p.exists()]
+    had_stub = stub is not None and (out / stub).exists()
+    try:
+        with audit_lock(out):
+            yield
+    except CreditAuditError:
+        if stub is not None and not had_stub and not (out / "checkpoint.json").exists():
+            (out / stub).unlink(missing_ok=True)
+        raise
+    finally:
+        if made and out.is_dir() and {p.name for p in out.iterdir()} <= {".creditaudit.lock"}:
+            (out / ".creditaudit.lock").unlink(missing_ok=True)
+            for folder in made:                   # innermost first: leave no empty folders
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
 
 def _train_or_record(train_run, config, out: Path, **train_kwargs):
@@ -402,7 +412,6 @@ def _require_schedule(args, raw: dict) -> None:
 def _cmd_audit(args) -> int:
     from .config import audit_config_from_dict
     from .experiments import audit
-    from .experiments.lock import audit_lock
     from .report import compact_table, write_report
     from .verdict import Thresholds, verdict_of
     raw = _audit_raw(args)
@@ -414,7 +423,7 @@ def _cmd_audit(args) -> int:
     n_runs = len(config.run_configs())
     print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
           f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
-    with audit_lock(Path(config.out)):
+    with _locked_out(Path(config.out)):
         result = audit(config, progress=not args.quiet, compile_step=_compile_step(args))
         files = _write_report_together(write_report, result, Path(config.out))
     if args.tensorboard is not None:  # every run's monitor history, one log folder per run
@@ -490,14 +499,13 @@ def _cmd_ladder(args) -> int:
     from .config import EXPERIMENT_OUT
     from .experiments import ladder
     from .experiments.audit import execution_of
-    from .experiments.lock import audit_lock
     from .report.figures import ladder_figure
     from .report.tables import ladder_table
     from .verdict import Thresholds
     config = _experiment_config(args)
     out = Path(args.out or EXPERIMENT_OUT["ladder"])
     bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
-    with audit_lock(out):
+    with _locked_out(out):
         _refuse_other_result(out / "ladder.json", {"base": [c.to_dict() for c in bases]})
         result = ladder(bases, out, execution=execution_of(config, _compile_step(args)),
                         thresholds=Thresholds(**config.thresholds), n_eval=config.eval_batches,
@@ -512,7 +520,6 @@ def _cmd_penalty(args) -> int:
     from .config import EXPERIMENT_OUT
     from .experiments import penalty_sweep
     from .experiments.audit import execution_of
-    from .experiments.lock import audit_lock
     from .methods import sweep_defaults
     from .report.figures import penalty_figure
     from .report.tables import penalty_table
@@ -530,7 +537,7 @@ def _cmd_penalty(args) -> int:
     config = _experiment_config(args, [method])
     out = Path(args.out or EXPERIMENT_OUT["penalty-sweep"])
     bases = [config.base_config(method, s) for s in config.seeds]
-    with audit_lock(out):
+    with _locked_out(out):
         _refuse_other_result(out / "penalty_sweep.json", {"base": [c.to_dict() for c in bases],
                                                           "lambdas": [float(v) for v in lambdas]})
         result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config, _compile_step(args)),
