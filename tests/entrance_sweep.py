@@ -391,6 +391,14 @@ def cases(w: World) -> list[Case]:
                         (o / "run" / "config.json", "refusal")):
         add(f"diagnose --frozen-control {Path(ctl).name}", expect,
             cli("diagnose", copy_run(w, o / "run"), "--frozen-control", ctl, "--threads", "1"))
+    # controls that are no evidence for (d): one that never trained (lr 0: its embedding and
+    # readout never moved from init) and one whose training diverged to NaN
+    for name, lr in (("never trained (lr 0)", "0"), ("diverged (lr 1e6)", "1e6")):
+        ctl = w.fresh("ctl")
+        add(f"train a frozen control that {name}", "handled",
+            cli("train", *TINY, "--frozen", "--lr", lr, "--out", ctl))
+        add(f"diagnose with a frozen control that {name}", "never-trustworthy",
+            cli("diagnose", copy_run(w, o / "run"), "--frozen-control", ctl, "--threads", "1"), owner="gate")
     add("diagnose a run without its control", "never-trustworthy",
         cli("diagnose", copy_run(w, o / "run"), "--threads", "1"), owner="")
     copied = copy_run(w, o / "run")
@@ -744,7 +752,8 @@ def python_cases(w: World) -> list[Case]:
         "the same run twice": lambda: creditaudit.audit_own_runs([runs[0], runs[0]], out=w.fresh("own"), n_test=32),
         "thresholds a dict": lambda: creditaudit.audit_own_runs(runs, out=w.fresh("own"), n_test=32, thresholds={}),
     }.items():
-        add(f"audit_own_runs {name}", "refusal", fn, "gate" if "twice" in name else "")
+        add(f"audit_own_runs {name}", "refusal", fn,
+            "gate" if "twice" in name else "owntools" if "thresholds" in name else "")
     add("audit_own_runs without controls", "never-trustworthy",
         lambda: creditaudit.audit_own_runs(runs, out=w.fresh("own"), n_test=32))
     # diagnose()
@@ -905,9 +914,10 @@ def lightning_cases(w: World, X, Y, net) -> list[Case]:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    def fit(trainer_kw, **cb_kw):
+    def fit(trainer_kw, out=None, **cb_kw):
         def run():
-            cb = CreditAuditCallback((X, Y), w.fresh("pl"), test_batches=[(X, Y)], **cb_kw)
+            cb = CreditAuditCallback((X, Y), w.fresh("pl") if out is None else out,
+                                     test_batches=[(X, Y)], **cb_kw)
             loader = torch.utils.data.DataLoader(list(zip(X, Y)), batch_size=8)
             trainer = L.Trainer(callbacks=[cb], logger=False, enable_checkpointing=False,
                                 enable_progress_bar=False, enable_model_summary=False, **trainer_kw)
@@ -922,6 +932,8 @@ def lightning_cases(w: World, X, Y, net) -> list[Case]:
     C.append(Case("lightning max_epochs -1", "refusal", fit({"max_epochs": -1})))
     C.append(Case("lightning dict thresholds", "refusal", fit({"max_epochs": 1}, thresholds={})))
     C.append(Case("lightning tensorboard a file", "refusal", fit({"max_epochs": 1}, tensorboard="/etc/passwd")))
+    C.append(Case("lightning out an int", "refusal", fit({"max_epochs": 1}, out=5), "owntools"))
+    C.append(Case("lightning out a file", "refusal", fit({"max_epochs": 1}, out="/etc/passwd")))
     return C
 
 
