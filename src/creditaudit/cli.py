@@ -216,7 +216,7 @@ def _locked_out(out: Path, stub: str | None = None):
         with audit_lock(out):
             yield
     except CreditAuditError:
-        if stub is not None and not had_stub and not (out / "checkpoint.json").exists():
+        if stub is not None and not had_stub and out.is_dir() and not (out / "checkpoint.json").exists():
             (out / stub).unlink(missing_ok=True)
         raise
     finally:
