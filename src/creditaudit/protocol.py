@@ -398,6 +398,9 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
     """Run the docs/PROTOCOL.md protocol on `model` (a ResidualStream or a model with `.stream()`).
 
     eval_batches:    list of (x, y); protocol: K ≥ 8 disjoint batches of 128 (s_l needs K ≥ 2).
+                     Floating inputs are cast to a module's parameter dtype (float32 or float64),
+                     so the model is measured in its own precision; half-precision weights, meta
+                     tensors and inputs the model cannot take are refused in one line.
     method:          a Method, or a callable (x, y) -> [a_0 … a_L] (one tensor per residual position,
                      shaped like it); gives Γ (and the null). A non-finite credit leaves Γ not
                      evaluated and the verdict incomplete.
@@ -445,10 +448,10 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
         module.eval()                  # per-sample forward: BatchNorm/Dropout in eval mode
     try:
         batches = _fed_batches(model, batches)
-        if rho is not True and rho and max(rho) > as_stream(model).n_blocks:
+        n_blocks = as_stream(model).n_blocks
+        if rho is not True and rho and max(rho) > n_blocks:
             raise CreditAuditError(f"diagnose: rho={list(rho)} names a layer beyond the model's "
-                                   f"{as_stream(model).n_blocks} blocks; layers are 0 … "
-                                   f"{as_stream(model).n_blocks} (positions h_0 … h_L)")
+                                   f"{n_blocks} blocks; layers are 0 … {n_blocks} (positions h_0 … h_L)")
         return _diagnose(model, batches, method, frozen_acc, test_acc, thresholds,
                          monitor_history, null, null_k, null_seed, rho, rho_m, rho_eps, rho_seed,
                          label, diverged, training, list(missing_evidence))
