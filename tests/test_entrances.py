@@ -272,7 +272,7 @@ def test_readme_python_example_runs_with_diagnose_from_the_package():
 
 def test_an_empty_tensorboard_folder_is_refused_not_ignored(tmp_path, capsys):
     refused(["train", *TINY, "--out", tmp_path / "run", "--tensorboard", ""], capsys,
-            "log folder must be a path")
+            "the TensorBoard log folder must be a folder path")
     assert not (tmp_path / "run").exists()
 
 

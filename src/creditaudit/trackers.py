@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import CreditAuditError
+from .store import as_path
 from .store import json_number as _num
 from .verdict import (Thresholds, fires_a, fires_a_prime, fires_b, fires_b_prime, growth_since_init,
                       stack_growth)
@@ -66,11 +67,9 @@ def check_log_dir(log_dir) -> Path:
     except ImportError:
         raise CreditAuditError("TensorBoard logging needs the tensorboard package: "
                                "pip install \"creditaudit[tensorboard]\"") from None
-    if isinstance(log_dir, bool) or not isinstance(log_dir, (str, os.PathLike)) or not str(log_dir).strip():
-        raise CreditAuditError(f"the TensorBoard log folder must be a path, got {log_dir!r}")
-    path = Path(log_dir)
+    path = as_path(log_dir, "the TensorBoard log folder")
     existing = next(p for p in (path, *path.parents) if p.exists())   # "." or "/" at the latest
-    if existing.exists() and not existing.is_dir():
+    if not existing.is_dir():
         raise CreditAuditError(f"cannot log to TensorBoard in {path}: {existing} is a file, not a "
                                "folder; give a folder for the log")
     if not os.access(existing, os.W_OK | os.X_OK):
