@@ -104,7 +104,7 @@ def _audit_rows(entry: str, methods: bool = True) -> dict[str, Row]:
         "--jobs": Row(["--jobs", "3"], lambda c: ex(c).jobs, 3),
         "--eval-batches": Row(["--eval-batches", "3"], lambda c: c.kw(entry)["n_eval"], 3),
         "--executor": Row(["--executor", "ray"], lambda c: ex(c).executor, "ray"),
-        "--address": Row(["--address", "h:1"], lambda c: ex(c).address, "h:1"),
+        "--address": Row(["--address", "h:1", "--executor", "ray"], lambda c: ex(c).address, "h:1"),
         "--max-retries": Row(["--max-retries", "7"], lambda c: ex(c).max_retries, 7),
         "--stack": Row(["--stack"], lambda c: ex(c).stack, True),
         "--no-stack": Row(["--no-stack"], lambda c: ex(c).stack, False),

@@ -5,11 +5,12 @@ __version__ = "0.1.0"
 from .errors import CreditAuditError, CreditAuditWarning
 from .model import ResidualMLP, ResidualStream, as_stream
 
-# The monitor for a user's own loop (docs/YOUR_OWN_LOOP.md), imported on first use so that
+# The monitor for a user's own loop (docs/YOUR_OWN_LOOP.md) and the protocol's `diagnose` (README,
+# "Auditing your own model"), imported on first use so that
 # `import creditaudit` stays light: name → module that defines it.
 _LAZY = {"Monitor": "monitor", "StopRun": "monitor", "FlagFired": "monitor",
          "load_monitored": "monitor", "Adapter": "adapter",
-         "audit_own_runs": "api"}
+         "audit_own_runs": "api", "diagnose": "protocol"}
 
 
 def __getattr__(name: str):
@@ -21,4 +22,4 @@ def __getattr__(name: str):
 
 __all__ = ["Adapter", "CreditAuditError", "CreditAuditWarning", "FlagFired", "Monitor",
            "ResidualMLP", "ResidualStream", "StopRun", "__version__", "as_stream",
-           "audit_own_runs", "load_monitored"]
+           "audit_own_runs", "diagnose", "load_monitored"]

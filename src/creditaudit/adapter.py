@@ -50,6 +50,25 @@ class Adapter:
     skip: bool = True
     stream: Callable[[nn.Module], ResidualStream] | None = None
 
+    def __post_init__(self):
+        """Each part checked for its kind now, so a wrong one is one line at construction rather
+        than an AttributeError when the Monitor first reaches the model."""
+        paths = lambda p: isinstance(p, str) and bool(p) or (
+            isinstance(p, (list, tuple)) and bool(p) and all(isinstance(q, str) and q for q in p))
+        if not paths(self.blocks):
+            raise CreditAuditError(f"Adapter(blocks=...) must name the residual blocks: an attribute "
+                                   f"path such as \"layers\", or a list of paths, one per block; got "
+                                   f"{self.blocks!r}")
+        for what, part in (("embed", self.embed), ("readout", self.readout)):
+            if part is not None and not (paths(part) or callable(part)):
+                raise CreditAuditError(f"Adapter({what}=...) must be an attribute path, a list of "
+                                       f"paths or a function (model, tensor) -> tensor; got {part!r}")
+        if not isinstance(self.skip, bool):
+            raise CreditAuditError(f"Adapter(skip=...) must be True or False, got {self.skip!r}")
+        if self.stream is not None and not callable(self.stream):
+            raise CreditAuditError(f"Adapter(stream=...) must be a function model -> ResidualStream, "
+                                   f"got {self.stream!r}")
+
     def describe(self) -> dict:
         """A JSON record of the adapter (callables by their qualified name)."""
         name = lambda p: (p if isinstance(p, str) or p is None else

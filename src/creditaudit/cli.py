@@ -161,21 +161,22 @@ def _compile_step(args) -> bool | None:
 
 def _cmd_train(args) -> int:
     from .data import load_dataset
-    from .experiments.lock import audit_lock
     from .runs import resolve_device
     from .train import train_run
     from .verdict import Thresholds, first_fire_epochs, stop_rule
     config = _run_config(args)
+    if args.tensorboard is not None:          # refused now, not after the training it would log
+        from .trackers import check_log_dir
+        check_log_dir(args.tensorboard)
     _set_threads(args)
     data = load_dataset(config.dataset, args.data_dir, "cpu")
     config = config.bind_data(data.digest)      # the default folder's key names the data too
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
     device = resolve_device(args.device)      # a bad device is refused before any folder is made
-    made = [p for p in (out, *out.parents) if not p.exists()]
     tensorboard = None
     try:
-        with audit_lock(out):            # a second `train` on this folder is refused, as for audits
-            if args.tensorboard:
+        with _locked_out(out, stub="config.json"):   # a second `train` here is refused, as for audits
+            if args.tensorboard is not None:
                 from .trackers import TensorBoardLog
                 tensorboard = TensorBoardLog(args.tensorboard)
             run = _train_or_record(
@@ -187,11 +188,6 @@ def _cmd_train(args) -> int:
     finally:
         if tensorboard is not None:
             tensorboard.close()
-        if made and out.is_dir() and {p.name for p in out.iterdir()} <= {".creditaudit.lock"}:
-            (out / ".creditaudit.lock").unlink(missing_ok=True)   # refused before anything was
-            for folder in made:                                   # written: leave no empty folders
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
     if run is None:
         return EXIT_INCOMPLETE
     last = run.history[-1]
@@ -205,6 +201,30 @@ def _cmd_train(args) -> int:
         f"({k.replace('_prime', '′')}) {'never' if v is None else f'epoch {v}'}" for k, v in fired.items()))
     print(f"  run folder: {out}")
     return 0
+
+
+@contextlib.contextmanager
+def _locked_out(out: Path, stub: str | None = None):
+    """`audit_lock(out)`, and a command refused inside it leaves nothing that blocks the corrected
+    command: folders it made that hold only the lock are removed, and `stub` (train's config.json)
+    when this command wrote it and no checkpoint followed — a refused model's config.json would
+    make the corrected run's folder "a different run"."""
+    from .experiments.lock import audit_lock
+    made = [p for p in (out, *out.parents) if not p.exists()]
+    had_stub = stub is not None and (out / stub).exists()
+    try:
+        with audit_lock(out):
+            yield
+    except CreditAuditError:
+        if stub is not None and not had_stub and out.is_dir() and not (out / "checkpoint.json").exists():
+            (out / stub).unlink(missing_ok=True)
+        raise
+    finally:
+        if made and out.is_dir() and {p.name for p in out.iterdir()} <= {".creditaudit.lock"}:
+            (out / ".creditaudit.lock").unlink(missing_ok=True)
+            for folder in made:                   # innermost first: leave no empty folders
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
 
 def _train_or_record(train_run, config, out: Path, **train_kwargs):
@@ -232,6 +252,9 @@ def _load_for_diagnosis(args):
     from .data import load_dataset
     from .experiments import eval_batches
     from .runs import load_run, resolve_device
+    if not args.run_dir:
+        raise CreditAuditError(f"give a run folder: creditaudit {args.command} RUN_DIR (a folder "
+                               "written by `creditaudit train`)")
     run = load_run(args.run_dir, resolve_device(args.device))
     control = None
     if getattr(args, "frozen_control", None):
@@ -384,19 +407,21 @@ def _require_schedule(args, raw: dict) -> None:
 def _cmd_audit(args) -> int:
     from .config import audit_config_from_dict
     from .experiments import audit
-    from .experiments.lock import audit_lock
     from .report import compact_table, write_report
     from .verdict import Thresholds, verdict_of
     raw = _audit_raw(args)
     config = audit_config_from_dict(raw, where=args.config or "the audit settings")
     _require_schedule(args, raw)
+    if args.tensorboard is not None:          # refused now, not after the audit it would log
+        from .trackers import check_log_dir
+        check_log_dir(args.tensorboard)
     n_runs = len(config.run_configs())
     print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
           f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
-    with audit_lock(Path(config.out)):
+    with _locked_out(Path(config.out)):
         result = audit(config, progress=not args.quiet, compile_step=_compile_step(args))
         files = _write_report_together(write_report, result, Path(config.out))
-    if args.tensorboard:              # every run's monitor history, one log folder per run
+    if args.tensorboard is not None:  # every run's monitor history, one log folder per run
         from .trackers import log_runs
         log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))
     print()
@@ -469,14 +494,13 @@ def _cmd_ladder(args) -> int:
     from .config import EXPERIMENT_OUT
     from .experiments import ladder
     from .experiments.audit import execution_of
-    from .experiments.lock import audit_lock
     from .report.figures import ladder_figure
     from .report.tables import ladder_table
     from .verdict import Thresholds
     config = _experiment_config(args)
     out = Path(args.out or EXPERIMENT_OUT["ladder"])
     bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
-    with audit_lock(out):
+    with _locked_out(out):
         _refuse_other_result(out / "ladder.json", {"base": [c.to_dict() for c in bases]})
         result = ladder(bases, out, execution=execution_of(config, _compile_step(args)),
                         thresholds=Thresholds(**config.thresholds), n_eval=config.eval_batches,
@@ -491,7 +515,6 @@ def _cmd_penalty(args) -> int:
     from .config import EXPERIMENT_OUT
     from .experiments import penalty_sweep
     from .experiments.audit import execution_of
-    from .experiments.lock import audit_lock
     from .methods import sweep_defaults
     from .report.figures import penalty_figure
     from .report.tables import penalty_table
@@ -509,7 +532,7 @@ def _cmd_penalty(args) -> int:
     config = _experiment_config(args, [method])
     out = Path(args.out or EXPERIMENT_OUT["penalty-sweep"])
     bases = [config.base_config(method, s) for s in config.seeds]
-    with audit_lock(out):
+    with _locked_out(out):
         _refuse_other_result(out / "penalty_sweep.json", {"base": [c.to_dict() for c in bases],
                                                           "lambdas": [float(v) for v in lambdas]})
         result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config, _compile_step(args)),
@@ -849,9 +872,36 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+# what the report's symbols become on a console that cannot print them (cp1252, ASCII, …)
+_ASCII = {"′": "'", "‖": "||", "…": "...", "—": "-", "–": "-", "→": "->", "←": "<-", "≥": ">=",
+          "≤": "<=", "≈": "~", "×": "x", "−": "-", "·": "*", "Γ": "Gamma", "λ": "lambda",
+          "ρ": "rho", "β": "beta", "σ": "sigma", "τ": "tau", "∂": "d", "√": "sqrt", "∞": "inf",
+          "²": "^2", "Δ": "Delta", "ε": "eps", "ψ": "psi", "φ": "phi", "✓": "ok", "✗": "x"}
+
+
+def _ascii_fallback(err: UnicodeEncodeError):
+    text = err.object[err.start:err.end]
+    return "".join(_ASCII.get(c, "?") for c in text), err.end
+
+
+def _printable_console() -> None:
+    """stdout/stderr that never raise on a character the console's encoding lacks (a cp1252
+    Windows console and the ′ of "(a′)"): such a character is spelled in ASCII instead."""
+    import codecs
+    codecs.register_error("creditaudit-ascii", _ascii_fallback)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="creditaudit-ascii")
+
+
+_WRITE_ERRNOS = {"ENOSPC", "EDQUOT", "EROFS", "EFBIG"}   # the disk, not the path, is the problem
+
+
 def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM stops like Ctrl-C: workers stopped, exit 130
+    _printable_console()
     try:
         args = build_parser().parse_args(argv)     # --help ends here with its own SystemExit(0)
         try:
@@ -868,10 +918,16 @@ def main(argv: list[str] | None = None) -> int:
     except CreditAuditError as err:
         print(f"creditaudit: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except OSError as err:                            # a full disk or a read-only folder while writing results
+    except OSError as err:        # reading or writing a file: which one the errno says
+        import errno
         where = f" {err.filename}" if getattr(err, "filename", None) else ""
-        print(f"creditaudit: error: cannot write{where} ({err.strerror or err}); finished runs are "
-              "saved — free space or fix permissions, then run the same command again", file=sys.stderr)
+        if errno.errorcode.get(err.errno) in _WRITE_ERRNOS:    # a full disk or a read-only one
+            print(f"creditaudit: error: cannot write{where} ({err.strerror or err}); finished runs "
+                  "are saved — free space or fix permissions, then run the same command again",
+                  file=sys.stderr)
+        else:                     # no permission, a folder where a file should be, a bad path
+            print(f"creditaudit: error: cannot read or write{where} ({err.strerror or err}); fix "
+                  "the path or its permissions, then run the same command again", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("creditaudit: interrupted; finished work is saved — run the same command again to "

@@ -420,6 +420,12 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
                 or value < 0:
             raise CreditAuditError(f"threshold {key} in {where} must be a finite number ≥ 0, got {value!r}")
+    lam = raw.get("training", {}).get(PENALTY_OPTION)
+    if lam is not None and (isinstance(lam, bool) or not isinstance(lam, (int, float))
+                            or not math.isfinite(lam) or lam < 0):
+        # checked here too: it reaches only the methods that declare λ, and may reach none
+        raise CreditAuditError(f"{PENALTY_OPTION} in [training] of {where} must be a finite number ≥ 0, "
+                               f"got {lam!r}")
     model = dict(raw.get("model", {}))
     if not isinstance(model.get("options", {}), dict):
         raise CreditAuditError(f"options in [model] of {where} must be a table of architecture options "
@@ -433,6 +439,9 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
     address = raw.get("address")
     if address is not None and not isinstance(address, str):
         raise CreditAuditError(f"address in {where} must be a string (auto or HOST:PORT), got {address!r}")
+    if address is not None and executor != "ray":    # it would be ignored: the runs stay local
+        raise CreditAuditError(f"address in {where} names a Ray cluster, but the executor is "
+                               f"{executor!r}; add --executor ray (executor = \"ray\"), or drop the address")
     for key in ("dataset", "out", "data_dir", "device"):
         if key in raw and (not isinstance(raw[key], str) or not raw[key].strip()):
             raise CreditAuditError(f"{key} in {where} must be a non-empty string, got {raw[key]!r}")
@@ -474,3 +483,8 @@ def load_audit_toml(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise CreditAuditError(f"{path} is not a text file (not UTF-8); give an audit TOML file, "
                                "e.g. examples/quick.toml") from None
+    except RecursionError:        # tomllib recurses once per nesting level
+        raise CreditAuditError(f"{path} nests tables or arrays too deeply to be an audit config; "
+                               "an audit TOML is at most three levels deep (e.g. [options.METHOD])") from None
+    except OSError as err:
+        raise CreditAuditError(f"cannot read config file {path} ({err.strerror or err})") from None

@@ -103,9 +103,47 @@ def _batch(batch, what: str) -> tuple[torch.Tensor, torch.Tensor]:
             and all(isinstance(t, torch.Tensor) for t in batch)):
         raise CreditAuditError(f"{what} must be a pair of tensors (x, y), got {type(batch).__name__}")
     x, y = batch
-    if len(x) != len(y) or len(y) == 0:
-        raise CreditAuditError(f"{what}: x has {len(x)} samples and y {len(y)}; give one label per sample")
+    if x.dim() == 0 or len(x) != len(y) or len(y) == 0:
+        raise CreditAuditError(f"{what}: x has shape {tuple(x.shape)} and y {tuple(y.shape)}; give a "
+                               "batch of samples with one label per sample")
+    if y.dim() != 1 or y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+        raise CreditAuditError(f"{what}: y must be a 1-D tensor of integer class indices, got shape "
+                               f"{tuple(y.shape)} and dtype {y.dtype} (e.g. y.long() for float labels)")
+    if x.is_meta or y.is_meta:
+        raise CreditAuditError(f"{what} is on the meta device (shapes without values); pass real tensors")
     return x, y
+
+
+def _check_model(model) -> None:
+    """What the monitor's measurements need of the model: a module with real float32/float64
+    weights (the monitor line is measured in the model's own precision, and the (b) floor is
+    float32's)."""
+    if not isinstance(model, torch.nn.Module):
+        raise CreditAuditError(f"Monitor needs a torch.nn.Module, got {type(model).__name__}")
+    state = list(model.parameters()) + list(model.buffers())
+    if any(t.is_meta for t in state):
+        raise CreditAuditError("the model is on the meta device (shapes without values); "
+                               "materialise it (model.to_empty(device=...) and load or init the "
+                               "weights) before monitoring it")
+    low = sorted({str(t.dtype) for t in state if t.is_floating_point()
+                  and t.dtype not in (torch.float32, torch.float64)})
+    if low:
+        raise CreditAuditError(f"the model's weights are {', '.join(low)}; the Monitor measures in "
+                               "float32 or float64 — keep float32 weights and train in mixed "
+                               "precision with torch.autocast")
+
+
+def _loss_value(loss) -> torch.Tensor:
+    """`step`'s loss as a 0-d tensor (kept on its device: no host sync), or one clear line."""
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() != 1 or loss.is_complex():
+            raise CreditAuditError(f"step(loss): loss must be the batch's mean loss, one number; got "
+                                   f"a tensor of shape {tuple(loss.shape)} (reduce it, e.g. loss.mean())")
+        return loss.detach().reshape(()).float() if not loss.is_floating_point() else loss.detach().reshape(())
+    if isinstance(loss, bool) or not isinstance(loss, numbers.Real):
+        raise CreditAuditError(f"step(loss): loss must be the batch's mean loss (a tensor or a "
+                               f"number), got {type(loss).__name__}")
+    return torch.tensor(float(loss))
 
 
 class Monitor:
@@ -148,8 +186,21 @@ class Monitor:
                  on_flag: Callable[[str, int, dict], None] | None = None,
                  on_epoch: Callable[[dict[str, float]], None] | None = None,
                  tensorboard: "str | Path | SummaryWriter | None" = None):
-        if not isinstance(model, torch.nn.Module):
-            raise CreditAuditError(f"Monitor needs a torch.nn.Module, got {type(model).__name__}")
+        _check_model(model)
+        out = store.as_path(out, "out")
+        if not isinstance(thresholds, Thresholds):
+            raise CreditAuditError(f"thresholds must be a creditaudit.verdict.Thresholds, got "
+                                   f"{type(thresholds).__name__} (e.g. Thresholds(growth=2.0))")
+        for name, value in (("test_batches", test_batches), ("diagnose_batches", diagnose_batches)):
+            if value is not None and not isinstance(value, Iterable):
+                raise CreditAuditError(f"{name} must be an iterable of (x, y) batches, got "
+                                       f"{type(value).__name__}")
+        if control_of is not None and not isinstance(control_of, Monitor):
+            store.as_path(control_of, "control_of")       # a Monitor or the main run's folder
+        if tensorboard is not None:        # refused before the run folder is written
+            from .trackers import check_log_dir, is_writer
+            if not is_writer(tensorboard):
+                check_log_dir(tensorboard)
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise CreditAuditError(f"epochs must be the number of epochs your loop trains (≥ 1), got {epochs!r}")
         if stop_when_flagged is not None and (isinstance(stop_when_flagged, bool) or
@@ -164,6 +215,9 @@ class Monitor:
         self.on_epoch = on_epoch
         self.epochs, self.thresholds, self.on_flag, self.credit = epochs, thresholds, on_flag, credit
         self.x, self.y = _batch(eval_batch, "eval_batch")
+        floats = [p for p in model.parameters() if p.is_floating_point()]
+        if floats and self.x.is_floating_point():    # float64 inputs to a float32 model: its precision
+            self.x = self.x.to(floats[0].dtype)
         # a one-shot iterator would be empty from the second epoch on: keep its batches
         self.test_batches = list(test_batches) if test_batches is not None and \
             iter(test_batches) is test_batches else test_batches
@@ -180,7 +234,8 @@ class Monitor:
         finally:
             model.train(was_training)
         self._stop = stop_rule(stop_when_flagged, thresholds)
-        self.frozen_control_dir = Path(frozen_control) if frozen_control is not None else None
+        self.frozen_control_dir = store.as_path(frozen_control, "frozen_control") \
+            if frozen_control is not None else None
 
         existing = [n for n in RUN_FILES if (self.out / n).exists()]
         if existing:
@@ -216,13 +271,14 @@ class Monitor:
         if tensorboard is not None:
             from .trackers import TensorBoardLog
             self._tb = TensorBoardLog(tensorboard, thresholds)
-        try:
+        first = self._record(0, None, None, {})     # measured before anything is written: a
+        try:                                         # refusal here leaves no run.json behind
             self.out.mkdir(parents=True, exist_ok=True)
             store.atomic_write_json(self.out / RUN_FILE, self.info)
         except OSError as err:
             raise CreditAuditError(f"cannot write to {self.out} ({err.strerror or err}); choose a "
                                    "writable out=") from None
-        self._append(self._record(0, None, None, {}))
+        self._append(first)
 
     # -- the frozen control ------------------------------------------------------------------
     def _check_control(self, main: "Monitor | str | Path", method: str | None) -> tuple[str, str, str | None]:
@@ -295,7 +351,7 @@ class Monitor:
             raise CreditAuditError(f"step(loss, n): n is the batch's number of samples, a positive "
                                    f"integer (e.g. len(y)), got {n!r}")
         weight = 1 if n is None else int(n)
-        value = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+        value = _loss_value(loss)
         if self._loss_sum is None:
             self._loss_sum = torch.zeros((), device=value.device, dtype=value.dtype)
         self._loss_sum += value * weight
@@ -399,6 +455,10 @@ class Monitor:
             try:
                 with torch.no_grad():
                     test_acc = accuracy(logits, ((x.to(dev), y.to(dev)) for x, y in self.test_batches))
+            except Exception as err:  # noqa: BLE001 — a batch the model cannot take is the caller's
+                raise CreditAuditError(f"the test accuracy on test_batches failed ({type(err).__name__}: "
+                                       f"{' '.join(str(err).split())[:200]}); give (x, y) batches the "
+                                       "model takes, like eval_batch") from None
             finally:
                 self.model.train(was)
         if isinstance(test_acc, torch.Tensor):
@@ -572,7 +632,7 @@ class MonitoredRun:
 def load_monitored(run_dir: str | Path) -> MonitoredRun:
     """Read a monitored run folder (every record integrity-checked, its diagnosis bound to this
     run by the evidence gate; nothing unpickled)."""
-    run_dir = Path(run_dir)
+    run_dir = store.as_path(run_dir, "run_dir")
     if not run_dir.is_dir():
         raise CreditAuditError(f"run folder {run_dir} does not exist")
     info = read_run_info(run_dir)

@@ -35,7 +35,7 @@ import torch
 
 from . import evidence, metrics as M
 from .errors import CreditAuditError
-from .model import as_stream
+from .model import ResidualStream, as_stream
 from .seeding import derived_generator
 from .store import json_safe
 from .store import json_number as _num
@@ -271,11 +271,103 @@ def _batches(eval_batches) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(x, y) for x, y in batches]
 
 
+def _rho_layers(rho) -> bool | list[int]:
+    """`rho` as True/False or a list of residual positions (each an int ≥ 0; the upper bound,
+    the model's L, is checked once the model is known)."""
+    if isinstance(rho, bool):
+        return rho
+    if rho is None:
+        return False
+    try:
+        layers = list(rho)
+    except TypeError:
+        layers = None
+    if layers is None or isinstance(rho, (str, bytes)) or not all(
+            isinstance(l, int) and not isinstance(l, bool) and l >= 0 for l in layers):
+        raise CreditAuditError(f"diagnose: rho must be True, False or a list of layer indices "
+                               f"0 … L (residual positions h_l), got {rho!r}")
+    return layers
+
+
+def _check_null(method, null) -> None:
+    """null=True needs credit under fresh feedback: a Method with random feedback, or a callable
+    that takes (x, y, gen); anything else is refused here rather than failing mid-diagnosis."""
+    if not null or method is None:
+        return
+    if hasattr(method, "credit"):
+        if not getattr(method, "random_feedback", False):
+            raise CreditAuditError(f"diagnose: null=True, but method {getattr(method, 'name', '')!r} "
+                                   "has no random feedback to redraw; drop null=True (Γ's null is "
+                                   "for random-feedback methods)")
+        return
+    import inspect
+    try:
+        inspect.signature(method).bind(None, None, None)
+    except TypeError:
+        raise CreditAuditError("diagnose: null=True needs a credit function that takes (x, y, gen) "
+                               "and draws fresh feedback from the torch.Generator gen; this one "
+                               "does not take three arguments — add gen, or drop null=True") from None
+    except ValueError:              # a builtin without a signature: tried when called
+        pass
+
+
+def _fed_batches(model, batches: list[tuple[torch.Tensor, torch.Tensor]]
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The eval batches as the model can take them, or one clear line saying why not.
+
+    A module's eval inputs are cast to its parameters' floating dtype (float64 inputs for a
+    float32 model are measured in float32, the model's own precision; float32 inputs for a
+    float64 model in float64). Refused: a model or batch on the meta device (shapes without data),
+    a half-precision model (the diagnostics need float32 or float64), batches on another device
+    than the model, and inputs the model cannot take (wrong feature count, a non-residual step)."""
+    from .adapter import check_residual
+    module = model if isinstance(model, torch.nn.Module) else None
+    state = list(module.parameters()) + list(module.buffers()) if module is not None else []
+    if any(t.is_meta for t in state) or any(t.is_meta for b in batches for t in b):
+        raise CreditAuditError("diagnose: the model or an eval batch is on the meta device (shapes "
+                               "without values); load the trained weights and pass real tensors")
+    floats = [p for p in state if p.is_floating_point()]
+    if floats and floats[0].dtype not in (torch.float32, torch.float64):
+        raise CreditAuditError(f"diagnose measures in float32 or float64, but the model's parameters "
+                               f"are {floats[0].dtype}; pass model.float() (mixed precision belongs "
+                               "in autocast during training, not in the weights)")
+    if floats:
+        device, dtype = floats[0].device, floats[0].dtype
+        for i, (x, _) in enumerate(batches):
+            if x.device != device:
+                raise CreditAuditError(f"diagnose: eval batch {i} is on {x.device} but the model on "
+                                       f"{device}; move the batches to the model's device")
+        batches = [(x.to(dtype) if x.is_floating_point() else x, y) for x, y in batches]
+    stream = as_stream(model)
+    if not isinstance(stream, ResidualStream):
+        raise CreditAuditError(f"diagnose: {type(model).__name__}.stream() returned a "
+                               f"{type(stream).__name__}, not a creditaudit.ResidualStream")
+    if not all(callable(step) for step in stream.steps) or not callable(stream.embed) \
+            or not callable(stream.readout):
+        raise CreditAuditError("diagnose: the residual stream's embed, steps and readout must be "
+                               "callables (tensor → tensor); one of them is not")
+    for i, (x, y) in enumerate(batches):
+        try:
+            check_residual(stream, x, torch.zeros_like(y))   # labels: checked in _diagnose, by class
+        except CreditAuditError as err:
+            raise CreditAuditError(f"diagnose: eval batch {i} (x of shape {tuple(x.shape)}, "
+                                   f"{x.dtype}): {err}") from None
+        except Exception as err:  # noqa: BLE001 — the readout failing on the stream is the user's
+            raise CreditAuditError(f"diagnose: eval batch {i}: the readout failed on h_L "
+                                   f"({type(err).__name__}: {' '.join(str(err).split())[:200]})") from None
+    return batches
+
+
 def _credits(credit_fn, batches, hidden_shapes: list[list[torch.Size]]) -> list[list[torch.Tensor]]:
     """The credit a_0 … a_L of every batch, each shaped like its residual position; else one error."""
     out = []
     for i, ((x, y), shapes) in enumerate(zip(batches, hidden_shapes)):
-        credit = credit_fn(x, y)
+        try:
+            credit = credit_fn(x, y)
+        except Exception as err:  # noqa: BLE001 — the user's credit failing is theirs to fix
+            raise CreditAuditError(f"diagnose: the method's credit raised {type(err).__name__} on eval "
+                                   f"batch {i}: {' '.join(str(err).split())[:200]}; fix the method "
+                                   "(docs/WRITING_A_RULE.md)") from None
         if not isinstance(credit, (list, tuple)) or len(credit) != len(shapes):
             n = len(credit) if isinstance(credit, (list, tuple)) else type(credit).__name__
             raise CreditAuditError(f"diagnose: the method's credit for eval batch {i} has {n} entries; it "
@@ -312,6 +404,9 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
     """Run the docs/PROTOCOL.md protocol on `model` (a ResidualStream or a model with `.stream()`).
 
     eval_batches:    list of (x, y); protocol: K ≥ 8 disjoint batches of 128 (s_l needs K ≥ 2).
+                     Floating inputs are cast to a module's parameter dtype (float32 or float64),
+                     so the model is measured in its own precision; half-precision weights, meta
+                     tensors and inputs the model cannot take are refused in one line.
     method:          a Method, or a callable (x, y) -> [a_0 … a_L] (one tensor per residual position,
                      shaped like it); gives Γ (and the null). A non-finite credit leaves Γ not
                      evaluated and the verdict incomplete.
@@ -350,11 +445,21 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
             for r in monitor_history):
         raise CreditAuditError("diagnose: monitor_history must be the monitor's records (dicts with an "
                                "integer epoch and h_norms, as in a run's metrics.jsonl)")
+    rho = _rho_layers(rho)
+    for name, value in (("null_k", null_k), ("rho_m", rho_m)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CreditAuditError(f"diagnose: {name} must be a positive integer, got {value!r}")
+    _check_null(method, null)
     module = model if isinstance(model, torch.nn.Module) else None
     was_training = module.training if module is not None else False
     if module is not None:
         module.eval()                  # per-sample forward: BatchNorm/Dropout in eval mode
     try:
+        batches = _fed_batches(model, batches)
+        n_blocks = as_stream(model).n_blocks
+        if rho is not True and rho and max(rho) > n_blocks:
+            raise CreditAuditError(f"diagnose: rho={list(rho)} names a layer beyond the model's "
+                                   f"{n_blocks} blocks; layers are 0 … {n_blocks} (positions h_0 … h_L)")
         return _diagnose(model, batches, method, frozen_acc, test_acc, thresholds,
                          monitor_history, null, null_k, null_seed, rho, rho_m, rho_eps, rho_seed,
                          label, diverged, training, list(missing_evidence), depth_unevaluated)

@@ -66,6 +66,14 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def as_path(value: Any, what: str) -> Path:
+    """A path argument (str or os.PathLike, not empty) as a Path; anything else is one line
+    naming the argument, not a TypeError from pathlib."""
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise CreditAuditError(f"{what} must be a folder path (a string or pathlib.Path), got {value!r}")
+    return Path(value)
+
+
 def read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(Path(path).read_text())
@@ -73,6 +81,10 @@ def read_json(path: Path, what: str) -> Any:
         raise CreditAuditError(f"{path} not found: is this a {what}?") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CreditAuditError(f"{path} is not valid JSON ({err}); the {what} is corrupt") from None
+    except RecursionError:       # json recurses once per nesting level: no record nests this deep
+        raise CreditAuditError(f"{path} nests too deeply to be a {what}; it is corrupt") from None
+    except OSError as err:       # a folder where a file should be, no permission: a read, not a write
+        raise CreditAuditError(f"cannot read {path} ({err.strerror or err}); is it a {what}?") from None
 
 
 # -- sealed records -----------------------------------------------------------------------------
@@ -94,7 +106,11 @@ def unseal(obj: Any, path: Path, what: str) -> dict:
         raise CreditAuditError(f"{path} carries no integrity seal; it was not written by this "
                                f"creditaudit or was edited by hand — re-create the {what}")
     body = {k: v for k, v in obj.items() if k != SEAL}
-    if digest(body) != obj[SEAL]:
+    try:
+        sealed = digest(body) == obj[SEAL]
+    except (ValueError, TypeError):     # NaN/Infinity: never written by us (json_safe), so edited
+        sealed = False
+    if not sealed:
         raise CreditAuditError(f"{path} was modified after it was written (integrity check failed); "
                                f"the {what} cannot be trusted — restore it or re-create it")
     return body
@@ -205,8 +221,8 @@ def _checkpoint_meta(run_dir: Path) -> dict | None:
         return None
     try:
         return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, OSError):
+        return None     # unreadable: load_checkpoint refuses it with the reason
 
 
 def checkpoint_digest(run_dir: Path) -> str | None:
@@ -251,7 +267,12 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Any], Any]:
     tensors_path = path.parent / str(meta.get("tensors"))
     if not tensors_path.exists():
         raise CreditAuditError(f"checkpoint tensors {tensors_path} are missing; re-train the run")
-    if _sha256(tensors_path) != meta.get("tensors_sha256"):
+    try:
+        tensors_sha256 = _sha256(tensors_path)
+    except OSError as err:
+        raise CreditAuditError(f"cannot read checkpoint tensors {tensors_path} ({err.strerror or err}); "
+                               "delete the run folder and train it again") from None
+    if tensors_sha256 != meta.get("tensors_sha256"):
         raise CreditAuditError(
             f"checkpoint tensors {tensors_path} are truncated or corrupt (sha256 mismatch); "
             "delete the run folder and train it again")
@@ -303,8 +324,11 @@ def check_metrics_log(run_dir: Path, history: list[dict]) -> None:
         return
     try:
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         lines = None
+    except OSError as err:
+        raise CreditAuditError(f"cannot read {path} ({err.strerror or err}); restore the file, or "
+                               "delete it to read the run from its checkpoint alone") from None
     truth = json.loads(json.dumps([json_safe(r) for r in history], allow_nan=False))
     if lines is None or len(lines) > len(truth) or len(truth) - len(lines) > 1 \
             or lines != truth[:len(lines)]:

@@ -21,10 +21,12 @@ Other trackers (W&B, MLflow, Lightning's loggers) get the same names from `epoch
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Sequence
 
 from .errors import CreditAuditError
+from .store import as_path
 from .store import json_number as _num
 from .verdict import (Thresholds, fires_a, fires_a_prime, fires_b, fires_b_prime, growth_since_init,
                       stack_growth)
@@ -72,6 +74,26 @@ def is_writer(obj) -> bool:
     return callable(getattr(obj, "add_scalar", None)) and callable(getattr(obj, "flush", None))
 
 
+def check_log_dir(log_dir) -> Path:
+    """`log_dir` as a Path, refused in one line before any training when it cannot become a log
+    folder: not a path, a file (or under one), or in a folder this process cannot write to.
+    Nothing is created here, so a command refused later leaves no empty log folder behind."""
+    try:
+        import tensorboard  # noqa: F401 — SummaryWriter needs it; say so before training, not after
+    except ImportError:
+        raise CreditAuditError("TensorBoard logging needs the tensorboard package: "
+                               "pip install \"creditaudit[tensorboard]\"") from None
+    path = as_path(log_dir, "the TensorBoard log folder")
+    existing = next(p for p in (path, *path.parents) if p.exists())   # "." or "/" at the latest
+    if not existing.is_dir():
+        raise CreditAuditError(f"cannot log to TensorBoard in {path}: {existing} is a file, not a "
+                               "folder; give a folder for the log")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CreditAuditError(f"cannot log to TensorBoard in {path}: {existing} is not writable; "
+                               "give a writable folder for the log")
+    return path
+
+
 class TensorBoardLog:
     """Writes monitor records to a TensorBoard log as they come (`log(history)` logs the records
     it has not seen yet, so the trainer and the Monitor can hand it the whole history).
@@ -86,12 +108,13 @@ class TensorBoardLog:
         if not self._owned:
             self.writer = log_dir
             return
+        self.log_dir = check_log_dir(log_dir)
+        from torch.utils.tensorboard import SummaryWriter
         try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise CreditAuditError("TensorBoard logging needs the tensorboard package: "
-                                   "pip install \"creditaudit[tensorboard]\"") from None
-        self.writer = SummaryWriter(log_dir=str(Path(log_dir)))
+            self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        except OSError as err:
+            raise CreditAuditError(f"cannot log to TensorBoard in {self.log_dir} "
+                                   f"({err.strerror or err}); give a writable folder") from None
 
     def log(self, history: Sequence[dict]) -> None:
         init = history[0]["h_norms"] if history and int(history[0]["epoch"]) == 0 else None

@@ -3,6 +3,7 @@ in `_BUILT_IN` below; every list of methods elsewhere (presets, --help, validati
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any
 
 from ..errors import CreditAuditError
@@ -57,9 +58,42 @@ def _user_method(spec: str) -> type[Method]:
     if not (isinstance(cls, type) and issubclass(cls, Method)):
         raise CreditAuditError(f"{spec!r} is not a creditaudit Method subclass; subclass "
                                "creditaudit.methods.Method (docs/ADD_A_METHOD.md)")
-    if not cls.name:
-        raise CreditAuditError(f"{spec!r}: set a class attribute name = \"...\" on the method")
+    if not cls.name or not isinstance(cls.name, str):
+        raise CreditAuditError(f"{spec!r}: set a class attribute name = \"...\" (a string) on the method")
+    _check_declarations(cls, spec)
     return cls
+
+
+def _check_declarations(cls: type[Method], spec: str) -> None:
+    """A user's method declares its knobs as the built-in ones do (methods/base.py): each option a
+    number, bool or string; each range an inclusive (low, high) pair of numbers of a declared
+    option; each help line a string. Anything else is one line naming the attribute, here, rather
+    than a TypeError deep in option validation."""
+    fix = "(docs/ADD_A_METHOD.md)"
+    defaults, ranges, helps = cls.option_defaults, cls.option_ranges, cls.option_help
+    if not isinstance(defaults, dict) or not all(
+            isinstance(k, str) and isinstance(v, (bool, int, float, str)) for k, v in defaults.items()):
+        raise CreditAuditError(f"{spec!r}: option_defaults must be a dict of option name → default "
+                               f"number, bool or string, got {defaults!r} {fix}")
+    if not isinstance(ranges, dict):
+        raise CreditAuditError(f"{spec!r}: option_ranges must be a dict of option name → (low, high), "
+                               f"got {ranges!r} {fix}")
+    for key, bounds in ranges.items():
+        if key not in defaults:
+            raise CreditAuditError(f"{spec!r}: option_ranges names {key!r}, which is not in "
+                                   f"option_defaults ({', '.join(map(str, defaults)) or 'none'}) {fix}")
+        if not (isinstance(bounds, (tuple, list)) and len(bounds) == 2 and all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) and not math.isnan(b)
+                for b in bounds) and bounds[0] <= bounds[1]):
+            raise CreditAuditError(f"{spec!r}: option_ranges[{key!r}] must be an inclusive (low, high) "
+                                   f"pair of numbers with low ≤ high (math.inf for no bound), got "
+                                   f"{bounds!r} {fix}")
+        if isinstance(defaults[key], (bool, str)):
+            raise CreditAuditError(f"{spec!r}: option_ranges[{key!r}] bounds a "
+                                   f"{type(defaults[key]).__name__} option; ranges are for numbers {fix}")
+    if not isinstance(helps, dict) or not all(isinstance(v, str) for v in helps.values()):
+        raise CreditAuditError(f"{spec!r}: option_help must be a dict of option name → one line of "
+                               f"help, got {helps!r} {fix}")
 
 
 def methods_with_option(option: str) -> list[str]:

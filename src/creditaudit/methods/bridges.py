@@ -83,7 +83,9 @@ class _Bridge(LocalMethod):
     """Shared plumbing: options, the aux net with its optimizer, the local update."""
 
     option_defaults = DEFAULTS
-    option_ranges = {"hidden": (1, math.inf), "t_dim": (1, math.inf), "draws": (1, math.inf),
+    # counts are bounded like every count of a run (config.MAX_COUNT, which sits above methods/):
+    # a larger one is a typo that would exhaust memory, not a plan
+    option_ranges = {"hidden": (1, 100_000), "t_dim": (1, 100_000), "draws": (1, 100_000),
                      "noise": (0.0, math.inf), "tau": (1e-12, math.inf), "ema": (0.0, 1.0),
                      "lam": (0.0, math.inf)}
     option_help = {"hidden": "hidden width of the probe MLP (G_ψ for sb, V_φ for cb)",

@@ -14,7 +14,29 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..errors import CreditAuditError
 from .stream import ResidualStream
+
+
+def check_arguments(arch: str, input_shape=None, w2_std=None, **sizes) -> None:
+    """An architecture's constructor arguments, each refused in one line naming it (not a torch
+    error from deep inside nn.Linear): `sizes` are integers ≥ 1 (n_blocks ≥ 0), `input_shape`
+    a (C, H, W) of positive integers, `w2_std` a finite number ≥ 0."""
+    import math
+    import numbers
+    for name, value in sizes.items():
+        low = 0 if name == "n_blocks" else 1
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise CreditAuditError(f"{arch}: {name} must be an integer ≥ {low}, got {value!r}")
+    if input_shape is not None and not (
+            isinstance(input_shape, (tuple, list, torch.Size)) and len(input_shape) == 3
+            and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                    for v in input_shape)):
+        raise CreditAuditError(f"{arch}: input_shape must be (C, H, W), three positive integers, "
+                               f"got {input_shape!r}")
+    if w2_std is not None and (isinstance(w2_std, bool) or not isinstance(w2_std, (int, float))
+                               or not math.isfinite(w2_std) or w2_std < 0):
+        raise CreditAuditError(f"{arch}: w2_std must be a finite number ≥ 0, got {w2_std!r}")
 
 
 class ResidualModel(nn.Module):

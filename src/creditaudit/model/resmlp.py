@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import CreditAuditError
-from .base import ResidualModel
+from .base import ResidualModel, check_arguments
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
@@ -51,6 +51,8 @@ class ResidualMLP(ResidualModel):
     def __init__(self, d_in: int, d: int = 256, n_blocks: int = 4, n_classes: int = 10,
                  activation: str = "gelu", w2_std: float = 0.01):
         super().__init__()
+        check_arguments("ResidualMLP", w2_std=w2_std, d_in=d_in, d=d, n_blocks=n_blocks,
+                        n_classes=n_classes)
         self.d_in, self.d, self.n_classes = d_in, d, n_classes
         self.stream_shape = (d,)
         self.embed = nn.Linear(d_in, d)

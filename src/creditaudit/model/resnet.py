@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import CreditAuditError
-from .base import ResidualModel
+from .base import ResidualModel, check_arguments
 from .vit import as_images
 
 
@@ -61,6 +61,8 @@ class SmallResNet(ResidualModel):
     def __init__(self, input_shape: tuple[int, int, int], width: int = 64, n_blocks: int = 4,
                  n_classes: int = 10, stem_stride: int = 0, w2_std: float = 0.01):
         super().__init__()
+        check_arguments("resnet-small", input_shape, w2_std, width=width, n_blocks=n_blocks,
+                        n_classes=n_classes)
         c, hgt, wid = (int(s) for s in input_shape)
         if stem_stride not in (0, 1, 2):
             raise CreditAuditError(f"resnet-small: stem_stride must be 0 (automatic), 1 or 2, "

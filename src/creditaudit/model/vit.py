@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import CreditAuditError
-from .base import ResidualModel
+from .base import ResidualModel, check_arguments
 from .resmlp import ACTIVATIONS
 
 
@@ -90,6 +90,8 @@ class ViTMini(ResidualModel):
                  n_classes: int = 10, heads: int = 4, mlp_ratio: int = 2, patch: int = 4,
                  activation: str = "gelu", w2_std: float = 0.01):
         super().__init__()
+        check_arguments("vit-mini", input_shape, w2_std, d=d, n_blocks=n_blocks, n_classes=n_classes, heads=heads,
+                        mlp_ratio=mlp_ratio, patch=patch)
         c, hgt, wid = (int(s) for s in input_shape)
         if patch < 1 or hgt % patch or wid % patch:
             raise CreditAuditError(f"vit-mini: image size {hgt}×{wid} is not divisible by patch={patch}")

@@ -1,0 +1,982 @@
+"""A hostile-but-realistic sweep over every entrance of creditaudit (issue 22): not a pytest file.
+
+    python tests/entrance_sweep.py --out DIR [--only SUBSTRING] [--list]
+
+Each case declares what a correct creditaudit does with its input:
+
+    refusal            one line and exit 2 (CLI), or CreditAuditError / ValueError / TypeError raised
+                       by creditaudit itself with a message (Python); no traceback on stderr
+    result             it works: exit 0 (or the exit the case names), or the call returns
+    never-trustworthy  it may run, but it must not print "trustworthy", `check` must not exit 0 on
+                       what it wrote, and a returned Report must not say "trustworthy"
+    handled            either a result or a refusal, never a traceback (e.g. lint of odd files)
+
+and the sweep classifies what happened: clean refusal, correct result, traceback (an exception
+escaped, or a refusal came from deep inside torch/pathlib rather than from creditaudit), silently
+wrong (bad input accepted, or a "trustworthy" without evidence), or wrongly refused (a good input
+refused). It prints the counts per class and every failure, and exits 1 when any case failed.
+Tiny data throughout (digits, 1 epoch, width 16, 2 blocks) so the sweep takes minutes on one core.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+warnings.simplefilter("ignore")
+
+import creditaudit  # noqa: E402
+from creditaudit import CreditAuditError  # noqa: E402
+from creditaudit.cli import main as cli_main  # noqa: E402
+
+PKG = Path(creditaudit.__file__).resolve().parent
+TINY_MODEL = ["--width", "16", "--blocks", "2"]
+TINY = ["--dataset", "digits", *TINY_MODEL, "--quiet", "--threads", "1", "--device", "cpu", "--epochs", "1"]
+EXPECTS = ("refusal", "result", "never-trustworthy", "handled")
+TRUSTWORTHY = re.compile(r"(?<!not )(?<!never )\btrustworthy\b(?! means)")
+
+
+@dataclass
+class Case:
+    name: str
+    expect: str
+    run: Callable[[], "Outcome"]
+    owner: str = ""          # whose territory a known failure is (e.g. "gate")
+
+
+@dataclass
+class Outcome:
+    kind: str                # "exit" (CLI) or "return" / "raise" (Python)
+    code: int | None = None
+    out: str = ""
+    err: str = ""
+    exc: BaseException | None = None
+    value: object = None
+    clean_exc: bool = False  # a refusal raised by creditaudit itself
+    check_code: int | None = None
+
+
+# -- running an entrance -------------------------------------------------------------------------
+def cli(*argv, check: Path | None = None) -> Callable[[], Outcome]:
+    """The command line in this process (stdout/stderr captured); `check`: run `creditaudit check`
+    on that folder afterwards, for never-trustworthy cases."""
+    def run() -> Outcome:
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = cli_main([str(a) for a in argv])
+        except SystemExit as exc:    # argparse's --help/--version, or user code calling sys.exit:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            return Outcome("exit", code, out.getvalue(), err.getvalue())   # the process exits so
+        except BaseException as exc:  # noqa: BLE001 — anything escaping main() is a traceback
+            return Outcome("raise", None, out.getvalue(), err.getvalue() + traceback.format_exc(), exc)
+        result = Outcome("exit", code, out.getvalue(), err.getvalue())
+        if check is not None and Path(check).exists():
+            cout, cerr = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(cout), contextlib.redirect_stderr(cerr):
+                try:
+                    result.check_code = cli_main(["check", str(check)])
+                except BaseException:  # noqa: BLE001
+                    result.check_code = -1
+        return result
+    return run
+
+
+def subproc(*argv, env: dict | None = None, check: Path | None = None) -> Callable[[], Outcome]:
+    def run() -> Outcome:
+        e = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        proc = subprocess.run([sys.executable, "-m", "creditaudit", *map(str, argv)], env=e,
+                              capture_output=True, timeout=600)
+        enc = (env or {}).get("PYTHONIOENCODING", "utf-8")
+        o = Outcome("exit", proc.returncode, proc.stdout.decode(enc, "replace"),
+                    proc.stderr.decode(enc, "replace"))
+        if check is not None and Path(check).exists():
+            o.check_code = subprocess.run([sys.executable, "-m", "creditaudit", "check", str(check)],
+                                          env=e, capture_output=True, timeout=600).returncode
+        return o
+    return run
+
+
+def py(fn: Callable[[], object]) -> Callable[[], Outcome]:
+    def run() -> Outcome:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                value = fn()
+        except (CreditAuditError, ValueError, TypeError) as exc:
+            frames = traceback.extract_tb(exc.__traceback__)
+            ours = bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(PKG)
+            return Outcome("raise", exc=exc, clean_exc=isinstance(exc, CreditAuditError) or ours,
+                           err=traceback.format_exc())
+        except BaseException as exc:  # noqa: BLE001
+            return Outcome("raise", exc=exc, err=traceback.format_exc())
+        return Outcome("return", value=value)
+    return run
+
+
+def says_trustworthy(o: Outcome) -> bool:
+    """A verdict of "trustworthy" anywhere in what the entrance produced."""
+    if o.kind == "exit":
+        return bool(TRUSTWORTHY.search(o.out)) or o.check_code == 0
+    value = o.value
+    reports = value if isinstance(value, (list, tuple)) else [value]
+    for r in reports:
+        for v in (getattr(r, "project", None), getattr(r, "paper", None)):
+            if v is not None and getattr(v, "outcome", None) == "trustworthy":
+                return True
+        if isinstance(r, dict) and any(m.get("verdict", {}).get("outcome") == "trustworthy"
+                                       for m in r.get("methods") or [] if isinstance(m, dict)):
+            return True
+    return o.check_code == 0
+
+
+def classify(case: Case, o: Outcome) -> tuple[str, bool, str]:
+    """(class, as expected, detail)."""
+    if o.kind == "exit":
+        lines = [l for l in o.err.strip().splitlines() if l.strip()]
+        tb = "Traceback (most recent call last)" in o.err
+        if tb:
+            return "traceback", False, o.err.strip().splitlines()[-1][:300]
+        if o.code == 2:
+            one = len(lines) == 1 and lines[0].startswith("creditaudit: error:")
+            if not one:
+                return "traceback", False, f"exit 2 but not one line: {o.err.strip()[:300]!r}"
+            cls = "clean refusal"
+            ok = case.expect in ("refusal", "never-trustworthy", "handled")
+            return (cls if ok else "wrongly refused"), ok, lines[0][:300]
+        if case.expect == "refusal":
+            return "silently wrong", False, f"exit {o.code}, expected a refusal; stdout: {o.out.strip()[-200:]!r}"
+        if case.expect == "never-trustworthy" and says_trustworthy(o):
+            return "silently wrong", False, (f"trustworthy without evidence (exit {o.code}, check "
+                                            f"exit {o.check_code}); {o.out.strip()[-200:]!r}")
+        expected_codes = getattr(case, "codes", None) or {0}
+        if case.expect == "result" and o.code not in expected_codes:
+            return "wrongly refused", False, f"exit {o.code}: {o.err.strip()[-300:]!r}"
+        return "correct result", True, f"exit {o.code}"
+    if o.kind == "raise":
+        if isinstance(o.exc, (CreditAuditError, ValueError, TypeError)) and o.clean_exc:
+            msg = " ".join(str(o.exc).split())
+            if not msg:
+                return "traceback", False, f"{type(o.exc).__name__} without a message"
+            ok = case.expect in ("refusal", "never-trustworthy", "handled")
+            return ("clean refusal" if ok else "wrongly refused"), ok, f"{type(o.exc).__name__}: {msg[:250]}"
+        return "traceback", False, f"{type(o.exc).__name__}: {' '.join(str(o.exc).split())[:250]}"
+    if case.expect == "refusal":
+        return "silently wrong", False, f"returned {type(o.value).__name__}, expected a refusal"
+    if case.expect == "never-trustworthy" and says_trustworthy(o):
+        return "silently wrong", False, "a trustworthy verdict without evidence"
+    return "correct result", True, "returned"
+
+
+# -- fixtures: one tiny run, its control, a tiny audit -------------------------------------------
+class World:
+    def __init__(self, out: Path):
+        self.out = out
+        self.n = 0
+
+    def fresh(self, name: str) -> Path:
+        self.n += 1
+        return self.out / "cases" / f"{self.n:04d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:60]}"
+
+    def setup(self) -> None:
+        o = self.out
+        quiet = lambda *a: _must(cli(*a)(), a)
+        quiet("train", *TINY, "--out", o / "run")
+        quiet("train", *TINY, "--out", o / "frozen", "--frozen")
+        quiet("train", *TINY, "--out", o / "run7", "--seed", "7")
+        quiet("train", *TINY, "--out", o / "frozen7", "--frozen", "--seed", "7")
+        quiet("train", *TINY, "--out", o / "shallow", "--shallow")
+        quiet("diagnose", o / "run", "--frozen-control", o / "frozen", "--threads", "1")
+        quiet("diagnose", o / "run7", "--frozen-control", o / "frozen7", "--threads", "1")
+        (o / "audit.toml").write_text(textwrap.dedent("""
+            dataset = "digits"
+            methods = ["bp"]
+            seeds = [1, 2]
+            epochs = 1
+            jobs = 1
+            [model]
+            width = 16
+            blocks = 2
+            """))
+        quiet("audit", "--config", o / "audit.toml", "--out", o / "audit", "--quiet", "--device", "cpu")
+        # a user package: factories and rules that fail in the ways real code fails
+        pkg = o / "userpkg"
+        pkg.mkdir(exist_ok=True)
+        (pkg / "sweep_user.py").write_text(USER_CODE)
+        sys.path.insert(0, str(pkg))
+        from safetensors.torch import save_file
+        import sweep_user
+        torch.manual_seed(0)
+        good = sweep_user.good()
+        save_file({k: v.contiguous() for k, v in good.state_dict().items()}, str(o / "good.safetensors"))
+        (o / "notjson.safetensors").write_text("{not safetensors")
+        data = (o / "good.safetensors").read_bytes()
+        (o / "truncated.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def _must(o: Outcome, argv) -> None:
+    if o.kind != "exit" or o.code not in (0, 1, 3):
+        raise SystemExit(f"sweep setup failed: creditaudit {' '.join(map(str, argv))}: {o.err[-2000:]}")
+
+
+USER_CODE = '''
+import sys
+import torch
+from creditaudit.model import ResidualMLP
+from creditaudit.methods import METHODS, REFERENCE_METHOD
+
+BP = METHODS[REFERENCE_METHOD]
+
+def good():
+    torch.manual_seed(0)
+    return ResidualMLP(64, 16, 2, 10)
+def raises():
+    raise ValueError("factory is broken")
+def returns_none():
+    return None
+def returns_int():
+    return 5
+def no_stream():
+    return torch.nn.Linear(64, 10)
+def needs_args(width):
+    return ResidualMLP(64, width, 2, 10)
+def exits():
+    sys.exit(3)
+def interrupts():
+    raise KeyboardInterrupt
+def half():
+    return good().half()
+def wrong_inputs():
+    return ResidualMLP(40, 16, 2, 10)
+def wrong_classes():
+    return ResidualMLP(64, 16, 2, 3)
+def shape_changer():
+    m = good()
+    m.blocks[0] = torch.nn.Linear(16, 8)
+    return m
+not_callable = 5
+
+class Nameless(BP):
+    name = ""
+class WordRange(BP):
+    name = "wordrange"
+    option_defaults = {"k": 3}
+    option_ranges = {"k": ("1", "10")}
+class InitRaises(BP):
+    name = "initraises"
+    def __init__(self, model, settings):
+        raise RuntimeError("rule cannot start")
+class NanCredit(BP):
+    name = "nancredit"
+    def credit(self, x, y):
+        return [torch.full_like(h, float("nan")) for h in super().credit(x, y)]
+class ShortCredit(BP):
+    name = "shortcredit"
+    def credit(self, x, y):
+        return super().credit(x, y)[:-1]
+class ExitCredit(BP):
+    name = "exitcredit"
+    def credit(self, x, y):
+        sys.exit(0)
+class NotAMethod:
+    name = "nope"
+'''
+
+
+# -- the cases -----------------------------------------------------------------------------------
+def cases(w: World) -> list[Case]:
+    o = w.out
+    C: list[Case] = []
+    add = lambda name, expect, run, owner="": C.append(Case(name, expect, run, owner))
+
+    # train: every numeric option with values a tired user types
+    bad_count = ["", "abc", "nan", "inf", "-1", "1e400", "99999999999999999999", "1.5", "0x10", "None", "💥"]
+    for opt in ("--epochs", "--width", "--blocks", "--batch-size", "--stop-when-flagged",
+                "--trainable-blocks", "--threads"):
+        for v in bad_count:
+            add(f"train {opt} {v!r}", "refusal", cli("train", *TINY, opt, v, "--out", w.fresh("t")))
+    for opt in ("--lr", "--weight-decay", "--w2-std", "--clip", "--lam"):
+        for v in ["", "abc", "nan", "inf", "-inf", "-1", "1e400", "--"]:
+            add(f"train {opt} {v!r}", "refusal", cli("train", *TINY, opt, v, "--out", w.fresh("t")))
+    for v in ["-1", str(2 ** 63), "abc", "1.5", ""]:
+        add(f"train --seed {v!r}", "refusal", cli("train", *TINY, "--seed", v, "--out", w.fresh("t")))
+    for args in (["--method", "nope"], ["--method", ""], ["--method", "sweep_user:NotAMethod"],
+                 ["--method", "sweep_user:Nameless"], ["--method", "sweep_user:WordRange"],
+                 ["--method", "no_such_pkg:Cls"], ["--method", ":"], ["--method", "sweep_user:"],
+                 ["--dataset", "nope"], ["--arch", "nope"], ["--activation", "nope"],
+                 ["--precision", "fp8"], ["--device", "tpu"], ["--device", "cuda:99"], ["--device", ""],
+                 ["--option", "beta"], ["--option", "nope=1"], ["--option", "lam=nan"],
+                 ["--option", "lam=-1"], ["--option", "lam=\"x\""], ["--arch-option", "heads=4"],
+                 ["--arch", "vit-mini", "--arch-option", "patch=3"],
+                 ["--arch", "vit-mini", "--arch-option", "heads=5"],
+                 ["--arch", "vit-mini", "--arch-option", "patch=0"],
+                 ["--arch", "resnet-small", "--arch-option", "stem_stride=7"],
+                 ["--arch", "vit-mini", "--dataset", "mnist1d"],
+                 ["--frozen", "--shallow"], ["--trainable-blocks", "3"], ["--blocks", "0"],
+                 ["--epoch", "1"], ["--data-dir", "/dev/null/x", "--dataset", "mnist"],
+                 ["--tensorboard", "/etc/passwd"], ["--tensorboard", "/etc/passwd/sub"],
+                 ["--tensorboard", ""], ["--out", "/etc/passwd"], ["--out", "/etc/passwd/run"],
+                 ["--out", "/proc/creditaudit-run"]):
+        out = [] if "--out" in args else ["--out", w.fresh("t")]
+        add(f"train {' '.join(map(str, args))}", "refusal", cli("train", *TINY, *args, *out))
+    for name, spec in (("cb draws 1e9", "draws=1000000000"), ("cb hidden 0", "hidden=0"),
+                       ("cb t_dim huge", "t_dim=99999999"), ("cb ema 2", "ema=2")):
+        from creditaudit.methods.bridges import CreditBridge
+        add(f"train {name}", "refusal", cli("train", *TINY, "--method", CreditBridge.name, "--option",
+                                            spec, "--out", w.fresh("t")))
+    # train: inputs that must work
+    for args in (["--seed", "0"], ["--lr", "0"], ["--seed", "٣"], ["--out", w.fresh("ünïcode 空白")],
+                 ["--shallow"], ["--trainable-blocks", "1"], ["--stop-when-flagged", "1"],
+                 ["--arch", "vit-mini", "--arch-option", "patch=4"], ["--tensorboard", w.fresh("tb") / "a" / "b"]):
+        out = [] if "--out" in args else ["--out", w.fresh("t")]
+        add(f"train ok {' '.join(map(str, args))}", "result", cli("train", *TINY, *args, *out))
+    # a refused train, then the corrected one, in one folder: no debris blocks the second
+    fixed = w.fresh("fixed")
+    add("train refused (patch=3) into a folder", "refusal",
+        cli("train", *TINY, "--arch", "vit-mini", "--arch-option", "patch=3", "--out", fixed))
+    add("train corrected (patch=4) into the same folder", "result",
+        cli("train", *TINY, "--arch", "vit-mini", "--arch-option", "patch=4", "--out", fixed))
+    add("train into a finished run's folder with other settings", "refusal",
+        cli("train", *TINY, "--lr", "0.5", "--out", o / "run"))
+    add("train resumes a finished run (found finished)", "result", cli("train", *TINY, "--out", o / "run"))
+    # user rules that fail in training: recorded, never trustworthy
+    for cls in ("InitRaises", "NanCredit", "ShortCredit"):
+        d = w.fresh(cls)
+        add(f"train user rule {cls}", "never-trustworthy",
+            cli("train", *TINY, "--method", f"sweep_user:{cls}", "--out", d), owner="")
+        add(f"diagnose user rule {cls}", "never-trustworthy",
+            cli("diagnose", d, "--threads", "1"), owner="")
+    d = w.fresh("ExitCredit")
+    add("train user rule that calls sys.exit in credit()", "never-trustworthy",
+        cli("train", *TINY, "--method", "sweep_user:ExitCredit", "--out", d), owner="gate")
+    add("diagnose user rule that calls sys.exit in credit()", "never-trustworthy",
+        cli("diagnose", d, "--threads", "1", "--frozen-control", o / "frozen"), owner="gate")
+
+    # diagnose / calibrate: paths and damaged run folders
+    damaged = damaged_runs(w)
+    for cmd in ("diagnose", "calibrate"):
+        add(f"{cmd} (no run)", "refusal", cli(cmd))
+        for path in ("nope", "/etc/passwd", "", "/", o / "audit", o / "userpkg"):
+            add(f"{cmd} {path}", "refusal", cli(cmd, path, "--threads", "1"))
+        for name, path in damaged.items():
+            add(f"{cmd} damaged run: {name}", "refusal", cli(cmd, path, "--threads", "1"))
+        for v in ("0", "-1", "abc", "nan", "100001"):
+            add(f"{cmd} --eval-batches {v}", "refusal", cli(cmd, o / "run", "--eval-batches", v))
+        add(f"{cmd} --device tpu", "refusal", cli(cmd, o / "run", "--device", "tpu"))
+        add(f"{cmd} --data-dir /etc/passwd", "handled", cli(cmd, o / "run", "--data-dir", "/etc/passwd", "--threads", "1"))
+    for v in ("0", "-3", "x", "100001"):
+        add(f"calibrate --null-draws {v}", "refusal", cli("calibrate", o / "run", "--null-draws", v))
+    add("calibrate a run", "result", cli("calibrate", o / "run", "--threads", "1", "--null-draws", "2"))
+    add("diagnose --rho", "result", cli("diagnose", o / "run", "--rho", "--threads", "1"))
+    add("diagnose --json", "result", cli("diagnose", o / "run", "--json", "--threads", "1"))
+    for ctl, expect in ((o / "run", "refusal"), (o / "run7", "refusal"), (o / "frozen7", "refusal"),
+                        (o / "shallow", "refusal"), ("/etc/passwd", "refusal"), ("nope", "refusal"),
+                        (o / "run" / "config.json", "refusal")):
+        add(f"diagnose --frozen-control {Path(ctl).name}", expect,
+            cli("diagnose", copy_run(w, o / "run"), "--frozen-control", ctl, "--threads", "1"))
+    # controls that are no evidence for (d): one that never trained (lr 0: its embedding and
+    # readout never moved from init) and one whose training diverged to NaN
+    for name, lr in (("never trained (lr 0)", "0"), ("diverged (lr 1e6)", "1e6")):
+        ctl = w.fresh("ctl")
+        add(f"train a frozen control that {name}", "handled",
+            cli("train", *TINY, "--frozen", "--lr", lr, "--out", ctl))
+        add(f"diagnose with a frozen control that {name}", "never-trustworthy",
+            cli("diagnose", copy_run(w, o / "run"), "--frozen-control", ctl, "--threads", "1"), owner="gate")
+    add("diagnose a run without its control", "never-trustworthy",
+        cli("diagnose", copy_run(w, o / "run"), "--threads", "1"), owner="")
+    copied = copy_run(w, o / "run")
+    add("diagnose a copied run folder, its control given", "result",
+        cli("diagnose", copied, "--frozen-control", o / "frozen", "--threads", "1"))
+    # --model factories
+    common = ["--dataset", "digits", "--weights", o / "good.safetensors", "--threads", "1"]
+    for fac in ("raises", "returns_none", "returns_int", "no_stream", "needs_args", "half",
+                "wrong_inputs", "wrong_classes", "shape_changer", "not_callable", "missing",
+                "nope_pkg:x", "sweep_user"):
+        spec = fac if ":" in fac or fac == "sweep_user" else f"sweep_user:{fac}"
+        add(f"diagnose --model {spec}", "refusal", cli("diagnose", "--model", spec, *common))
+    for fac, owner in (("exits", "gate"), ("interrupts", "gate")):
+        add(f"diagnose --model sweep_user:{fac}", "refusal",
+            cli("diagnose", "--model", f"sweep_user:{fac}", *common), owner=owner)
+    for weights in ("notjson.safetensors", "truncated.safetensors", "nope.safetensors"):
+        add(f"diagnose --model good --weights {weights}", "refusal",
+            cli("diagnose", "--model", "sweep_user:good", "--dataset", "digits", "--weights", o / weights))
+    add("diagnose --model without --weights", "refusal", cli("diagnose", "--model", "sweep_user:good"))
+    add("diagnose --model and a run folder", "refusal", cli("diagnose", o / "run", "--model", "sweep_user:good", *common))
+    add("diagnose --model good (no control)", "never-trustworthy", cli("diagnose", "--model", "sweep_user:good", *common))
+    add("diagnose --model with itself as control", "refusal",
+        cli("diagnose", "--model", "sweep_user:good", *common, "--frozen-control", o / "good.safetensors"))
+    add("check --model good (no control)", "never-trustworthy", cli("check", "--model", "sweep_user:good", *common))
+
+    # check / report / thresholds on damaged audits and runs
+    audits = damaged_audits(w)
+    for cmd in ("check", "report", "thresholds"):
+        for path in ("nope", "/etc/passwd", "", o / "userpkg"):
+            add(f"{cmd} {path}", "refusal", cli(cmd, path))
+        for name, path in audits.items():
+            add(f"{cmd} damaged audit: {name}", "refusal", cli(cmd, path))
+    add("check (no path)", "refusal", cli("check"))
+    add("check an audit", "result", cli("check", copy_run(w, o / "audit")))
+    C[-1].codes = {0, 1, 3}
+    add("report an audit", "result", cli("report", copy_run(w, o / "audit")))
+    add("thresholds an audit", "result", cli("thresholds", copy_run(w, o / "audit")))
+    add("check a diagnosed run", "result", cli("check", o / "run"))
+    C[-1].codes = {0, 1, 3}
+    add("check an undiagnosed run", "refusal", cli("check", copy_run(w, o / "frozen", drop=("diagnosis.json",))))
+    stolen = copy_run(w, o / "run7")
+    shutil.copy(o / "run" / "diagnosis.json", stolen / "diagnosis.json")
+    add("check a run holding another run's diagnosis.json", "never-trustworthy",
+        cli("check", stolen), owner="gate")
+    for name, path in damaged.items():     # diagnosis.json is not yet bound to the files it judged
+        add(f"check damaged run: {name}", "never-trustworthy", cli("check", path), owner="gate")
+
+    # audit / ladder / penalty-sweep: TOML configs and options
+    for name, text in bad_tomls().items():
+        p = o / "toml" / f"{name}.toml"
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
+        for cmd in ("audit", "ladder"):      # a config that names its out= is run without --out
+            out = [] if re.search(rb"^out\s*=", p.read_bytes(), re.M) else ["--out", w.fresh(cmd)]
+            add(f"{cmd} --config {name}", "refusal", cli(cmd, "--config", p, *out, "--quiet"))
+    add("audit --config (a folder)", "refusal", cli("audit", "--config", o / "toml"))
+    add("audit --config nope.toml", "refusal", cli("audit", "--config", o / "nope.toml"))
+    base = ["--config", o / "audit.toml", "--quiet", "--device", "cpu"]
+    for args in (["--seeds"], ["--seeds", "1", "1"], ["--seeds", "-1"], ["--seeds", "x"],
+                 ["--methods", "nope"], ["--methods", "bp", "bp"], ["--methods", ""],
+                 ["--epochs", "0"], ["--jobs", "-1"], ["--eval-batches", "0"], ["--executor", "dask"],
+                 ["--address", "auto"], ["--max-retries", "-1"], ["--preset", "nope"],
+                 ["--dataset", "nope"], ["--arch", "nope"], ["--stack", "--no-stack"],
+                 ["--out", "/etc/passwd"], ["--out", "/etc/passwd/a"], ["--device", "tpu"],
+                 ["--tensorboard", "/etc/passwd"], ["--tensorboard", "/etc/passwd/x"]):
+        add(f"audit {' '.join(map(str, args))}", "refusal", cli("audit", *base, *args, *(
+            [] if "--out" in args else ["--out", w.fresh("audit")])))
+    add("audit reuses its finished runs", "result", cli("audit", *base, "--out", o / "audit"))
+    C[-1].codes = {0, 3}
+    add("audit into a folder holding another audit", "refusal",
+        cli("audit", *base, "--seeds", "9", "--out", o / "audit"))
+    for args in (["--lambdas", "nan"], ["--lambdas", "-1"], ["--lambdas", "0", "0"], ["--lambdas"],
+                 ["--method", "nope"], ["--lambdas", "1e400"]):
+        add(f"penalty-sweep {' '.join(map(str, args))}", "refusal",
+            cli("penalty-sweep", *base, *args, "--out", w.fresh("pen")))
+    add("penalty-sweep --method bp (no sweep)", "refusal",
+        cli("penalty-sweep", *base, "--method", "bp", "--out", w.fresh("pen")))
+
+    # identity-check
+    for args in (["--seeds", "-1"], ["--seeds"], ["--seeds", "x"], ["--blocks", "0"], ["--width", "0"],
+                 ["--dataset", "nope"], ["--arch", "vit-mini", "--dataset", "mnist1d"],
+                 ["--out", "/etc/passwd"], ["--w2-std", "nan"], ["--w2-std", "-1"], ["--activation", "x"]):
+        add(f"identity-check {' '.join(map(str, args))}", "refusal",
+            cli("identity-check", "--dataset", "digits", *TINY_MODEL, "--threads", "1", *args,
+                *([] if "--out" in args else ["--out", w.fresh("id")])))
+    add("identity-check ok", "result", cli("identity-check", "--dataset", "digits", *TINY_MODEL,
+                                           "--seeds", "1", "2", "--threads", "1", "--out", w.fresh("id")))
+    ident = w.fresh("id-other")
+    add("identity-check first config", "result", cli("identity-check", "--dataset", "digits", *TINY_MODEL,
+                                                     "--seeds", "1", "--threads", "1", "--out", ident))
+    add("identity-check other seeds into the same folder", "refusal",
+        cli("identity-check", "--dataset", "digits", *TINY_MODEL, "--seeds", "2", "--threads", "1",
+            "--out", ident), owner="gate")
+
+    # lint on odd files
+    lint_dir = o / "lint"
+    lint_dir.mkdir(exist_ok=True)
+    odd = {"empty.py": b"", "syntax.py": b"def f(:\n", "binary.py": bytes(range(256)),
+           "latin1.py": "x = 'caf\xe9'\n".encode("latin-1"), "nul.py": b"x = 1\x00\n",
+           "deep.py": ("x = " + "(" * 3000 + "1" + ")" * 3000 + "\n").encode(),
+           "long.py": ("x = '" + "a" * 2_000_000 + "'\n").encode(), "bom.py": b"\xef\xbb\xbfx = 1\n",
+           "ok.py": b"import torch\nloss = torch.nn.functional.cross_entropy\n"}
+    for name, data in odd.items():
+        (lint_dir / name).write_bytes(data)
+        add(f"lint {name}", "handled", cli("lint", lint_dir / name))
+    add("lint a folder of odd files", "handled", cli("lint", lint_dir))
+    add("lint nope.py", "refusal", cli("lint", o / "nope.py"))
+    add("lint /dev/null", "handled", cli("lint", "/dev/null"))
+    add("lint (no path)", "refusal", cli("lint"))
+
+    # the top level
+    for args in ([], ["nope"], ["--version"], ["train", "--help"], ["--epochs"], ["audit", "--help"]):
+        expect = "result" if args in (["--version"], ["train", "--help"], ["audit", "--help"]) else "refusal"
+        add(f"creditaudit {' '.join(map(str, args))}", expect, cli(*args))
+    # SystemExit(0) from argparse --help/--version is how argparse ends: result when the code is 0
+    add("cp1252 console: train prints (a′)", "result",
+        subproc("train", *TINY, "--out", w.fresh("cp"), env={"PYTHONIOENCODING": "cp1252"}))
+    add("cp1252 console: diagnose prints its table", "result",
+        subproc("diagnose", o / "run", "--threads", "1", env={"PYTHONIOENCODING": "cp1252"}))
+    add("ascii console: check", "result", subproc("check", o / "run", env={"PYTHONIOENCODING": "ascii"}))
+    C[-1].codes = {0, 1, 3}
+
+    C += python_cases(w)
+    return C
+
+
+def copy_run(w: World, src: Path, drop: tuple[str, ...] = ()) -> Path:
+    dst = w.fresh(f"copy-{src.name}")
+    shutil.copytree(src, dst)
+    for name in drop:
+        (dst / name).unlink(missing_ok=True)
+    return dst
+
+
+def damaged_runs(w: World) -> dict[str, Path]:
+    """Copies of the finished run, each damaged the way files get damaged."""
+    o, out = w.out, {}
+
+    def make(name, edit):
+        d = copy_run(w, o / "run")
+        edit(d)
+        out[name] = d
+
+    def truncate(f):
+        return lambda d: (d / f).write_bytes((d / f).read_bytes()[: max(1, (d / f).stat().st_size // 2)])
+
+    def edit_json(f, fn):
+        def go(d):
+            obj = json.loads((d / f).read_text())
+            fn(obj)
+            (d / f).write_text(json.dumps(obj))
+        return go
+
+    tensors = lambda d: next(d.glob("*.safetensors"))
+    for f in ("config.json", "checkpoint.json", "status.json", "metrics.jsonl"):
+        make(f"{f} truncated", truncate(f))
+        make(f"{f} empty", lambda d, f=f: (d / f).write_text(""))
+        make(f"{f} a folder", lambda d, f=f: ((d / f).unlink(), (d / f).mkdir()))
+        make(f"{f} binary", lambda d, f=f: (d / f).write_bytes(bytes(range(256))))
+        make(f"{f} deeply nested", lambda d, f=f: (d / f).write_text("[" * 100000 + "]" * 100000))
+    make("config.json removed", lambda d: (d / "config.json").unlink())
+    make("checkpoint.json removed", lambda d: (d / "checkpoint.json").unlink())
+    make("config epochs edited", edit_json("config.json", lambda c: c.update(epochs=99)))
+    make("config a list", lambda d: (d / "config.json").write_text("[]"))
+    make("config NaN lr", lambda d: (d / "config.json").write_text(
+        (d / "config.json").read_text().replace('"lr": 0.001', '"lr": NaN')))
+    make("checkpoint epoch edited", edit_json("checkpoint.json", lambda c: c.update(epoch=5)))
+    make("status edited to finished early", edit_json("status.json", lambda c: c.update(epochs_completed=0)))
+    make("metrics accuracy edited", lambda d: (d / "metrics.jsonl").write_text(
+        re.sub(r'"test_acc": [0-9.]+', '"test_acc": 0.99', (d / "metrics.jsonl").read_text())))
+    make("tensors truncated", lambda d: tensors(d).write_bytes(tensors(d).read_bytes()[:100]))
+    make("tensors removed", lambda d: tensors(d).unlink())
+    make("tensors a folder", lambda d: (lambda t: (t.unlink(), t.mkdir()))(tensors(d)))
+    make("tensors of another run", lambda d: shutil.copy(next((o / "run7").glob("*.safetensors")), tensors(d)))
+    return out
+
+
+def damaged_audits(w: World) -> dict[str, Path]:
+    o, out = w.out, {}
+
+    def make(name, edit):
+        d = copy_run(w, o / "audit")
+        edit(d)
+        out[name] = d
+
+    f = "audit.json"
+    make("audit.json truncated", lambda d: (d / f).write_bytes((d / f).read_bytes()[:200]))
+    make("audit.json empty", lambda d: (d / f).write_text(""))
+    make("audit.json {}", lambda d: (d / f).write_text("{}"))
+    make("audit.json []", lambda d: (d / f).write_text("[]"))
+    make("audit.json null", lambda d: (d / f).write_text("null"))
+    make("audit.json a folder", lambda d: ((d / f).unlink(), (d / f).mkdir()))
+    make("audit.json binary", lambda d: (d / f).write_bytes(bytes(range(256)) * 4))
+    make("audit.json deeply nested", lambda d: (d / f).write_text("{\"a\":" * 50000 + "1" + "}" * 50000))
+    make("audit.json accuracy edited", lambda d: (d / f).write_text(
+        re.sub(r'"test_acc": [0-9.]+', '"test_acc": 0.99', (d / f).read_text(), count=1)))
+    make("audit.json verdict edited", lambda d: (d / f).write_text(
+        (d / f).read_text().replace('"walk back"', '"trustworthy"').replace('"incomplete"', '"trustworthy"')))
+    make("audit.json NaN", lambda d: (d / f).write_text((d / f).read_text().replace('"test_acc": ', '"test_acc": NaN, "x": ', 1)))
+    make("audit.json removed", lambda d: (d / f).unlink())
+    make("audit.json utf-16", lambda d: (d / f).write_bytes((d / f).read_text().encode("utf-16")))
+    return out
+
+
+def bad_tomls() -> dict[str, str | bytes]:
+    m = '[model]\nwidth = 16\nblocks = 2\n'
+    head = 'dataset = "digits"\nmethods = ["bp"]\nseeds = [1]\n'
+    return {
+        "empty": "", "binary": bytes(range(256)), "latin1": "dataset = 'caf\xe9'\n".encode("latin-1"),
+        "deep-array": "a = " + "[" * 5000 + "]" * 5000, "deep-table": "a = " + "{b = " * 3000 + "1" + "}" * 3000,
+        "deep-keys": "[" + ".".join(["a"] * 3000) + "]",
+        "not-toml": "this is not toml", "unknown-key": head + "epochs = 1\nfoo = 1\n",
+        "methods-string": 'methods = "bp"\nepochs = 1\n', "methods-empty": "methods = []\nepochs = 1\n",
+        "methods-nested": "methods = [[\"bp\"]]\nepochs = 1\n", "seeds-empty": 'seeds = []\nepochs = 1\n',
+        "seeds-neg": "seeds = [-1]\nepochs = 1\n", "seeds-float": "seeds = [1.5]\nepochs = 1\n",
+        "seeds-dupe": "seeds = [1, 1]\nepochs = 1\n", "seeds-huge": f"seeds = [{2 ** 63}]\nepochs = 1\n",
+        "epochs-0": head + "epochs = 0\n", "epochs-str": head + 'epochs = "3"\n',
+        "epochs-float": head + "epochs = 1.0\n", "epochs-inf": head + "epochs = inf\n",
+        "epochs-huge": head + "epochs = 1000000000\n", "epochs-bool": head + "epochs = true\n",
+        "no-epochs": head, "dataset-nope": 'dataset = "nope"\nepochs = 1\n',
+        "dataset-empty": 'dataset = ""\nepochs = 1\n', "out-empty": head + 'epochs = 1\nout = ""\n',
+        "device-tpu": head + 'epochs = 1\ndevice = "tpu"\n', "jobs-neg": head + "epochs = 1\njobs = -1\n",
+        "eval-0": head + "epochs = 1\neval_batches = 0\n", "executor-dask": head + 'epochs = 1\nexecutor = "dask"\n',
+        "address-int": head + 'epochs = 1\nexecutor = "ray"\naddress = 5\n',
+        "address-local": head + 'epochs = 1\naddress = "auto"\n',
+        "retries-neg": head + "epochs = 1\nmax_retries = -1\n", "stack-str": head + 'epochs = 1\nstack = "yes"\n',
+        "controls-x": head + 'epochs = 1\ncontrols = ["x"]\n', "preset-nope": 'preset = "nope"\n',
+        "model-width-0": head + "epochs = 1\n[model]\nwidth = 0\n",
+        "model-blocks-0": head + "epochs = 1\n[model]\nblocks = 0\n",
+        "model-blocks-str": head + 'epochs = 1\n[model]\nblocks = "2"\n',
+        "model-arch-nope": head + 'epochs = 1\n[model]\narch = "nope"\n',
+        "model-unknown": head + "epochs = 1\n[model]\ndepth = 3\n",
+        "model-options-heads": head + "epochs = 1\n[model]\nwidth = 16\n[model.options]\nheads = 3\n",
+        "model-a-list": head + "epochs = 1\nmodel = [1]\n",
+        "training-lr-str": head + "epochs = 1\n" + m + '[training]\nlr = "x"\n',
+        "training-lr-nan": head + "epochs = 1\n" + m + "[training]\nlr = nan\n",
+        "training-lam-neg": head + "epochs = 1\n" + m + "[training]\nlam = -1.0\n",
+        "training-unknown": head + "epochs = 1\n" + m + "[training]\nmomentum = 0.9\n",
+        "thresholds-neg": head + "epochs = 1\n" + m + "[thresholds]\ngrowth = -1\n",
+        "thresholds-nan": head + "epochs = 1\n" + m + "[thresholds]\ngrowth = nan\n",
+        "thresholds-unknown": head + "epochs = 1\n" + m + "[thresholds]\nfoo = 1\n",
+        "thresholds-str": head + "epochs = 1\n" + m + '[thresholds]\ngrowth = "50"\n',
+        "options-unknown-method": head + "epochs = 1\n" + m + "[options.nope]\nx = 1\n",
+        "options-unknown-key": head + "epochs = 1\n" + m + "[options.bp]\nx = 1\n",
+        "options-not-table": head + "epochs = 1\n" + m + "[options]\nbp = 1\n",
+        "options-lam-str": head + "epochs = 1\n" + m + '[options.dfa]\nlam = "a"\n',
+        "options-draws-huge": head + "epochs = 1\n" + m + "[options.cb]\ndraws = 1000000000\n",
+    }
+
+
+# -- the Python entrances ------------------------------------------------------------------------
+def python_cases(w: World) -> list[Case]:
+    from creditaudit import Adapter, Monitor, ResidualMLP, ResidualStream, load_monitored
+    from creditaudit.protocol import diagnose
+    from creditaudit.verdict import Thresholds
+    o, C = w.out, []
+    add = lambda name, expect, fn, owner="": C.append(Case(name, expect, py(fn), owner))
+    gen = torch.Generator().manual_seed(0)
+    X, Y = torch.randn(32, 10, generator=gen), torch.arange(32) % 3
+
+    def net(*a, **k):
+        torch.manual_seed(0)
+        return ResidualMLP(*(a or (10, 16, 2, 3)), **k)
+
+    def mon(model=None, batch=None, **kw):
+        kw.setdefault("epochs", 1)
+        return Monitor(net() if model is None else model, (X, Y) if batch is None else batch,
+                       kw.pop("out", w.fresh("mon")), **kw)
+
+    def loop(epochs=1, steps=(1.0,), ends=None, **kw):
+        m = mon(epochs=epochs, test_batches=[(X, Y)], **kw)
+        for _ in range(epochs if ends is None else ends):
+            for s in steps:
+                m.step(s if isinstance(s, torch.Tensor) or s is None or isinstance(s, str) else torch.tensor(s), 32)
+            m.epoch_end()
+        return m.finish()
+
+    # Monitor: construction
+    for name, fn in {
+        "float labels": lambda: mon(batch=(X, Y.float())), "2-D labels": lambda: mon(batch=(X, Y[:, None])),
+        "bool labels": lambda: mon(batch=(X, Y > 0)), "empty batch": lambda: mon(batch=(X[:0], Y[:0])),
+        "length mismatch": lambda: mon(batch=(X, Y[:5])), "triple batch": lambda: mon(batch=(X, Y, Y)),
+        "numpy batch": lambda: mon(batch=(X.numpy(), Y.numpy())), "None batch": lambda: Monitor(net(), None, w.fresh("m"), epochs=1),
+        "scalar x": lambda: mon(batch=(torch.tensor(1.0), Y)),
+        "wrong features": lambda: mon(batch=(torch.randn(32, 7), Y)),
+        "labels beyond classes": lambda: mon(batch=(X, Y + 5)),
+        "meta model": lambda: mon(model=net().to("meta")), "half model": lambda: mon(model=net().half()),
+        "bf16 model": lambda: mon(model=net().bfloat16()), "not a module": lambda: mon(model=lambda x: x),
+        "no stream": lambda: mon(model=torch.nn.Linear(10, 3)),
+        "epochs 0": lambda: mon(epochs=0), "epochs str": lambda: mon(epochs="3"),
+        "epochs bool": lambda: mon(epochs=True), "epochs float": lambda: mon(epochs=2.0),
+        "stop_when_flagged 0": lambda: mon(stop_when_flagged=0),
+        "dict thresholds": lambda: mon(thresholds={"growth": 2}), "None thresholds": lambda: mon(thresholds=None),
+        "out None": lambda: mon(out=None), "out int": lambda: mon(out=5), "out empty": lambda: mon(out=""),
+        "out a file": lambda: mon(out="/etc/passwd"), "out under a file": lambda: mon(out="/etc/passwd/run"),
+        "out holds a run": lambda: mon(out=o / "run"),
+        "tensorboard a file": lambda: mon(tensorboard="/etc/passwd"),
+        "tensorboard under a file": lambda: mon(tensorboard="/etc/passwd/tb"),
+        "tensorboard int": lambda: mon(tensorboard=5),
+        "test_batches int": lambda: mon(test_batches=5),
+        "diagnose_batches int": lambda: mon(diagnose_batches=5),
+        "diagnose_batches of junk": lambda: mon(diagnose_batches=[1, 2]),
+        "adapter a dict": lambda: mon(adapter={"blocks": "blocks"}),
+        "adapter wrong path": lambda: mon(adapter=Adapter(blocks="layers")),
+        "control_of junk": lambda: mon(control_of=5),
+        "control_of a non-run": lambda: mon(control_of=o / "userpkg"),
+        "control_of another init": lambda: mon(control_of=mon()),
+        "frozen_control int": lambda: mon(frozen_control=5),
+    }.items():
+        add(f"Monitor {name}", "refusal", fn)
+    # Monitor: the loop
+    for name, fn, owner in (
+            ("vector loss", lambda: loop(steps=(torch.ones(3),)), ""),
+            ("None loss", lambda: loop(steps=(None,)), ""), ("str loss", lambda: loop(steps=("x",)), ""),
+            ("n = 0", lambda: (lambda m: (m.step(torch.tensor(1.0), 0), m.epoch_end()))(mon(test_batches=[(X, Y)])), "gate"),
+            ("n = -5", lambda: (lambda m: (m.step(torch.tensor(1.0), -5), m.epoch_end()))(mon(test_batches=[(X, Y)])), "gate"),
+            ("n = nan", lambda: (lambda m: (m.step(torch.tensor(1.0), float("nan")), m.epoch_end()))(mon(test_batches=[(X, Y)])), "gate"),
+            ("epoch_end before step", lambda: mon(test_batches=[(X, Y)]).epoch_end(), ""),
+            ("epoch_end test_acc 1.5", lambda: (lambda m: (m.step(1.0), m.epoch_end(test_acc=1.5)))(mon()), ""),
+            ("epoch_end test_acc nan", lambda: (lambda m: (m.step(1.0), m.epoch_end(test_acc=float("nan"))))(mon()), ""),
+            ("epoch_end test_acc str", lambda: (lambda m: (m.step(1.0), m.epoch_end(test_acc="0.5")))(mon()), ""),
+            ("epoch_end no accuracy", lambda: (lambda m: (m.step(1.0), m.epoch_end()))(mon()), ""),
+            ("epoch_end skips epochs", lambda: (lambda m: (m.step(1.0), m.epoch_end(5, test_acc=0.5)))(mon(epochs=3)), ""),
+            ("epoch_end past epochs", lambda: (lambda m: [(m.step(1.0), m.epoch_end(test_acc=0.5)) for _ in range(2)])(mon()), ""),
+            ("epoch_end log shadows a field", lambda: (lambda m: (m.step(1.0), m.epoch_end(test_acc=0.5, gain=1.0)))(mon()), "gate"),
+            ("epoch_end log is a str", lambda: (lambda m: (m.step(1.0), m.epoch_end(test_acc=0.5, note="x")))(mon()), ""),
+            ("step after finish", lambda: (lambda m: (m.step(1.0), m.epoch_end(test_acc=0.5), m.finish(), m.step(1.0)))(mon()), ""),
+            ("finish with a junk control", lambda: (lambda m: (m.step(1.0), m.epoch_end(test_acc=0.5), m.finish(frozen_control=o / "userpkg")))(mon()), ""),
+            ("test_batches the model cannot take", lambda: mon(test_batches=[(torch.randn(4, 7), Y[:4])]), "")):
+        add(f"Monitor {name}", "refusal", fn, owner)
+    add("Monitor a whole loop", "never-trustworthy", lambda: loop())      # no control: never trustworthy
+    add("Monitor a loop ended early", "never-trustworthy", lambda: loop(epochs=3, ends=1))
+    add("Monitor float64 eval batch", "never-trustworthy", lambda: loop(batch=(X.double(), Y)))
+    add("Monitor a NaN loss (diverged)", "never-trustworthy", lambda: loop(steps=(float("nan"),)))
+    add("Monitor a float64 model", "never-trustworthy", lambda: loop(model=net().double()))
+    add("Monitor a frozen control trained by no one", "never-trustworthy", untrained_control(w, X, Y, net), owner="gate")
+    # load_monitored and audit_own_runs
+    for name, arg in (("None", None), ("int", 5), ("empty", ""), ("a file", "/etc/passwd"),
+                      ("a CLI run", o / "run"), ("nope", o / "nope")):
+        add(f"load_monitored {name}", "refusal", lambda arg=arg: load_monitored(arg))
+    runs = own_runs(w, X, Y, net)
+    for name, fn in {
+        "no runs": lambda: creditaudit.audit_own_runs([], out=w.fresh("own"), n_test=32),
+        "runs a str": lambda: creditaudit.audit_own_runs(str(runs[0]), out=w.fresh("own"), n_test=32),
+        "n_test 0": lambda: creditaudit.audit_own_runs(runs, out=w.fresh("own"), n_test=0),
+        "n_test str": lambda: creditaudit.audit_own_runs(runs, out=w.fresh("own"), n_test="32"),
+        "out a file": lambda: creditaudit.audit_own_runs(runs, out="/etc/passwd", n_test=32),
+        "out None": lambda: creditaudit.audit_own_runs(runs, out=None, n_test=32),
+        "a CLI run": lambda: creditaudit.audit_own_runs([o / "run"], out=w.fresh("own"), n_test=32),
+        "a missing run": lambda: creditaudit.audit_own_runs([o / "nope"], out=w.fresh("own"), n_test=32),
+        "the same run twice": lambda: creditaudit.audit_own_runs([runs[0], runs[0]], out=w.fresh("own"), n_test=32),
+        "thresholds a dict": lambda: creditaudit.audit_own_runs(runs, out=w.fresh("own"), n_test=32, thresholds={}),
+    }.items():
+        add(f"audit_own_runs {name}", "refusal", fn,
+            "gate" if "twice" in name else "owntools" if "thresholds" in name else "")
+    add("audit_own_runs without controls", "never-trustworthy",
+        lambda: creditaudit.audit_own_runs(runs, out=w.fresh("own"), n_test=32))
+    # diagnose()
+    b = [(X, Y), (X.flip(0), Y.flip(0))]
+    stream = lambda steps, readout=lambda h: h[:, :3]: ResidualStream(lambda x: x, steps, readout)
+    for name, fn in {
+        "no batches": lambda: diagnose(net(), []), "batches None": lambda: diagnose(net(), None),
+        "batch not a pair": lambda: diagnose(net(), [X]), "float labels": lambda: diagnose(net(), [(X, Y.float())]),
+        "wrong features": lambda: diagnose(net(), [(torch.randn(32, 7), Y)]),
+        "features vary per batch": lambda: diagnose(net(), [(X, Y), (torch.randn(32, 7), Y)]),
+        "labels beyond classes": lambda: diagnose(net(), [(X, Y + 5)]),
+        "negative labels": lambda: diagnose(net(), [(X, Y - 1)]),
+        "meta batches": lambda: diagnose(net(), [(X.to("meta"), Y.to("meta"))]),
+        "meta model": lambda: diagnose(net().to("meta"), b), "half model": lambda: diagnose(net().half(), b),
+        "bf16 model": lambda: diagnose(net().bfloat16(), b),
+        "a Linear": lambda: diagnose(torch.nn.Linear(10, 3), b), "a string": lambda: diagnose("model", b),
+        "null with a 2-arg credit": lambda: diagnose(net(), b, method=lambda x, y: [torch.zeros(32, 16)] * 3, null=True),
+        "null with a non-random method": lambda: diagnose(net(), b, method=_bp(net), null=True),
+        "rho [99]": lambda: diagnose(net(), b, rho=[99]), "rho [-1]": lambda: diagnose(net(), b, rho=[-1]),
+        "rho 'all'": lambda: diagnose(net(), b, rho="all"), "rho [1.5]": lambda: diagnose(net(), b, rho=[1.5]),
+        "rho 5": lambda: diagnose(net(), b, rho=5),
+        "null_k 0": lambda: diagnose(net(), b, null_k=0), "rho_m 0": lambda: diagnose(net(), b, rho=True, rho_m=0),
+        "method int": lambda: diagnose(net(), b, method=5),
+        "credit wrong length": lambda: diagnose(net(), b, method=lambda x, y: [torch.zeros(32, 16)] * 2),
+        "credit wrong shape": lambda: diagnose(net(), b, method=lambda x, y: [torch.zeros(32, 8)] * 3),
+        "credit not a list": lambda: diagnose(net(), b, method=lambda x, y: torch.zeros(32, 16)),
+        "credit raises": lambda: diagnose(net(), b, method=lambda x, y: 1 / 0),
+        "steps not callable": lambda: diagnose(stream([5, 6]), b),
+        "step changes shape": lambda: diagnose(stream([lambda h: h[:, :5]]), b),
+        "readout 1-D": lambda: diagnose(stream([lambda h: h], lambda h: h[:, 0]), b),
+        "readout raises": lambda: diagnose(stream([lambda h: h], lambda h: 1 / 0), b),
+        "frozen_acc 50": lambda: diagnose(net(), b, frozen_acc=50), "frozen_acc nan": lambda: diagnose(net(), b, frozen_acc=float("nan")),
+        "test_acc str": lambda: diagnose(net(), b, test_acc="0.5"), "thresholds dict": lambda: diagnose(net(), b, thresholds={}),
+        "history junk": lambda: diagnose(net(), b, monitor_history=[1, 2]),
+        "history missing fields": lambda: diagnose(net(), b, monitor_history=[{"epoch": 0}]),
+        "training junk": lambda: diagnose(net(), b, training=5),
+    }.items():
+        add(f"diagnose() {name}", "refusal", fn,
+            "gate" if name in ("history missing fields",) else "")
+    add("diagnose() float64 inputs", "never-trustworthy", lambda: diagnose(net(), [(x.double(), y) for x, y in b]))
+    add("diagnose() float64 model", "never-trustworthy", lambda: diagnose(net().double(), b))
+    add("diagnose() half inputs to a float32 model (cast up exactly)", "never-trustworthy",
+        lambda: diagnose(net(), [(x.half(), y) for x, y in b]))
+    add("diagnose() a NaN model", "never-trustworthy", lambda: diagnose(_nan(net()), b))
+    add("diagnose() a NaN credit", "never-trustworthy",
+        lambda: diagnose(net(), b, method=lambda x, y: [torch.full((len(x), 16), float("nan"))] * 3, frozen_acc=0.0, test_acc=1.0))
+    add("diagnose() rho [0, 2]", "never-trustworthy", lambda: diagnose(net(), b, rho=[0, 2]))
+    add("diagnose() README stream", "never-trustworthy", lambda: diagnose(stream([lambda h: h + 0.1 * h]), b))
+    # constructors
+    for name, fn in {
+        "ResidualMLP('64')": lambda: ResidualMLP("64", 16), "ResidualMLP(64, -1)": lambda: ResidualMLP(64, -1),
+        "ResidualMLP(64, 0)": lambda: ResidualMLP(64, 0), "ResidualMLP n_blocks 2.5": lambda: ResidualMLP(64, 16, 2.5),
+        "ResidualMLP n_classes 0": lambda: ResidualMLP(64, 16, 2, 0), "ResidualMLP activation x": lambda: ResidualMLP(64, 16, activation="x"),
+        "ResidualMLP w2_std nan": lambda: ResidualMLP(64, 16, w2_std=float("nan")),
+        "ResidualMLP w2_std str": lambda: ResidualMLP(64, 16, w2_std="0.1"),
+        "ViTMini((3, 32))": lambda: _arch("ViTMini")((3, 32), 16), "ViTMini heads 3": lambda: _arch("ViTMini")((3, 32, 32), 16, heads=3),
+        "ViTMini patch 0": lambda: _arch("ViTMini")((3, 32, 32), 16, patch=0),
+        "ViTMini patch 5": lambda: _arch("ViTMini")((3, 32, 32), 16, patch=5),
+        "SmallResNet width 0": lambda: _arch("SmallResNet")((3, 32, 32), 0),
+        "SmallResNet stem 3": lambda: _arch("SmallResNet")((3, 32, 32), 8, stem_stride=3),
+        "SmallResNet shape str": lambda: _arch("SmallResNet")("3x32x32", 8),
+        "Adapter(blocks=None)": lambda: Adapter(blocks=None), "Adapter(blocks=5)": lambda: Adapter(blocks=5),
+        "Adapter(blocks='')": lambda: Adapter(blocks=""), "Adapter(blocks=[])": lambda: Adapter(blocks=[]),
+        "Adapter skip str": lambda: Adapter(blocks="b", skip="no"), "Adapter embed int": lambda: Adapter(blocks="b", embed=3),
+        "Adapter stream int": lambda: Adapter(blocks="b", stream=3),
+        "build_model nope": lambda: _build("nope"),
+    }.items():
+        add(name, "refusal", fn)
+    C += lightning_cases(w, X, Y, net)
+    return C
+
+
+def _arch(name):
+    from creditaudit import model
+    return getattr(model, name)
+
+
+def _build(arch):
+    from creditaudit.model import build_model
+    return build_model(arch, (10,), 3, width=16, blocks=2)
+
+
+def _bp(net):
+    from creditaudit.methods import METHODS, REFERENCE_METHOD, MethodSettings
+    return METHODS[REFERENCE_METHOD](net(), MethodSettings(epochs=1))
+
+
+def _nan(model):
+    with torch.no_grad():
+        model.blocks[0].w2.weight.fill_(float("nan"))
+    return model
+
+
+def untrained_control(w: World, X, Y, net):
+    """A frozen control monitored for its epochs without any optimizer step: its embedding and
+    readout never moved from init, so it is no evidence for (d)."""
+    from creditaudit import Monitor
+
+    def run():
+        main = Monitor(net(), (X, Y), w.fresh("main"), epochs=1, test_batches=[(X, Y)])
+        model = main.model
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = torch.nn.functional.cross_entropy(model(X), Y)
+        loss.backward()
+        opt.step()
+        main.step(loss, len(Y))
+        main.epoch_end()
+        main.finish()
+        ctl = Monitor(main.frozen_control(), (X, Y), w.fresh("ctl"), epochs=1, test_batches=[(X, Y)],
+                      control_of=main)
+        ctl.step(torch.tensor(1.0), len(Y))       # no optimizer step: nothing trained
+        ctl.epoch_end()
+        ctl.finish()
+        return main.report
+    return run
+
+
+def own_runs(w: World, X, Y, net) -> list[Path]:
+    from creditaudit import Monitor
+    out = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        m = Monitor(net(), (X, Y), w.fresh(f"own{seed}"), epochs=1, test_batches=[(X, Y)], seed=seed)
+        m.step(torch.tensor(1.0), 32)
+        m.epoch_end()
+        m.finish()
+        out.append(m.out)
+    return out
+
+
+def lightning_cases(w: World, X, Y, net) -> list[Case]:
+    try:
+        import lightning as L
+        from creditaudit.lightning import CreditAuditCallback
+    except Exception:  # noqa: BLE001 — the extra is not installed: no cases
+        return []
+    C = []
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = net()
+
+        def forward(self, x):
+            return self.net(x)
+
+        def stream(self):
+            return self.net.stream()
+
+        @property
+        def blocks(self):
+            return self.net.blocks
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(trainer_kw, out=None, **cb_kw):
+        def run():
+            cb = CreditAuditCallback((X, Y), w.fresh("pl") if out is None else out,
+                                     test_batches=[(X, Y)], **cb_kw)
+            loader = torch.utils.data.DataLoader(list(zip(X, Y)), batch_size=8)
+            trainer = L.Trainer(callbacks=[cb], logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, **trainer_kw)
+            trainer.fit(Module(), loader)
+            return cb.report
+        return py(run)
+
+    C.append(Case("lightning a 1-epoch fit (no control)", "never-trustworthy", fit({"max_epochs": 1})))
+    C.append(Case("lightning fast_dev_run", "never-trustworthy", fit({"max_epochs": 1, "fast_dev_run": True}), "gate"))
+    C.append(Case("lightning limit_train_batches 0.5", "never-trustworthy",
+                  fit({"max_epochs": 1, "limit_train_batches": 0.5}), "gate"))
+    C.append(Case("lightning max_epochs -1", "refusal", fit({"max_epochs": -1})))
+    C.append(Case("lightning dict thresholds", "refusal", fit({"max_epochs": 1}, thresholds={})))
+    C.append(Case("lightning tensorboard a file", "refusal", fit({"max_epochs": 1}, tensorboard="/etc/passwd")))
+    C.append(Case("lightning out an int", "refusal", fit({"max_epochs": 1}, out=5), "owntools"))
+    C.append(Case("lightning out a file", "refusal", fit({"max_epochs": 1}, out="/etc/passwd")))
+    return C
+
+
+# -- main ----------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, type=Path, help="scratch folder (created; reused fixtures)")
+    p.add_argument("--only", default="", help="run only the cases whose name contains this")
+    p.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(args.out / "cases", ignore_errors=True)
+    w = World(args.out.resolve())
+    t0 = time.perf_counter()
+    w.setup()
+    all_cases = cases(w)
+    if args.list:
+        for c in all_cases:
+            print(f"{c.expect:18s} {c.name}")
+        print(f"{len(all_cases)} cases")
+        return 0
+    selected = [c for c in all_cases if args.only in c.name]
+    counts: dict[str, int] = {}
+    failures = []
+    for c in selected:
+        try:
+            outcome = c.run()
+            cls, ok, detail = classify(c, outcome)
+        except BaseException as exc:  # noqa: BLE001 — the harness itself must finish
+            cls, ok, detail = "traceback", False, f"harness: {type(exc).__name__}: {exc}"
+        counts[cls] = counts.get(cls, 0) + 1
+        if not ok:
+            failures.append((c, cls, detail))
+    print(f"entrance sweep: {len(selected)} cases in {time.perf_counter() - t0:.0f} s")
+    for cls in ("clean refusal", "correct result", "traceback", "silently wrong", "wrongly refused"):
+        print(f"  {cls:16s} {counts.get(cls, 0)}")
+    if failures:
+        print("\nfailures:")
+        for c, cls, detail in failures:
+            owner = f" [{c.owner}]" if c.owner else ""
+            print(f"  {cls}{owner}: {c.name} (expected {c.expect}) — {detail}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
