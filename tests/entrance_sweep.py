@@ -411,9 +411,13 @@ def cases(w: World) -> list[Case]:
                 "nope_pkg:x", "sweep_user"):
         spec = fac if ":" in fac or fac == "sweep_user" else f"sweep_user:{fac}"
         add(f"diagnose --model {spec}", "refusal", cli("diagnose", "--model", spec, *common))
-    for fac, owner in (("exits", "gate"), ("interrupts", "gate")):
-        add(f"diagnose --model sweep_user:{fac}", "refusal",
-            cli("diagnose", "--model", f"sweep_user:{fac}", *common), owner=owner)
+    add("diagnose --model sweep_user:exits", "refusal",
+        cli("diagnose", "--model", "sweep_user:exits", *common), owner="gate")
+    # a KeyboardInterrupt raised by the user's code cannot be told from a Ctrl-C: it stops the
+    # command as Ctrl-C does (exit 130); what matters is that nothing reads as judged or passed
+    for command in ("diagnose", "check"):
+        add(f"{command} --model sweep_user:interrupts", "never-trustworthy",
+            cli(command, "--model", "sweep_user:interrupts", *common), owner="gate")
     for weights in ("notjson.safetensors", "truncated.safetensors", "nope.safetensors"):
         add(f"diagnose --model good --weights {weights}", "refusal",
             cli("diagnose", "--model", "sweep_user:good", "--dataset", "digits", "--weights", o / weights))

@@ -381,6 +381,43 @@ def test_a_copied_or_stale_diagnosis_is_refused_by_check(runs, tmp_path, capsys)
     one_error_line(*cli(["check", late], capsys)[::2], "belongs to another checkpoint")
 
 
+@pytest.mark.parametrize("damage", ["metrics truncated", "metrics accuracy edited", "tensors truncated",
+                                    "tensors of another run"])
+def test_check_refuses_a_diagnosed_run_whose_records_were_damaged_after(damage, runs, tmp_path, capsys):
+    """check RUN reads the run as a load would: a diagnosis is never read back from a run whose
+    metrics log, checkpoint tensors or config were edited, truncated or swapped after it."""
+    run = tmp_path / "run"
+    shutil.copytree(runs / "run", run)
+    assert quiet(["diagnose", run, "--frozen-control", runs / "ctrl", "--eval-batches", 2,
+                  "--threads", 1, "--device", "cpu"]) == 0
+    assert cli(["check", run], capsys)[0] in (0, 1, 3)       # intact: a verdict
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    tensors = next(run.glob("checkpoint-e*.safetensors"))
+    if damage == "metrics truncated":          # a finished run's log is whole
+        metrics.write_text("".join(lines[:-1]))
+    elif damage == "metrics accuracy edited":
+        last = json.loads(lines[-1])
+        last["test_acc"] = 0.99
+        metrics.write_text("".join(lines[:-1]) + json.dumps(last) + "\n")
+    elif damage == "tensors truncated":
+        tensors.write_bytes(tensors.read_bytes()[:-100])
+    else:
+        shutil.copy(next((runs / "other").glob("checkpoint-e*.safetensors")), tensors)
+    code, _, err = cli(["check", run], capsys)
+    assert code == 2 and "trustworthy" not in err
+    one_error_line(code, err, str(run))
+
+
+def test_own_loop_entrances_refuse_non_paths_and_dict_thresholds(tmp_path):
+    from creditaudit import audit_own_runs
+    with pytest.raises(CreditAuditError, match="thresholds must be a creditaudit.verdict.Thresholds"):
+        audit_own_runs([tmp_path], out=tmp_path / "a", n_test=100, thresholds={})
+    lightning = pytest.importorskip("creditaudit.lightning")
+    with pytest.raises(CreditAuditError, match="out must be a folder path"):
+        lightning.CreditAuditCallback((torch.zeros(2, 64), torch.zeros(2, dtype=torch.long)), out=5)
+
+
 def test_a_monitored_diagnosis_copied_to_another_run_is_refused(tmp_path, digits, capsys):
     _monitored(tmp_path, digits, "a", control=False)
     _monitored(tmp_path, digits, "b", control=False)

@@ -755,7 +755,11 @@ def test_edited_metrics_log_is_refused_and_a_short_one_accepted(trained_run, cap
     run = tmp_path / "r"
     shutil.copytree(trained_run, run)
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    (run / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")   # killed before the log caught up
+    (run / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    # an ended run writes its log whole before its status.json: one short is an edit
+    one_error_line(*cli(["diagnose", run, "--threads", 1, "--device", "cpu"], capsys)[::2],
+                   "disagrees with the sealed checkpoint")
+    (run / "status.json").unlink()          # killed after its last checkpoint, before the log caught up
     assert cli(["diagnose", run, "--threads", 1, "--device", "cpu"], capsys)[0] == 0
     last = json.loads(lines[-1])
     last["test_acc"] = 0.999

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from . import store
 from .errors import CreditAuditError
 from .monitor import Monitor, StopRun
 
@@ -69,7 +70,7 @@ class CreditAuditCallback(L.Callback):
     def __init__(self, eval_batch, out: str | Path, *, test_acc_key: str | None = None,
                  control_of: "CreditAuditCallback | Monitor | str | Path | None" = None, **monitor: Any):
         super().__init__()
-        self.eval_batch, self.out, self.test_acc_key = eval_batch, Path(out), test_acc_key
+        self.eval_batch, self.out, self.test_acc_key = eval_batch, store.as_path(out, "out"), test_acc_key
         self.control_of, self.kwargs = control_of, monitor
         self.monitor: Monitor | None = None
 

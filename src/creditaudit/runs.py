@@ -144,7 +144,7 @@ def load_run(run_dir: str | Path, device: str | torch.device | None = None) -> R
                                "--out` wrote" if run_dir.is_file() else f"run folder {run_dir} does not exist")
     config = read_config(run_dir)
     meta, state = store.load_checkpoint(run_dir)
-    store.check_metrics_log(run_dir, state["history"])
+    store.check_metrics_log(run_dir, state["history"], ended=bool(read_status(run_dir)))
     model = build_model(config, tuple(meta["input_shape"]), meta["n_classes"])
     try:
         model.load_state_dict(state.pop("model"))
@@ -279,8 +279,16 @@ def diagnosis_binding(run_dir: Path) -> dict[str, Any]:
     """The run a diagnosis of `run_dir` is made of, as it stands now: its identity (run key or run
     id), its checkpoint's seal and its sealed training status (None while it trains). Recorded in
     diagnosis.json (`write_diagnosis`) and compared by `evidence.gate` when the diagnosis is read
-    back, as status.json is bound to its checkpoint."""
+    back, as status.json is bound to its checkpoint. A folder of `creditaudit train` is read whole
+    first, as a load would read it (config against the sealed checkpoint, the tensors' sha256, the
+    status' seal, metrics.jsonl against the sealed history): a diagnosis is never bound to, nor
+    read back from, a run whose records were damaged or edited."""
+    run_dir = Path(run_dir)
     status = read_status(run_dir)
+    if (run_dir / "config.json").exists() and not (run_dir / "run.json").exists():
+        read_config(run_dir)
+        _, state = store.load_checkpoint(run_dir)
+        store.check_metrics_log(run_dir, state["history"], ended=bool(status))
     return {"run": run_identity(run_dir), "checkpoint": store.checkpoint_digest(run_dir),
             "status": store.digest(store.json_safe(status)) if status else None}
 

@@ -313,12 +313,13 @@ def json_number(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
 
-def check_metrics_log(run_dir: Path, history: list[dict]) -> None:
+def check_metrics_log(run_dir: Path, history: list[dict], ended: bool = False) -> None:
     """Refuse a metrics.jsonl that disagrees with the sealed checkpoint's history (the truth).
 
     The log is a readable copy of that history, rewritten after each checkpoint; a kill between the
-    two writes leaves it one epoch short, so a log that is a prefix of the history is accepted. Any
-    other difference (an edited accuracy, a dropped or added line) is refused in one line."""
+    two writes leaves it one epoch short, so a log that is a prefix of the history is accepted —
+    unless the run has `ended` (its status.json is written after its last log). Any other
+    difference (an edited accuracy, a dropped or added line) is refused in one line."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return
@@ -330,7 +331,7 @@ def check_metrics_log(run_dir: Path, history: list[dict]) -> None:
         raise CreditAuditError(f"cannot read {path} ({err.strerror or err}); restore the file, or "
                                "delete it to read the run from its checkpoint alone") from None
     truth = json.loads(json.dumps([json_safe(r) for r in history], allow_nan=False))
-    if lines is None or len(lines) > len(truth) or len(truth) - len(lines) > 1 \
+    if lines is None or len(lines) > len(truth) or len(truth) - len(lines) > (0 if ended else 1) \
             or lines != truth[:len(lines)]:
         epoch = next((i for i, (a, b) in enumerate(zip(lines or [], truth)) if a != b), None)
         where = f" at epoch {truth[epoch].get('epoch', epoch)}" if epoch is not None else ""

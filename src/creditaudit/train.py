@@ -305,6 +305,9 @@ def _save(m: _Member, epoch: int, data: ArrayDataset) -> None:
 def _finish(m: _Member, status: str, message: str, dev: torch.device, wall: float | None = None) -> None:
     last = m.history[-1]
     try:
+        # the log whole before the status that ends the run: a run killed between its last
+        # checkpoint and its log, then resumed, ends with a complete metrics.jsonl too
+        store.write_metrics(m.out, m.history)
         store.write_sealed_json(m.out / "status.json", store.json_safe({
             "status": status, "message": message, "epochs_completed": last["epoch"],
             "epochs_planned": m.config.epochs, "test_acc": last["test_acc"],

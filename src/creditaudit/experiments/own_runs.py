@@ -93,6 +93,9 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     if isinstance(n_test, bool) or not isinstance(n_test, int) or n_test < 1:
         raise CreditAuditError(f"n_test must be the number of test samples your accuracies were "
                                f"measured on (a positive integer), got {n_test!r}")
+    if not isinstance(thresholds, Thresholds):
+        raise CreditAuditError(f"thresholds must be a creditaudit.verdict.Thresholds, got "
+                               f"{type(thresholds).__name__} (e.g. Thresholds(growth=2.0))")
     if isinstance(runs, (str, Path)) or isinstance(controls, (str, Path)):
         raise CreditAuditError("runs= and controls= are lists of run folders; wrap a single one "
                                "in a list")
