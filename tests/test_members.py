@@ -1,9 +1,11 @@
-"""The member axis (SPEC §8, issue 23 stage 1): bp, fa, dfa and dfa-penalty on the ResMLP train K
-runs as one stack through the one trainer, and each member is the lone run it stands for.
+"""The member axis (SPEC §8, issue 23 stages 1 and 2): bp, fa, dfa, dfa-penalty, sb and cb on the
+ResMLP train K runs as one stack through the one trainer, and each member is the lone run it
+stands for.
 
 "The lone run" is main's trainer before the member axis: `tests/data/lone_runs_main.json` holds
 the fingerprints of its runs (tests/member_reference.py: weights, AdamW moments and step counts,
-learning rates, RNG states, every metrics line). CPU, float64, one thread: the only difference left
+learning rates, RNG states, every metrics line), `tests/data/lone_runs_stage2.json` those of
+the second stage's methods before they moved (plus their auxiliary nets and generator states). CPU, float64, one thread: the only difference left
 is floating-point reassociation of batched vs plain matmuls, so the bound is 1e-9 relative
 (measured ≤ 5e-16).
 """
@@ -22,9 +24,14 @@ from creditaudit.methods.members import MemberStack
 from creditaudit.model import ARCH_CLASSES
 from creditaudit.runs import load_run
 from creditaudit.train import can_stack, stack_key, train_run, train_runs
-from member_reference import CONFIGS, METHOD_NAMES, f64_synthetic, fingerprint, worst_difference
+from member_reference import (CONFIGS as STAGE1_CONFIGS, METHOD_NAMES as STAGE1, STAGE2_CONFIGS,
+                              f64_synthetic, fingerprint, worst_difference)
 
-REFERENCE = json.loads((Path(__file__).parent / "data" / "lone_runs_main.json").read_text())
+STAGE2 = ("sb",)                      # the second stage's methods on the member axis so far
+METHOD_NAMES = STAGE1 + STAGE2
+CONFIGS = {**STAGE1_CONFIGS, **STAGE2_CONFIGS}
+REFERENCE = {**json.loads((Path(__file__).parent / "data" / "lone_runs_main.json").read_text()),
+             **json.loads((Path(__file__).parent / "data" / "lone_runs_stage2.json").read_text())}
 RTOL = 1e-9
 
 
@@ -73,7 +80,7 @@ def _history(run_dir) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "wall_time"} for r in load_run(run_dir).history]
 
 
-@pytest.mark.parametrize("method", ["fa", "dfa-penalty"])
+@pytest.mark.parametrize("method", ["fa", "dfa-penalty", *STAGE2])
 def test_permuting_members_permutes_results_and_a_duplicated_seed_gives_equal_slices(tmp_path, f64, method):
     tags = ("main", "frozen", "rung1", "main")               # the main run twice
     configs = [CONFIGS[f"{method}/{t}"] for t in tags]
@@ -118,9 +125,10 @@ def test_a_nan_in_one_member_leaves_the_others_bit_identical(tmp_path, f64, meth
                                                                          stacks.append(self))[0])
     hit = train_runs(configs, [tmp_path / f"hit{i}" for i in range(3)], data=f64, progress=False)
     assert [t.run.status["status"] for t in hit] == ["finished", "diverged", "finished"]
-    # the diverged member was retired: its slices hold its last checkpoint, masked, nothing NaN
-    kept = _weights(tmp_path / "hit1")
-    for name, p in stacks[0].net.params.items():
+    # the diverged member was retired: its slices (auxiliary nets too) hold its last checkpoint,
+    # masked, nothing NaN
+    kept = stacks[0]._lone(load_run(tmp_path / "hit1").method)
+    for name, p in stacks[0].stacked().items():
         assert torch.isfinite(p).all() and torch.equal(p[1], kept[name]), name
     for i in (0, 2):
         wa, wb = _weights(tmp_path / f"clean{i}"), _weights(tmp_path / f"hit{i}")
@@ -157,7 +165,7 @@ def test_frozen_slices_stay_bit_identical_to_init_and_are_not_optimised(f64):
 
 
 def test_which_methods_are_on_the_member_axis():
-    """bp, fa, dfa, dfa-penalty on the ResMLP; the rest (and every method on the other
+    """bp, fa, dfa, dfa-penalty (and the second stage's so far) on the ResMLP; the rest (and every method on the other
     architectures, in this stage) train as a stack of one through their lone step; so does a
     subclass that changes the lone step of a member-axis method."""
     resmlp = ARCH_CLASSES["resmlp"]

@@ -60,6 +60,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..metrics import ce_gradient
+from ..model.members import member_linear
+from ..model.resmlp import ResidualMLP
 from ..seeding import draw_on_host
 from .local import LocalMethod, output_error
 
@@ -79,8 +81,32 @@ class Probe(nn.Module):
         return self.net(torch.cat([F.layer_norm(h, h.shape[-1:]), self.depth(depth), s], -1))
 
 
+def probe_params(probe: Probe) -> dict[str, torch.Tensor]:
+    """A lone probe's parameters as a stack of one, {name: (1, *shape)} (views: gradients reach them)."""
+    return {name: p.unsqueeze(0) for name, p in probe.named_parameters()}
+
+
+def member_probe(p: dict[str, torch.Tensor], h: torch.Tensor, depth: torch.Tensor,
+                 s: torch.Tensor) -> torch.Tensor:
+    """`Probe.forward` of K members at once: p their stacked parameters {name: (K, *shape)},
+    h (K, M, D), depth ids (M,), s (K, M, C) → (K, M, out); member k reads only its own."""
+    z = torch.cat([F.layer_norm(h, h.shape[-1:]), p["depth.weight"][:, depth], s], -1)
+    z = F.gelu(member_linear(z, p["net.0.weight"], p["net.0.bias"]))
+    return member_linear(z, p["net.2.weight"], p["net.2.bias"])
+
+
+def member_ce_gradient(readout, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """∂ℓ_i/∂h_i of each sample's CE (per-sample units) for K members: h (K, N, D), y (K, N),
+    `readout` (K, N, D) → (K, N, C)."""
+    return ce_gradient(lambda leaf: readout(leaf).flatten(0, 1), h, y.flatten(), reduction="none")[1]
+
+
 class _Bridge(LocalMethod):
-    """Shared plumbing: options, the aux net with its optimizer, the local update."""
+    """Shared plumbing: options, the aux net with its optimizer, the local update.
+
+    The probe's arithmetic is written once, over a leading member axis (K runs of one ResMLP
+    shape, each with its own probe: `member_probe`, stacked parameters from `MemberStack.modules`);
+    a lone run computes it as a stack of one (`probe_params`, states flattened and unsqueezed)."""
 
     option_defaults = DEFAULTS
     option_ranges = {"hidden": (1, math.inf), "t_dim": (1, math.inf), "draws": (1, math.inf),
@@ -112,6 +138,20 @@ class _Bridge(LocalMethod):
         self.aux_opt = self.add_optimizer(self.aux.parameters())
         self.lam = float(self.opts["lam"])          # a Python number: the step never reads a tensor
         self._last_aux_loss: torch.Tensor | float = float("nan")
+
+    def member_modules(self):
+        return {"aux": self.aux}
+
+    def member_sync(self, stack, k):
+        self._last_aux_loss = stack.log.aux_loss[k].clone()
+
+    def _lone_states(self, hidden) -> list[torch.Tensor]:
+        """h_0 … h_L of a lone run as a stack of one, flattened: (1, N, D) each."""
+        return [self._flat(h).unsqueeze(0) for h in hidden]
+
+    def _lone_readout(self, h: torch.Tensor) -> torch.Tensor:
+        """The lone model's readout as a stack of one: (1, M, D) → (1, M, C)."""
+        return self.model.readout(h.view((-1,) + self.stream_shape)).unsqueeze(0)
 
     @property
     def last_aux_loss(self) -> float:
@@ -170,31 +210,56 @@ class StateBridge(_Bridge):
     paper = True
     summary = "state bridge: a_l = ∇_{h_l} CE(readout(G_ψ(h_l, t_l, e))), G_ψ trained to predict h_L"
     predicts_state = True
-
-    def predict(self, h, depth, e):
-        """G_ψ(h, t_l, s) = h + rms(h) · MLP(LN(h), t_l, s) — scale-equivariant in h (h flattened)."""
-        rms = h.pow(2).mean(-1, keepdim=True).sqrt()
-        return h + rms * self.aux(h, depth, e)
+    member_archs = (ResidualMLP,)
 
     def _credit_and_aux_loss(self, hidden, e, y, with_aux: bool = True):
-        n_blocks = self.model.n_blocks
-        _, a_last = ce_gradient(self.model.readout, hidden[-1], y, reduction="none")            # a_L = ∂ℓ/∂h_L
+        """The lone step's: `_member_credit` of a stack of one (aux loss 0 without blocks)."""
+        credit, loss = self._member_credit(probe_params(self.aux), self._lone_states(hidden),
+                                           e.unsqueeze(0), y.unsqueeze(0), self._lone_readout, with_aux)
+        return ([self._stream(c[0]) for c in credit],
+                loss[0] if loss is not None else torch.zeros(()) if with_aux else None)
+
+    @staticmethod
+    def _member_credit(p, hidden, e, y, readout, with_aux: bool = True):
+        """a_0 … a_L (each (K, N, D)) and each member's aux loss (K,) (None without blocks, or
+        with_aux False), for K members: p G_ψ's parameters stacked (K, …), hidden the states
+        h_l (K, N, D), e (K, N, C), y (K, N), `readout` (K, M, D) → (K, M, C).
+
+            G_ψ(h, t_l, s) = h + rms(h) · MLP(LN(h), t_l, s)        scale-equivariant in h
+        """
+        n_blocks, n = len(hidden) - 1, e.shape[1]
+        a_last = member_ce_gradient(readout, hidden[-1], y)                      # a_L = ∂ℓ/∂h_L
         if n_blocks == 0:
-            return [a_last], torch.zeros(())
+            return [a_last], None
         with torch.enable_grad():
-            h, depth, s = self._inputs(hidden, e, list(range(n_blocks)))
-            h = h.detach().requires_grad_(True)
-            pred = self.predict(h, depth, s)                                     # G_ψ(h_l, t_l, s)
-            ce = F.cross_entropy(self.model.readout(self._stream(pred)), y.repeat(n_blocks),
+            h = torch.cat(hidden[:-1], 1).detach().requires_grad_(True)         # (K, L·N, D)
+            depth = torch.arange(n_blocks, device=h.device).repeat_interleave(n)
+            rms = h.pow(2).mean(-1, keepdim=True).sqrt()
+            pred = h + rms * member_probe(p, h, depth, e.repeat(1, n_blocks, 1))  # G_ψ(h_l, t_l, s)
+            ce = F.cross_entropy(readout(pred).flatten(0, 1), y.repeat(1, n_blocks).flatten(),
                                  reduction="sum")
             a = torch.autograd.grad(ce, h, retain_graph=with_aux)[0]             # a_l = ∇_{h_l} ℓ(G_ψ)
-            credit = [self._stream(c) for c in a.detach().chunk(n_blocks)] + [a_last]
+            credit = list(a.detach().chunk(n_blocks, 1)) + [a_last]
             if not with_aux:
                 return credit, None
-            target = self._flat(hidden[-1]).detach().repeat(n_blocks, 1)
+            target = hidden[-1].detach().repeat(1, n_blocks, 1)
             aux_loss = ((pred - target).pow(2).sum(-1)
-                        / target.pow(2).sum(-1).clamp_min(1e-12)).mean()         # normalised MSE
+                        / target.pow(2).sum(-1).clamp_min(1e-12)).mean(1)        # normalised MSE
         return credit, aux_loss
+
+    def member_gradients(self, stack, x, y):
+        """The lone step per member: each member's G_ψ (its slices of `stack.modules["aux"]`)
+        gives its credit and is fitted on its own states; the local update as dfa's."""
+        net = stack.net
+        fwd = self.member_local_forward(net, x, stack.trained)
+        e = output_error(fwd.logits.detach(), y)                                  # s = e, (K, B, C)
+        credit, aux_loss = self._member_credit(stack.modules["aux"], fwd.hidden, e, y, net.readout)
+        if aux_loss is None:                                # structural (no blocks), not data
+            aux_loss = e.new_zeros(e.shape[0])
+        else:
+            aux_loss.sum().backward()                       # members share no ψ: each its own gradient
+        stack.log.aux_loss = aux_loss.detach()
+        return self.member_local_gradients(net, y, fwd, credit, stack.trains, lam=self.lam)
 
 
 class _Normalised:
