@@ -27,7 +27,7 @@ from creditaudit.train import can_stack, stack_key, train_run, train_runs
 from member_reference import (CONFIGS as STAGE1_CONFIGS, METHOD_NAMES as STAGE1, STAGE2_CONFIGS,
                               f64_synthetic, fingerprint, worst_difference)
 
-STAGE2 = ("sb",)                      # the second stage's methods on the member axis so far
+STAGE2 = ("sb", "cb")                # the second stage's methods on the member axis so far
 METHOD_NAMES = STAGE1 + STAGE2
 CONFIGS = {**STAGE1_CONFIGS, **STAGE2_CONFIGS}
 REFERENCE = {**json.loads((Path(__file__).parent / "data" / "lone_runs_main.json").read_text()),
@@ -140,9 +140,14 @@ def test_a_nan_in_one_member_leaves_the_others_bit_identical(tmp_path, f64, meth
     assert got.status["status"] == lone.status["status"] == "diverged"
     assert got.status["message"] == lone.status["message"]
     assert got.status["epochs_completed"] == lone.status["epochs_completed"] == 1
-    assert _history(tmp_path / "hit1") == _history(tmp_path / "lone") == _history(tmp_path / "clean1")[:2]
-    wa, wb = _weights(tmp_path / "hit1"), _weights(tmp_path / "lone")
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert _history(tmp_path / "hit1") == _history(tmp_path / "clean1")[:2]
+    # a stack of 3 against a stack of 1: equal but for the rounding of batched products whose
+    # kernel depends on the batch count (cb's ⟨c(h), ε⟩, a (n × D)·(D × draws) bmm); bit-equal for the rest
+    assert worst_difference(_fp(got), _fp(lone)) < RTOL
+    if method != "cb":
+        assert _history(tmp_path / "hit1") == _history(tmp_path / "lone")
+        wa, wb = _weights(tmp_path / "hit1"), _weights(tmp_path / "lone")
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert clean[1].run.status["status"] == "finished"
 
 
