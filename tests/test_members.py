@@ -1,13 +1,14 @@
-"""The member axis (SPEC §8, issue 23 stages 1 and 2): bp, fa, dfa, dfa-penalty, sb and cb on the
-ResMLP train K runs as one stack through the one trainer, and each member is the lone run it
+"""The member axis (SPEC §8, issue 23 stages 1 and 2): bp, fa, dfa, dfa-penalty, ep, sb and cb on
+the ResMLP train K runs as one stack through the one trainer, and each member is the lone run it
 stands for.
 
 "The lone run" is main's trainer before the member axis: `tests/data/lone_runs_main.json` holds
 the fingerprints of its runs (tests/member_reference.py: weights, AdamW moments and step counts,
 learning rates, RNG states, every metrics line), `tests/data/lone_runs_stage2.json` those of
-the second stage's methods before they moved (plus their auxiliary nets and generator states). CPU, float64, one thread: the only difference left
-is floating-point reassociation of batched vs plain matmuls, so the bound is 1e-9 relative
-(measured ≤ 5e-16).
+the second stage's methods before they moved (plus their auxiliary nets and generator states).
+CPU, float64, one thread: the only difference left is floating-point reassociation of batched vs
+plain matmuls, so the bound is 1e-9 relative (measured ≤ 5e-16; EP's ep_residual, a stationarity
+residual ~1e-4 of the terms that cancel in it, ≤ 1.3e-13).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from creditaudit.train import can_stack, stack_key, train_run, train_runs
 from member_reference import (CONFIGS as STAGE1_CONFIGS, METHOD_NAMES as STAGE1, STAGE2_CONFIGS,
                               f64_synthetic, fingerprint, worst_difference)
 
-STAGE2 = ("sb", "cb")                # the second stage's methods on the member axis so far
+STAGE2 = ("sb", "cb", "ep")          # the second stage's methods on the member axis
 METHOD_NAMES = STAGE1 + STAGE2
 CONFIGS = {**STAGE1_CONFIGS, **STAGE2_CONFIGS}
 REFERENCE = {**json.loads((Path(__file__).parent / "data" / "lone_runs_main.json").read_text()),
@@ -170,7 +171,7 @@ def test_frozen_slices_stay_bit_identical_to_init_and_are_not_optimised(f64):
 
 
 def test_which_methods_are_on_the_member_axis():
-    """bp, fa, dfa, dfa-penalty (and the second stage's so far) on the ResMLP; the rest (and every method on the other
+    """bp, fa, dfa, dfa-penalty, ep, sb and cb on the ResMLP; the rest (and every method on the other
     architectures, in this stage) train as a stack of one through their lone step; so does a
     subclass that changes the lone step of a member-axis method."""
     resmlp = ARCH_CLASSES["resmlp"]
@@ -198,3 +199,42 @@ def test_which_methods_are_on_the_member_axis():
             super().prepare_step()
 
     assert METHODS["fa"].on_member_axis(resmlp) and not MyFA.on_member_axis(resmlp)
+
+
+@pytest.mark.parametrize("options", [{"beta": 100.0, "steps": 1}, {"beta": 10.0, "steps": 4, "tol": 0.03}])
+def test_ep_acceptance_and_tol_flags_are_per_member(f64, options):
+    """EP's masks on the member axis: at β = 100 a trial is rejected for some samples and not
+    others; with tol the members (inputs scaled ×1, ×10, ×100: stiffer relaxations) stop after
+    different numbers of sweeps. Each member of the stack (two seeds and a frozen control, each on
+    its own batches) steps exactly as its lone run: weights, AdamW moments and the epoch_log
+    (ep_residual, ep_steps)."""
+    from creditaudit.runs import build_method, build_model
+    base = STAGE2_CONFIGS["ep/main"].replace(options=options)
+    configs = [base, base.replace(seed=123), base.replace(trainable_blocks=0)]
+
+    def build():
+        return [build_method(c, build_model(c, f64.input_shape, f64.n_classes)) for c in configs]
+    lone, stack = build(), MemberStack(build())
+    gens = [torch.Generator().manual_seed(k) for k in range(3)]
+    for _ in range(3):
+        batches = [(x * scale, y) for scale, (x, y) in
+                   zip((1.0, 10.0, 100.0), (next(f64.train_batches(128, g)) for g in gens))]
+        for m, (x, y) in zip(lone, batches):
+            m.train_step(x, y)
+        stack.train_step(torch.stack([b[0] for b in batches]), torch.stack([b[1] for b in batches]))
+    stack.sync()
+    logs = [m.epoch_log() for m in lone]
+    for k, (m, s) in enumerate(zip(lone, stack.methods)):
+        for (name, p), q in zip(m.model.named_parameters(), s.model.parameters()):
+            torch.testing.assert_close(q, p, rtol=RTOL, atol=1e-15, msg=name)
+        for a, b in zip(m.opt.state.values(), s.opt.state.values()):
+            torch.testing.assert_close(b["exp_avg"], a["exp_avg"], rtol=RTOL, atol=1e-15)
+        got = s.epoch_log()
+        assert got.keys() == logs[k].keys() == {"ep_residual", "ep_steps"}
+        assert got == pytest.approx(logs[k], rel=RTOL)
+    if "tol" in options:       # the members' tol flags went off at different sweeps
+        assert len({log["ep_steps"] for log in logs}) > 1, logs
+    else:                      # some samples' trials rejected, not all (per member and sample)
+        x, y = next(f64.train_batches(128, gens[0]))
+        rejected = torch.stack(lone[0].relax(x, y).credit).flatten(2).abs().sum(-1).sum(0) == 0
+        assert 0 < int(rejected.sum()) < len(y)
