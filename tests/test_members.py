@@ -238,3 +238,27 @@ def test_ep_acceptance_and_tol_flags_are_per_member(f64, options):
         x, y = next(f64.train_batches(128, gens[0]))
         rejected = torch.stack(lone[0].relax(x, y).credit).flatten(2).abs().sum(-1).sum(0) == 0
         assert 0 < int(rejected.sum()) < len(y)
+
+
+@pytest.mark.parametrize("method", STAGE2)
+def test_a_killed_stack_resumes_each_member_as_its_lone_run(tmp_path, f64, method, monkeypatch):
+    """Killed after two members saved epoch 1: those two resume as one stack from their
+    checkpoints (auxiliary nets, their AdamW state and the method's generator included), the
+    third from epoch 0 alone; each ends as main's lone run did (the full fingerprint)."""
+    tags = ("main", "seed123", "rung1")
+    configs = [CONFIGS[f"{method}/{t}"] for t in tags]
+    dirs = [tmp_path / f"m{i}" for i in range(3)]
+    real_save = store.save_checkpoint
+
+    def dying_save(run_dir, epoch, *args, **kwargs):
+        real_save(run_dir, epoch, *args, **kwargs)
+        if epoch == 1 and run_dir.name == "m1":
+            raise KeyboardInterrupt
+    monkeypatch.setattr(store, "save_checkpoint", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        train_runs(configs, dirs, data=f64, progress=False)
+    monkeypatch.setattr(store, "save_checkpoint", real_save)
+    trained = train_runs(configs, dirs, data=f64, progress=False)
+    assert [t.stack_size for t in trained] == [2, 2, 1]
+    for tag, t in zip(tags, trained):
+        assert worst_difference(_fp(t.run), REFERENCE[f"{method}/{tag}"]) < RTOL, tag

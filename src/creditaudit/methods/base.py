@@ -243,12 +243,13 @@ class Method(ABC):
         return {}
 
     def member_after_step(self, stack) -> None:
-        """Eager work after the stack's AdamW step, before the frozen masks (cb: V̄'s EMA)."""
+        """Eager work after the stack's AdamW step, before the frozen masks (cb: V̄'s EMA; ep:
+        each member's residual and sweep count into its lone Method's epoch sums)."""
 
     def member_sync(self, stack, k: int) -> None:
         """What this lone Method (member k of `stack`) keeps beyond weights, optimizer state and
-        `member_modules` (e.g. the last aux loss, EP's running sums of `epoch_log`), from
-        `stack.log`: the (K,)-leading tensors the member step leaves on it."""
+        `member_modules` (e.g. sb's and cb's last aux loss), from `stack.log`: the (K,)-leading
+        tensors the member step leaves on it. Called by `MemberStack.sync`, per member."""
 
     def member_gradients(self, stack, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """`gradients` over a leading member axis: fill the .grad of `stack.net.params` (stacked

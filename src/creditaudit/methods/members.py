@@ -175,7 +175,8 @@ class MemberStack:
 
     @torch.no_grad()
     def sync(self) -> None:
-        """Each member's weights and AdamW state (its slices) into its lone model and Method."""
+        """Each member's weights, auxiliary nets and AdamW state (its slices) into its lone model
+        and Method, then `member_sync`."""
         every = self.stacked()
         for k, method in enumerate(self.methods):
             self.net.unstack_into(k, method.model)
