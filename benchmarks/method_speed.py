@@ -17,12 +17,13 @@ ratios:
 Each method option can be overridden with --set ep.steps=3 (repeatable), to measure a knob.
 
 --stack K also times, for each method on the member axis (methods.members.MemberStack: bp, fa,
-dfa, dfa-penalty on the ResMLP), K runs (seeds 42, 43, …) as one stack — each member with its own
+dfa, dfa-penalty, ep, sb, cb on the ResMLP), K runs (seeds 42, 43, …) as one stack — each member with its own
 data stream, the batches stacked (K, B, …) — against the same K runs one after another (the
 lone step), interleaved in each repeat, and prints `<method>_stack<K>_over_lone=<ratio>` (stack
 wall ÷ the K lone runs' wall; < 1: the stack is faster per run). Measured with the member axis
 (--methods bp,fa,dfa --epochs 1 --repeats 3 --stack 4, one thread, the 2-core box at load 6.5):
-bp 0.98, fa 0.88, dfa 0.86 — on a CPU the step is matmul-bound, so a stack saves little.
+bp 0.98, fa 0.88, dfa 0.86 — on a CPU the step is matmul-bound, so a stack saves little; with
+--methods bp,ep,sb,cb at load ≈ 1.3–1.5: bp 0.95, ep 0.97, sb 0.98, cb 1.05.
 Measured on the 2-core shared dev box, ratios to BP (BP ≈ 0.26 s/epoch), before (EP: 20 gradient
 steps; CB: create_graph double backward, per-sample float64 noise) → after, at load ≈ 1:
 ep 13.5 → 2.5 (steps 2; steps 3: 3.1–3.3), cb 5.3 → 2.6, sb 2.6 → 2.7 (unchanged code path),

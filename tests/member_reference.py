@@ -4,9 +4,16 @@ commit 0ea89ac (before the member axis), recorded on the CPU in float64 with one
 
     PYTHONPATH=src python tests/member_reference.py tests/data/lone_runs_main.json
 
+and `tests/data/lone_runs_stage2.json` those of the methods of the second stage (sb, cb, ep:
+STAGE2_CONFIGS), as main's trainer produced them at commit 7278b3d, before those methods moved
+onto the member axis:
+
+    PYTHONPATH=src python tests/member_reference.py tests/data/lone_runs_stage2.json stage2
+
 A fingerprint is, per tensor, (Σ t, ‖t‖, ⟨t, r⟩, n) with r a fixed N(0, 1) vector (generator
 seed 0) and n the number of elements, for the final weights and AdamW moments, plus every number
-of every metrics line. Σ t and ⟨t, r⟩ are compared on the tensor's own scale ‖t‖·√n (both are
+of every metrics line, plus (stage 2) the method's extra state (auxiliary nets, EMA copies) and
+its generator's state. Σ t and ⟨t, r⟩ are compared on the tensor's own scale ‖t‖·√n (both are
 at most about that, and a sum of gradients can be 0 analytically, so only its rounding is left):
 agreeing to 1e-9 in all three means agreeing in the tensor itself but for a change orthogonal to
 both 1 and r, which no real difference is.
@@ -28,12 +35,15 @@ from creditaudit.data import ArrayDataset, load_dataset
 
 TINY = dict(dataset="synthetic", width=16, blocks=2, epochs=3, batch_size=128)
 METHOD_NAMES = ("bp", "fa", "dfa", "dfa-penalty")   # the methods of the member axis' first stage
+# the second stage's, with small probes (and λ = 1e-2, the audit presets' SB/CB) to keep them fast
+STAGE2_OPTIONS = {"sb": {"hidden": 16, "t_dim": 4, "lam": 1e-2},
+                  "cb": {"hidden": 16, "t_dim": 4, "lam": 1e-2}, "ep": {}}
 
 
-def _configs() -> dict[str, RunConfig]:
+def _configs(methods) -> dict[str, RunConfig]:
     out = {}
-    for method in METHOD_NAMES:
-        base = RunConfig(method=method, **TINY)
+    for method in methods:
+        base = RunConfig(method=method, **TINY, options=STAGE2_OPTIONS.get(method, {}))
         for tag, c in (("main", base), ("seed123", base.replace(seed=123)),
                        ("frozen", base.replace(trainable_blocks=0)),
                        ("rung1", base.replace(trainable_blocks=1)), ("shallow", base.replace(blocks=0)),
@@ -42,7 +52,8 @@ def _configs() -> dict[str, RunConfig]:
     return out
 
 
-CONFIGS = _configs()
+CONFIGS = _configs(METHOD_NAMES)
+STAGE2_CONFIGS = _configs(STAGE2_OPTIONS)
 
 
 @dataclass
@@ -66,9 +77,19 @@ def _triple(t: torch.Tensor) -> list[float]:
     return [float(t.sum()), float(t.norm()), float(t @ r), t.numel()]
 
 
+def _tensors(tree, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of a nested dict/list (a method's extra state), by dotted path."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    out = {}
+    for k, v in items:
+        out.update({f"{prefix}{k}": v} if isinstance(v, torch.Tensor) else _tensors(v, f"{prefix}{k}."))
+    return out
+
+
 def fingerprint(run) -> dict:
     """What a lone run ends with: weights, optimizer moments and steps, schedules, RNG states
-    (sha256), and every metrics line but its wall time."""
+    (sha256, the method's generator included), the method's extra state (auxiliary nets), and
+    every metrics line but its wall time."""
     state = store.load_checkpoint(run.run_dir)[1]
     method = run.method.state_dict()
     moments = [{str(i): {k: ([float(v)] if k == "step" else _triple(v)) for k, v in s.items()}
@@ -78,6 +99,8 @@ def fingerprint(run) -> dict:
         "moments": moments,
         "lr": [[g["lr"] for g in opt["param_groups"]] for opt in method["optimizers"]],
         "rng": {k: hashlib.sha256(state[k].numpy().tobytes()).hexdigest() for k in ("torch_rng", "data_gen")},
+        "method_gen": hashlib.sha256(method["gen"].numpy().tobytes()).hexdigest(),
+        "extra": {k: _triple(v) for k, v in _tensors(method["extra"]).items()},
         "history": [{k: v for k, v in r.items() if k != "wall_time"} for r in run.history],
         "status": run.status["status"],
     }
@@ -100,6 +123,9 @@ def worst_difference(got: dict, ref: dict) -> float:
                 else:
                     worst = max(worst, _tensor_diff(mg[i][k], mr[i][k]))
     assert got["lr"] == ref["lr"] and got["rng"] == ref["rng"] and got["status"] == ref["status"]
+    if "extra" in ref:                      # recorded since stage 2 (the stage-1 file lacks them)
+        assert got["method_gen"] == ref["method_gen"] and got["extra"].keys() == ref["extra"].keys()
+        worst = max([worst] + [_tensor_diff(got["extra"][n], ref["extra"][n]) for n in ref["extra"]])
     assert len(got["history"]) == len(ref["history"])
     for rg, rr in zip(got["history"], ref["history"]):
         assert rg.keys() == rr.keys()
@@ -118,18 +144,18 @@ def _tensor_diff(a: list[float], b: list[float]) -> float:
     return max(abs(a[0] - b[0]) / scale, abs(a[1] - b[1]) / max(b[1], 1e-300), abs(a[2] - b[2]) / scale)
 
 
-def _record(path: str) -> None:
+def _record(path: str, configs: dict[str, RunConfig]) -> None:
     from creditaudit.train import train_run
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
     data = f64_synthetic()
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, config in CONFIGS.items():
+        for name, config in configs.items():
             out[name] = fingerprint(train_run(config, Path(tmp) / name.replace("/", "_"), data=data,
                                               progress=False))
     Path(path).write_text(json.dumps(store.json_safe(out), sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
-    _record(sys.argv[1])
+    _record(sys.argv[1], STAGE2_CONFIGS if sys.argv[2:] == ["stage2"] else CONFIGS)

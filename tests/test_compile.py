@@ -113,11 +113,13 @@ def test_a_step_on_the_device_never_synchronises(device):
             torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("name", [m for m, cls in METHODS.items() if cls.on_member_axis(ResidualMLP)])
-def test_the_member_step_compiles_whole_without_recompiling(name, device):
+@pytest.mark.parametrize("name, options", [(m, {}) for m, cls in METHODS.items() if cls.on_member_axis(ResidualMLP)]
+                         + [("ep", {"beta": 100.0, "steps": 4, "tol": 0.03})])
+def test_the_member_step_compiles_whole_without_recompiling(name, options, device):
     """A stack of 3 members (two seeds and a frozen control) on the member axis: its `gradients`
     compiles with fullgraph=True, a second and later batches reuse the graph, and the compiled
-    stack's update is the eager stack's."""
+    stack's update is the eager stack's (for ep also with rejected trials and the tol flags,
+    per member: masked updates, no host branch)."""
     from creditaudit.methods.members import MemberStack
     torch._dynamo.reset()
 
@@ -126,7 +128,7 @@ def test_the_member_step_compiles_whole_without_recompiling(name, device):
         for seed, blocks in ((0, (0, 1)), (1, (0, 1)), (0, ())):
             torch.manual_seed(seed)
             model = build_model("resmlp", (12,), 10, width=16, blocks=2, w2_std=0.3).to(device, torch.float64)
-            settings = MethodSettings(epochs=3, seed=seed, lr=1e-2, trainable_blocks=blocks)
+            settings = MethodSettings(epochs=3, seed=seed, lr=1e-2, trainable_blocks=blocks, options=options)
             methods.append(method_class(name)(model, settings))
         return MemberStack(methods)
     eager, compiled = stack(), stack()
@@ -144,3 +146,7 @@ def test_the_member_step_compiles_whole_without_recompiling(name, device):
     for p, q in zip(eager.params, compiled.params):
         torch.testing.assert_close(compiled.opt.state[q]["exp_avg"], eager.opt.state[p]["exp_avg"],
                                    rtol=1e-12, atol=1e-12)
+    eager.sync()
+    compiled.sync()                   # what the step left for each member's lone Method (ep's log)
+    for a, b in zip(eager.methods, compiled.methods):
+        assert b.epoch_log() == pytest.approx(a.epoch_log(), rel=1e-12)

@@ -169,7 +169,7 @@ def test_members_with_later_checkpoints_resume(tmp_path, f64, monkeypatch):
 def test_grouping():
     base = RunConfig(method="dfa", **TINY)
     configs = [base, base.replace(seed=1), base.replace(method="bp"), base.replace(trainable_blocks=0),
-               base.replace(blocks=0), base.replace(method="ep"), base.replace(stop_when_flagged=2),
+               base.replace(blocks=0), base.replace(method="drtp"), base.replace(stop_when_flagged=2),
                base.replace(method="bp", seed=5)]
     assert not can_stack(configs[5]) and not can_stack(configs[6])
     assert group_stacks(configs) == [[0, 1, 3], [2, 7], [4], [5], [6]]

@@ -7,11 +7,11 @@ checkpoints.
 
 A single run is a stack of one (SPEC §8). `train_runs` trains K runs that share a model shape
 and everything but their seed and trainable blocks (`stack_key`) as one stack: when their method
-is on the member axis for the architecture (`Method.on_member_axis`: bp, fa, dfa, dfa-penalty on
-the ResMLP), the step is `methods.members.MemberStack`'s — one batched step of every member on
+is on the member axis for the architecture (`Method.on_member_axis`: bp, fa, dfa, dfa-penalty,
+ep, sb and cb on the ResMLP), the step is `methods.members.MemberStack`'s — one batched step of every member on
 (K, B, …) batches, each member with its own data order, init, feedback draws, clipping, frozen
-mask, AdamW state and LR schedule — and `train_run` is `train_runs` of one. A method that is not
-on the member axis (ep, sb, cb, a user's `PKG:CLASS`, any method on vit-mini / resnet-small in
+mask, auxiliary nets, AdamW state and LR schedule — and `train_run` is `train_runs` of one. A method that is not
+on the member axis (the zoo's other rules, a user's `PKG:CLASS`, any method on vit-mini / resnet-small in
 this stage) trains as a stack of one through its lone `train_step`, exactly as before. Each
 member's folder is what a lone run writes (config.json, checkpoints, metrics.jsonl, sealed
 status.json); the global torch RNG is each member's own while its work runs, and is what its
@@ -323,7 +323,7 @@ def _retire(stack: MemberStack | None, k: int, m: _Member, live: list[int]) -> N
     at its last checkpoint's weights while the others train on."""
     live.remove(k)
     if stack is not None and live:
-        stack.retire(k, m.run.model)
+        stack.retire(k, m.run.method)
 
 
 def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, progress: bool,

@@ -229,12 +229,37 @@ class Method(ABC):
         the stack stacks them along the member axis, so member k reads run k's own draws."""
         return {}
 
+    def member_modules(self) -> dict[str, torch.nn.Module]:
+        """This run's auxiliary nets the member step trains or reads besides the model (sb's G_ψ,
+        cb's V_φ and its EMA copy V̄), by name. The stack stacks their parameters (K, *shape) into
+        `stack.modules[name]` like the model's — the trainable ones into its AdamW, with their
+        lone optimizer's state — and `sync` copies member k's slices back into this module."""
+        return {}
+
+    def member_prepare_step(self, stack) -> dict[str, torch.Tensor]:
+        """`prepare_step` of every member (`stack.methods`), eager, before `member_gradients`:
+        each member's draws from its own generator, stacked (K, …); the stack keeps them as
+        `stack.drawn` for the step. Called on member 0."""
+        return {}
+
+    def member_after_step(self, stack) -> None:
+        """Eager work after the stack's AdamW step, before the frozen masks (cb: V̄'s EMA; ep:
+        each member's residual and sweep count into its lone Method's epoch sums)."""
+
+    def member_sync(self, stack, k: int) -> None:
+        """What this lone Method (member k of `stack`) keeps beyond weights, optimizer state and
+        `member_modules` (e.g. sb's and cb's last aux loss), from `stack.log`: the (K,)-leading
+        tensors the member step leaves on it. Called by `MemberStack.sync`, per member."""
+
     def member_gradients(self, stack, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """`gradients` over a leading member axis: fill the .grad of `stack.net.params` (stacked
         (K, …) leaves of a `model.members.MemberResMLP`) for a batch x (K, B, …), y (K, B) and
         return each member's CE, (K,). `stack` (a `methods.members.MemberStack`) also holds
-        `feedback` (the members' `member_feedback`, stacked (K, …)), `trains` ((K, L) bool: which
-        member trains which block) and `trained` (the blocks some member trains, a tuple). Means
+        `feedback` (the members' `member_feedback`, stacked (K, …)), `modules` (the members'
+        `member_modules`' parameters, stacked), `drawn` (this step's `member_prepare_step`),
+        `log` (an object the step may leave (K,)-leading tensors on, for `member_sync`), `trains`
+        ((K, L) bool: which member trains which block) and `trained` (the blocks some member
+        trains, a tuple). Means
         and norms are per member, never across members. Called on member 0, whose knobs (clip,
         options) every member shares. No host sync (it is compiled like `gradients`)."""
         raise NotImplementedError(f"{type(self).__name__} has no member-axis step")

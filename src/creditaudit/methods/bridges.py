@@ -37,12 +37,12 @@ Any stream shape: the aux nets see h_l flattened to D = prod(model.stream_shape)
 rms over all of them) and the credits come back in the stream's shape.
 
 How cb is computed (same definition; MNIST-1D d=256 L=4 batch 128, one thread): one pass gives V_φ,
-a_l = ∇_h V_φ and the aux loss's parameter gradient in closed form (`CreditBridge._value_pass`: no
+a_l = ∇_h V_φ and the aux loss's parameter gradient in closed form (`CreditBridge._member_value_pass`: no
 autograd graph, no create_graph double backward — which also ran the second-order pass over all
 L+1 layers where only the terminal one needs it; the credit comes from the local forward's states,
 no second forward; LN and GELU derivatives by the fused aten kernels); V̄'s K draws share one noise
 vector per (k, depth) across the batch, which turns V̄'s (K·L·N × D)·(D × H) product into
-(L·N × D)·(D × H) (`_bridge_target`: 2.4 ms CPU per step, against 9.1 ms with per-sample float32
+(L·N × D)·(D × H) (`_member_bridge_target`: 2.4 ms CPU per step, against 9.1 ms with per-sample float32
 draws and 20.7 ms for the previous per-sample float64 draws); the noise is drawn in the model's dtype. Tested against the
 autograd definition in float64 (tests/test_ep_cb.py). CPU time per epoch against BP
 (benchmarks/method_speed.py, same run): 5.3–5.7× before, 2.4–2.6× after — about 1.2× of which is
@@ -60,6 +60,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..metrics import ce_gradient
+from ..model.members import member_linear
+from ..model.resmlp import ResidualMLP
 from ..seeding import draw_on_host
 from .local import LocalMethod, output_error
 
@@ -79,8 +81,32 @@ class Probe(nn.Module):
         return self.net(torch.cat([F.layer_norm(h, h.shape[-1:]), self.depth(depth), s], -1))
 
 
+def probe_params(probe: Probe) -> dict[str, torch.Tensor]:
+    """A lone probe's parameters as a stack of one, {name: (1, *shape)} (views: gradients reach them)."""
+    return {name: p.unsqueeze(0) for name, p in probe.named_parameters()}
+
+
+def member_probe(p: dict[str, torch.Tensor], h: torch.Tensor, depth: torch.Tensor,
+                 s: torch.Tensor) -> torch.Tensor:
+    """`Probe.forward` of K members at once: p their stacked parameters {name: (K, *shape)},
+    h (K, M, D), depth ids (M,), s (K, M, C) → (K, M, out); member k reads only its own."""
+    z = torch.cat([F.layer_norm(h, h.shape[-1:]), p["depth.weight"][:, depth], s], -1)
+    z = F.gelu(member_linear(z, p["net.0.weight"], p["net.0.bias"]))
+    return member_linear(z, p["net.2.weight"], p["net.2.bias"])
+
+
+def member_ce_gradient(readout, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """∂ℓ_i/∂h_i of each sample's CE (per-sample units) for K members: h (K, N, D), y (K, N),
+    `readout` (K, N, D) → (K, N, C)."""
+    return ce_gradient(lambda leaf: readout(leaf).flatten(0, 1), h, y.flatten(), reduction="none")[1]
+
+
 class _Bridge(LocalMethod):
-    """Shared plumbing: options, the aux net with its optimizer, the local update."""
+    """Shared plumbing: options, the aux net with its optimizer, the local update.
+
+    The probe's arithmetic is written once, over a leading member axis (K runs of one ResMLP
+    shape, each with its own probe: `member_probe`, stacked parameters from `MemberStack.modules`);
+    a lone run computes it as a stack of one (`probe_params`, states flattened and unsqueezed)."""
 
     option_defaults = DEFAULTS
     # counts are bounded like every count of a run (config.MAX_COUNT, which sits above methods/):
@@ -114,6 +140,20 @@ class _Bridge(LocalMethod):
         self.aux_opt = self.add_optimizer(self.aux.parameters())
         self.lam = float(self.opts["lam"])          # a Python number: the step never reads a tensor
         self._last_aux_loss: torch.Tensor | float = float("nan")
+
+    def member_modules(self):
+        return {"aux": self.aux}
+
+    def member_sync(self, stack, k):
+        self._last_aux_loss = stack.log.aux_loss[k].clone()
+
+    def _lone_states(self, hidden) -> list[torch.Tensor]:
+        """h_0 … h_L of a lone run as a stack of one, flattened: (1, N, D) each."""
+        return [self._flat(h).unsqueeze(0) for h in hidden]
+
+    def _lone_readout(self, h: torch.Tensor) -> torch.Tensor:
+        """The lone model's readout as a stack of one: (1, M, D) → (1, M, C)."""
+        return self.model.readout(h.view((-1,) + self.stream_shape)).unsqueeze(0)
 
     @property
     def last_aux_loss(self) -> float:
@@ -172,46 +212,73 @@ class StateBridge(_Bridge):
     paper = True
     summary = "state bridge: a_l = ∇_{h_l} CE(readout(G_ψ(h_l, t_l, e))), G_ψ trained to predict h_L"
     predicts_state = True
-
-    def predict(self, h, depth, e):
-        """G_ψ(h, t_l, s) = h + rms(h) · MLP(LN(h), t_l, s) — scale-equivariant in h (h flattened)."""
-        rms = h.pow(2).mean(-1, keepdim=True).sqrt()
-        return h + rms * self.aux(h, depth, e)
+    member_archs = (ResidualMLP,)
 
     def _credit_and_aux_loss(self, hidden, e, y, with_aux: bool = True):
-        n_blocks = self.model.n_blocks
-        _, a_last = ce_gradient(self.model.readout, hidden[-1], y, reduction="none")            # a_L = ∂ℓ/∂h_L
+        """The lone step's: `_member_credit` of a stack of one (aux loss 0 without blocks)."""
+        credit, loss = self._member_credit(probe_params(self.aux), self._lone_states(hidden),
+                                           e.unsqueeze(0), y.unsqueeze(0), self._lone_readout, with_aux)
+        return ([self._stream(c[0]) for c in credit],
+                loss[0] if loss is not None else torch.zeros(()) if with_aux else None)
+
+    @staticmethod
+    def _member_credit(p, hidden, e, y, readout, with_aux: bool = True):
+        """a_0 … a_L (each (K, N, D)) and each member's aux loss (K,) (None without blocks, or
+        with_aux False), for K members: p G_ψ's parameters stacked (K, …), hidden the states
+        h_l (K, N, D), e (K, N, C), y (K, N), `readout` (K, M, D) → (K, M, C).
+
+            G_ψ(h, t_l, s) = h + rms(h) · MLP(LN(h), t_l, s)        scale-equivariant in h
+        """
+        n_blocks, n = len(hidden) - 1, e.shape[1]
+        a_last = member_ce_gradient(readout, hidden[-1], y)                      # a_L = ∂ℓ/∂h_L
         if n_blocks == 0:
-            return [a_last], torch.zeros(())
+            return [a_last], None
         with torch.enable_grad():
-            h, depth, s = self._inputs(hidden, e, list(range(n_blocks)))
-            h = h.detach().requires_grad_(True)
-            pred = self.predict(h, depth, s)                                     # G_ψ(h_l, t_l, s)
-            ce = F.cross_entropy(self.model.readout(self._stream(pred)), y.repeat(n_blocks),
+            h = torch.cat(hidden[:-1], 1).detach().requires_grad_(True)         # (K, L·N, D)
+            depth = torch.arange(n_blocks, device=h.device).repeat_interleave(n)
+            rms = h.pow(2).mean(-1, keepdim=True).sqrt()
+            pred = h + rms * member_probe(p, h, depth, e.repeat(1, n_blocks, 1))  # G_ψ(h_l, t_l, s)
+            ce = F.cross_entropy(readout(pred).flatten(0, 1), y.repeat(1, n_blocks).flatten(),
                                  reduction="sum")
             a = torch.autograd.grad(ce, h, retain_graph=with_aux)[0]             # a_l = ∇_{h_l} ℓ(G_ψ)
-            credit = [self._stream(c) for c in a.detach().chunk(n_blocks)] + [a_last]
+            credit = list(a.detach().chunk(n_blocks, 1)) + [a_last]
             if not with_aux:
                 return credit, None
-            target = self._flat(hidden[-1]).detach().repeat(n_blocks, 1)
+            target = hidden[-1].detach().repeat(1, n_blocks, 1)
             aux_loss = ((pred - target).pow(2).sum(-1)
-                        / target.pow(2).sum(-1).clamp_min(1e-12)).mean()         # normalised MSE
+                        / target.pow(2).sum(-1).clamp_min(1e-12)).mean(1)        # normalised MSE
         return credit, aux_loss
+
+    def member_gradients(self, stack, x, y):
+        """The lone step per member: each member's G_ψ (its slices of `stack.modules["aux"]`)
+        gives its credit and is fitted on its own states; the local update as dfa's."""
+        net = stack.net
+        fwd = self.member_local_forward(net, x, stack.trained)
+        e = output_error(fwd.logits.detach(), y)                                  # s = e, (K, B, C)
+        credit, aux_loss = self._member_credit(stack.modules["aux"], fwd.hidden, e, y, net.readout)
+        if aux_loss is None:                                # structural (no blocks), not data
+            aux_loss = e.new_zeros(e.shape[0])
+        else:
+            aux_loss.sum().backward()                       # members share no ψ: each its own gradient
+        stack.log.aux_loss = aux_loss.detach()
+        return self.member_local_gradients(net, y, fwd, credit, stack.trains, lam=self.lam)
 
 
 class _Normalised:
     """n = LN(h) over the last dim without affine parameters (exactly F.layer_norm), keeping what
     its VJP needs; `vjp(g)` = (∂n/∂h)ᵀ g = rstd·(g − mean(g) − n·mean(n⊙g)) in one fused kernel.
-    The Jacobian is symmetric, so this is also its JVP. `rows` restricts to a slice of rows."""
+    The Jacobian is symmetric, so this is also its JVP. `rows` restricts to a slice of rows (the
+    second-last dim: h may carry a leading member axis)."""
 
     def __init__(self, h: torch.Tensor, eps: float = 1e-5):
         self.h, self.eps = h, eps
         self.n, self.mean, self.rstd = torch.native_layer_norm(h, h.shape[-1:], None, None, eps)
 
     def vjp(self, g: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
+        # the kernel reads mean/rstd as contiguous rows: a row slice of (K, M, ·) is not
+        h, mean, rstd = (t[..., rows, :].contiguous() for t in (self.h, self.mean, self.rstd))
         return torch.ops.aten.native_layer_norm_backward(
-            g, self.h[rows], self.h.shape[-1:], self.mean[rows], self.rstd[rows], None, None,
-            [True, False, False])[0]
+            g.contiguous(), h, self.h.shape[-1:], mean, rstd, None, None, [True, False, False])[0]
 
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2 * math.pi)
@@ -229,6 +296,7 @@ class CreditBridge(_Bridge):
 
     name = "cb"
     paper = True
+    member_archs = (ResidualMLP,)
     summary = "credit bridge: a_l = ∇_{h_l} V_φ, V_φ a value net trained by bridge consistency"
 
     def __init__(self, model, settings):
@@ -241,18 +309,36 @@ class CreditBridge(_Bridge):
         `_value_pass` and `_bridge_target` compute in closed form (tested against it)."""
         return (net(h, depth, e) * e).sum(-1)                                    # V = ⟨q(h, t_l, s), s⟩
 
-    def _split(self, net: Probe, e: torch.Tensor, depths: slice):
-        """W1 = [W1_h | W1_t | W1_s]: returns W1_h and the bias of every (depth, sample) row,
-        W1_t·t_l + W1_s·s + b1, (depths, N, H) — the t_l and s parts computed once, not per row."""
-        lin, d = net.net[0], self.d_flat
-        t = net.depth.embedding_dim
-        w_h, w_t, w_s = lin.weight[:, :d], lin.weight[:, d:d + t], lin.weight[:, d + t:]
-        table = torch.addmm(lin.bias, net.depth.weight[depths], w_t.T)          # (depths, H)
-        return w_h, table[:, None, :] + (e @ w_s.T)                             # + (N, H)
+    def _split(self, p: dict[str, torch.Tensor], e: torch.Tensor, depths: slice):
+        """W1 = [W1_h | W1_t | W1_s] of K probes (stacked parameters p): returns W1_h (K, H, D)
+        and the bias of every (depth, sample) row, W1_t·t_l + W1_s·s + b1, (K, depths, N, H) —
+        the t_l and s parts computed once, not per row. e: (K, N, C)."""
+        w1, d = p["net.0.weight"], self.d_flat
+        t = p["depth.weight"].shape[-1]
+        w_h, w_t, w_s = w1[..., :d], w1[..., d:d + t], w1[..., d + t:]
+        table = torch.baddbmm(p["net.0.bias"][:, None], p["depth.weight"][:, depths],
+                              w_t.transpose(1, 2))                                 # (K, depths, H)
+        return w_h, table[:, :, None, :] + torch.bmm(e, w_s.transpose(1, 2))[:, None]   # + (K, 1, N, H)
 
     def _value_pass(self, hidden, e, y, with_aux: bool, noise: torch.Tensor | None = None):
+        """The lone step's: `_member_value_pass` of a stack of one (ε drawn now when not given)."""
+        if with_aux and self.model.n_blocks and noise is None:
+            noise = self._draw_noise(self.model.n_blocks, e)
+        credit, grads, loss = self._member_value_pass(
+            probe_params(self.aux), probe_params(self.target), self._lone_states(hidden),
+            e.unsqueeze(0), y.unsqueeze(0), self._lone_readout, with_aux,
+            None if noise is None else noise.unsqueeze(0))
+        credit = [self._stream(c[0]) for c in credit]
+        if not with_aux:
+            return credit, None, None
+        return credit, {name: g[0] for name, g in grads.items()}, loss[0]
+
+    def _member_value_pass(self, p, target, hidden, e, y, readout, with_aux: bool, noise=None):
         """V_φ on h_0 … h_L, its gradient a_l = ∇_{h_l} V_φ, and the aux loss's gradient in φ, all
-        in closed form (no autograd graph; tested against the autograd definition in float64).
+        in closed form (no autograd graph; tested against the autograd definition in float64),
+        for K members at once: p, target the stacked parameters of V_φ and V̄ {name: (K, …)},
+        hidden h_l (K, N, D), e (K, N, C), y (K, N), `readout` (K, M, D) → (K, M, C), noise the
+        members' ε (K, draws, L, D). Every sum below is per member.
 
         With n = LN(h), u = W1_h n + W1_t t_l + W1_s s + b1, w = W2ᵀ s:
             V = ⟨gelu(u), w⟩ + ⟨b2, s⟩,   δ = ∂V/∂u = gelu'(u) ⊙ w,   ∇_h V = LN'(h)ᵀ W1_hᵀ δ.
@@ -261,55 +347,56 @@ class CreditBridge(_Bridge):
         Terminal term T = Σ‖∇_h V(h_L) − g‖²/Z: ∂T/∂φ = ∂/∂φ ⟨δ, W1_h ṅ⟩ with ṅ = LN'(h)·R and
         R = 2(∇_h V − g)/Z (LN' is symmetric), so ∂T/∂W1_h = δᵀ ṅ, ∂T/∂u = w ⊙ gelu''(u) ⊙ P and
         ∂T/∂W2 = s ⊗ (gelu'(u) ⊙ P), P = W1_h ṅ — the create_graph double backward over all L+1
-        layers it replaces cost ~2× more. Returns (credit, grads by aux parameter name or None,
-        the aux loss B + T)."""
-        n_blocks, n = self.model.n_blocks, e.shape[0]
-        aux = self.aux
-        lin, out = aux.net[0], aux.net[2]
-        d, t = self.d_flat, aux.depth.embedding_dim
-        w_h, w_t, w_s = lin.weight[:, :d], lin.weight[:, d:d + t], lin.weight[:, d + t:]
-        emb = aux.depth.weight[:n_blocks + 1]                                     # t_0 … t_L
+        layers it replaces cost ~2× more. Returns (credit [(K, N, D)], grads by aux parameter
+        name (K, …) or None, each member's aux loss B + T (K,) or None)."""
+        n_blocks, (k, n) = len(hidden) - 1, e.shape[:2]
+        out_w, out_b, emb_all = p["net.2.weight"], p["net.2.bias"], p["depth.weight"]
+        t = emb_all.shape[-1]
+        w_t = p["net.0.weight"][..., self.d_flat:self.d_flat + t]
+        emb = emb_all[:, :n_blocks + 1]                                           # t_0 … t_L
         with torch.no_grad():
-            h = torch.cat([self._flat(hidden[l]) for l in range(n_blocks + 1)])   # (M, D), M = (L+1)·N
+            h = torch.cat(hidden, 1)                                              # (K, M, D), M = (L+1)·N
             ln = _Normalised(h)
             nrm = ln.n
-            bias = torch.addmm(lin.bias, emb, w_t.T)[:, None, :] + e @ w_s.T     # W1_t t_l + W1_s s + b1
-            u = torch.addmm(bias.flatten(0, 1), nrm, w_h.T).view(n_blocks + 1, n, -1)   # (L+1, N, H)
-            w = e @ out.weight                                                    # W2ᵀ s, (N, H)
-            delta = _gelu_grad_times(w.expand_as(u), u)                           # ∂V/∂u
-            grad_h = ln.vjp(delta.flatten(0, 1) @ w_h)                            # a_l = ∇_{h_l} V
-            credit = [self._stream(c) for c in grad_h.chunk(n_blocks + 1)]
+            w_h, bias = self._split(p, e, slice(0, n_blocks + 1))                 # W1_t t_l + W1_s s + b1
+            u = torch.baddbmm(bias.flatten(1, 2), nrm, w_h.transpose(1, 2)).view(k, n_blocks + 1, n, -1)
+            w = torch.bmm(e, out_w)                                               # W2ᵀ s, (K, N, H)
+            delta = _gelu_grad_times(w[:, None].expand_as(u), u)                  # ∂V/∂u
+            grad_h = ln.vjp(torch.bmm(delta.flatten(1, 2), w_h))                  # a_l = ∇_{h_l} V
+            credit = list(grad_h.chunk(n_blocks + 1, 1))
             if not with_aux:
                 return credit, None, None
-            _, grad_last = ce_gradient(self.model.readout, hidden[-1], y, reduction="none")
-            diff = grad_h[n_blocks * n:] - self._flat(grad_last)
-            z = grad_last.pow(2).sum().clamp_min(1e-12)
-            loss = diff.pow(2).sum() / z                                          # ∇V(h_L) ≈ ∂ℓ/∂h_L
-            tangent = ln.vjp(diff.mul_(2 / z), slice(n_blocks * n, None))       # LN'(h_L)·R
-            p = tangent @ w_h.T                                                   # (N, H)
-            u_last = u[n_blocks]
+            grad_last = member_ce_gradient(readout, hidden[-1], y)               # ∂ℓ_i/∂h_L
+            diff = grad_h[:, n_blocks * n:] - grad_last
+            z = grad_last.pow(2).sum((1, 2)).clamp_min(1e-12)                    # (K,)
+            loss = diff.pow(2).sum((1, 2)) / z                                    # ∇V(h_L) ≈ ∂ℓ/∂h_L
+            tangent = ln.vjp(diff.mul_((2 / z)[:, None, None]), slice(n_blocks * n, None))  # LN'(h_L)·R
+            p_t = torch.bmm(tangent, w_h.transpose(1, 2))                         # P, (K, N, H)
+            u_last = u[:, n_blocks]
             curv = torch.exp(-0.5 * u_last * u_last).mul_(_INV_SQRT_2PI) * (2 - u_last * u_last)
             d_u = torch.empty_like(u)
-            d_u[n_blocks] = w * p * curv                                          # ∂T/∂u (gelu'')
-            g_w2 = e.T @ _gelu_grad_times(p, u_last)                              # ∂T/∂W2 = s ⊗ ∂T/∂w
-            g_b2 = torch.zeros_like(out.bias)
+            d_u[:, n_blocks] = w * p_t * curv                                     # ∂T/∂u (gelu'')
+            g_w2 = torch.bmm(e.transpose(1, 2), _gelu_grad_times(p_t, u_last))    # ∂T/∂W2 = s ⊗ ∂T/∂w
+            g_b2 = torch.zeros_like(out_b)
             if n_blocks:
-                act = F.gelu(u[:n_blocks]).flatten(0, 1)                          # (L·N, H)
-                q = F.linear(act, out.weight, out.bias).view(n_blocks, n, -1)
-                v = (q * e).sum(-1)                                               # V(h_l), l < L
-                err = v - self._bridge_target(hidden, e, ln, noise).view(n_blocks, n)
-                loss = loss + err.pow(2).mean()
-                c = err.mul_(2 / err.numel())                                     # ∂B/∂V, (L, N)
-                torch.mul(delta[:n_blocks], c[..., None], out=d_u[:n_blocks])      # ∂B/∂u
-                ce = (c[..., None] * e).flatten(0, 1)                             # c·s, (L·N, C)
-                g_w2 = torch.addmm(g_w2, ce.T, act)                               # + Σ c·s ⊗ gelu(u)
-                g_b2 = ce.sum(0)
-            d_rows = d_u.sum(1)                                                   # Σ_i ∂/∂u per depth
-            g_w1 = torch.cat([torch.addmm(delta[n_blocks].T @ tangent, d_u.flatten(0, 1).T, nrm),
-                              d_rows.T @ emb, d_u.sum(0).T @ e], 1)
-            g_emb = torch.zeros_like(aux.depth.weight)
-            g_emb[:n_blocks + 1] = d_rows @ w_t
-            grads = {"depth.weight": g_emb, "net.0.weight": g_w1, "net.0.bias": d_rows.sum(0),
+                act = F.gelu(u[:, :n_blocks]).flatten(1, 2)                       # (K, L·N, H)
+                q = member_linear(act, out_w, out_b).view(k, n_blocks, n, -1)
+                v = (q * e[:, None]).sum(-1)                                      # V(h_l), l < L
+                err = v - self._member_bridge_target(target, e, ln, noise).view(k, n_blocks, n)
+                loss = loss + err.pow(2).mean((1, 2))
+                c = err.mul_(2 / (n_blocks * n))                                  # ∂B/∂V, (K, L, N)
+                d_u[:, :n_blocks] = delta[:, :n_blocks] * c[..., None]            # ∂B/∂u
+                ce = (c[..., None] * e[:, None]).flatten(1, 2)                    # c·s, (K, L·N, C)
+                g_w2 = torch.baddbmm(g_w2, ce.transpose(1, 2), act)               # + Σ c·s ⊗ gelu(u)
+                g_b2 = ce.sum(1)
+            d_rows = d_u.sum(2)                                                   # Σ_i ∂/∂u per depth
+            g_w1 = torch.cat([torch.baddbmm(torch.bmm(delta[:, n_blocks].transpose(1, 2), tangent),
+                                            d_u.flatten(1, 2).transpose(1, 2), nrm),
+                              torch.bmm(d_rows.transpose(1, 2), emb),
+                              torch.bmm(d_u.sum(1).transpose(1, 2), e)], -1)
+            g_emb = torch.zeros_like(emb_all)
+            g_emb[:, :n_blocks + 1] = torch.bmm(d_rows, w_t)
+            grads = {"depth.weight": g_emb, "net.0.weight": g_w1, "net.0.bias": d_rows.sum(1),
                      "net.2.weight": g_w2, "net.2.bias": g_b2}
         return credit, grads, loss
 
@@ -327,59 +414,98 @@ class CreditBridge(_Bridge):
         self._last_aux_loss = loss
         return self.local_gradients(y, fwd, credit, lam=self.lam)
 
+    # -- on the member axis ----------------------------------------------------------------------
+    def member_modules(self):
+        return {"aux": self.aux, "target": self.target}
+
+    def member_prepare_step(self, stack):
+        """Every member's ε from its own generator, exactly its lone run's draws: (K, draws, L, D)."""
+        like = stack.net.params["out_head.weight"]
+        return {"noise": torch.stack([m._draw_noise(stack.net.n_blocks, like) for m in stack.methods])}
+
+    def member_gradients(self, stack, x, y):
+        """The lone step per member: member k's V_φ, V̄ (its slices of `stack.modules`) and ε
+        (`stack.drawn`); the aux gradient in closed form per member; the local update as dfa's."""
+        net = stack.net
+        fwd = self.member_local_forward(net, x, stack.trained)
+        e = output_error(fwd.logits.detach(), y)                                  # s = e, (K, B, C)
+        aux = stack.modules["aux"]
+        credit, grads, loss = self._member_value_pass(aux, stack.modules["target"], fwd.hidden, e, y,
+                                                      net.readout, True, stack.drawn["noise"])
+        for name, param in aux.items():
+            param.grad = grads[name]
+        stack.log.aux_loss = loss
+        return self.member_local_gradients(net, y, fwd, credit, stack.trains, lam=self.lam)
+
+    @torch.no_grad()
+    def member_after_step(self, stack):
+        self._lerp_target(stack.modules["target"].values(), stack.modules["aux"].values())
+
     def _credit_and_aux_loss(self, hidden, e, y, with_aux: bool = True):
         if with_aux:
             raise NotImplementedError("cb computes its aux gradient in closed form: see train_step")
         return self._value_pass(hidden, e, y, False)[0], None
 
     def _draw_noise(self, n_blocks: int, like: torch.Tensor) -> torch.Tensor:
-        """ε_{k,l} ~ N(0, I), (K, L, D): one draw per (k, depth), shared by the batch's samples,
+        """ε_{k,l} ~ N(0, I), (draws, L, D): one draw per (k, depth), shared by the batch's samples,
         from the method's CPU generator and copied to `like`'s device (`draw_on_host`: the same
         numbers on any device, no host sync)."""
         return draw_on_host(torch.randn, (int(self.opts["draws"]), n_blocks, self.d_flat), self.gen, like)
 
     @torch.no_grad()
-    def _bridge_target(self, hidden, e, ln: "_Normalised | None" = None,
-                       noise: torch.Tensor | None = None):
-        """softmin_k V̄(h_{l+1} + σ ε_{k,l}, t_{l+1}, s) for l = 0 … L−1, stacked (L·N,).
+    def _bridge_target(self, hidden, e, noise: torch.Tensor | None = None):
+        """The lone run's bridge target (`_member_bridge_target` of a stack of one), (L·N,);
+        `noise` ε drawn beforehand, None draws it now."""
+        ln = _Normalised(torch.cat(self._lone_states(hidden), 1))
+        noise = self._draw_noise(self.model.n_blocks, e) if noise is None else noise
+        return self._member_bridge_target(probe_params(self.target), e.unsqueeze(0), ln,
+                                          noise.unsqueeze(0))[0]
 
-        The K draws are shared by the batch's samples (each sample still sees K independent
+    @torch.no_grad()
+    def _member_bridge_target(self, target, e, ln: _Normalised, noise: torch.Tensor) -> torch.Tensor:
+        """softmin_k V̄(h_{l+1} + σ ε_{k,l}, t_{l+1}, s) for l = 0 … L−1, per member (K, L·N):
+        target V̄'s stacked parameters, e (K, N, C), ln the `_Normalised` of h_0 … h_L (K, M, D),
+        noise each member's ε (K, draws, L, D).
+
+        The draws are shared by the batch's samples (each sample still sees `draws` independent
         N(0, I) draws per depth, so its target has the same distribution; the batch's terms are
         correlated). That makes V̄'s big matmul per-sample-free: with c(·) the centring,
         W1_h·LN(h + σε) = rstd · (W1_h c(h) + σ W1_h c(ε)) and
-        rstd⁻² = (‖c(h)‖² + 2σ⟨c(h), ε⟩ + σ²‖c(ε)‖²)/D + 1e-5, so the (K·L·N × D)·(D × H) product
-        of the per-sample draws becomes (L·N × D)·(D × H) plus (K·L × D)·(D × H).
-        `noise`: ε drawn beforehand (`prepare_step`); None draws it now."""
-        k, tau = int(self.opts["draws"]), float(self.opts["tau"])
-        n_blocks, n = self.model.n_blocks, e.shape[0]
-        if ln is None:
-            ln = _Normalised(torch.cat([self._flat(hidden[l]) for l in range(n_blocks + 1)]))
+        rstd⁻² = (‖c(h)‖² + 2σ⟨c(h), ε⟩ + σ²‖c(ε)‖²)/D + 1e-5, so the (draws·L·N × D)·(D × H)
+        product of the per-sample draws becomes (L·N × D)·(D × H) plus (draws·L × D)·(D × H)."""
+        draws, tau = int(self.opts["draws"]), float(self.opts["tau"])
+        k, n = e.shape[:2]
+        n_blocks = ln.h.shape[1] // n - 1
         rows = slice(n, None)                                                     # h_1 … h_L
-        nrm = ln.n[rows].view(n_blocks, n, -1)                                   # c(h)·rstd_h, (L, N, D)
-        rstd_h = ln.rstd[rows].view(n_blocks, n)
+        nrm = ln.n[:, rows].view(k, n_blocks, n, -1)                              # c(h)·rstd_h, (K, L, N, D)
+        rstd_h = ln.rstd[:, rows].view(k, n_blocks, n)
         var_h = rstd_h.pow(-2) - ln.eps                                           # ‖c(h)‖²/D
-        mean_h = ln.mean[rows].view(n_blocks, n)
-        sigma = float(self.opts["noise"]) * (var_h + mean_h.pow(2)).sqrt()          # noise·rms(h)
-        eps = self._draw_noise(n_blocks, nrm) if noise is None else noise         # (K, L, D)
-        ec = eps - eps.mean(-1, keepdim=True)                                     # c(ε)
-        w_h, bias = self._split(self.target, e, slice(1, n_blocks + 1))
-        a = nrm @ w_h.T                                                           # W1_h c(h)·rstd_h
-        b = ec @ w_h.T                                                            # W1_h c(ε), (K, L, H)
-        cross = torch.matmul(nrm, ec.permute(1, 2, 0)).permute(2, 0, 1) / rstd_h  # ⟨c(h), ε⟩, (K, L, N)
-        var = var_h + (2 * sigma * cross + sigma.pow(2) * ec.pow(2).sum(-1)[:, :, None]) / self.d_flat
-        rstd = (var + ln.eps).rsqrt()[..., None]                                  # (K, L, N, 1)
-        u = a.new_empty((k, n_blocks, n, a.shape[-1]))                            # (K, L, N, H) …
-        torch.addcmul(bias, rstd / rstd_h[..., None], a, out=u)
-        u.addcmul_(rstd * sigma[..., None], b[:, :, None, :])                     # … in two passes
-        q = F.linear(F.gelu(u), self.target.net[2].weight, self.target.net[2].bias)
-        v = (q * e).sum(-1)                                                       # V̄, (K, L, N)
-        return -tau * (torch.logsumexp(-v.flatten(1) / tau, 0) - math.log(k))
+        mean_h = ln.mean[:, rows].view(k, n_blocks, n)
+        sigma = float(self.opts["noise"]) * (var_h + mean_h.pow(2)).sqrt()        # noise·rms(h), (K, L, N)
+        ec = noise - noise.mean(-1, keepdim=True)                                 # c(ε), (K, draws, L, D)
+        w_h, bias = self._split(target, e, slice(1, n_blocks + 1))                # (K, H, D), (K, L, N, H)
+        # batched products over the members (each member's terms its own)
+        w_ht = w_h.transpose(1, 2)                                                # (K, D, H)
+        a = torch.bmm(nrm.flatten(1, 2), w_ht).view(k, n_blocks, n, -1)          # W1_h c(h)·rstd_h
+        b = torch.bmm(ec.flatten(1, 2), w_ht).view(k, draws, n_blocks, -1)        # W1_h c(ε), (K, draws, L, H)
+        cross = torch.bmm(nrm.flatten(0, 1), ec.permute(0, 2, 3, 1).flatten(0, 1))   # ⟨c(h), ε⟩·rstd_h …
+        cross = cross.view(k, n_blocks, n, draws).permute(0, 3, 1, 2) / rstd_h[:, None]  # … (K, draws, L, N)
+        var = var_h[:, None] + (2 * sigma[:, None] * cross
+                                + sigma.pow(2)[:, None] * ec.pow(2).sum(-1)[..., None]) / self.d_flat
+        rstd = (var + ln.eps).rsqrt()[..., None]                                  # (K, draws, L, N, 1)
+        u = torch.addcmul(bias[:, None], rstd / rstd_h[:, None, ..., None], a[:, None])  # (K, draws, L, N, H) …
+        u.addcmul_(rstd * sigma[:, None, ..., None], b[:, :, :, None, :])         # … in two passes
+        q = member_linear(F.gelu(u).flatten(1, 3), target["net.2.weight"], target["net.2.bias"])
+        v = (q.view(k, draws, n_blocks, n, -1) * e[:, None, None]).sum(-1)       # V̄, (K, draws, L, N)
+        return -tau * (torch.logsumexp(-v.flatten(2) / tau, 1) - math.log(draws))
+
+    def _lerp_target(self, target, aux) -> None:
+        """V̄ ← ema·V̄ + (1−ema)·V_φ, tensor by tensor (lone or stacked: elementwise)."""
+        torch._foreach_lerp_(list(target), list(aux), 1 - float(self.opts["ema"]))
 
     @torch.no_grad()
     def _after_aux_step(self):
-        ema = float(self.opts["ema"])
-        torch._foreach_lerp_(list(self.target.parameters()), list(self.aux.parameters()),
-                             1 - ema)                                             # V̄ ← ema·V̄ + (1−ema)·V
+        self._lerp_target(self.target.parameters(), self.aux.parameters())
 
     def extra_state(self):
         return {"aux": dict(self.aux.state_dict()), "target": dict(self.target.state_dict())}

@@ -85,6 +85,11 @@ before). Measurements (MNIST-1D, d=256, L=4, batch 128, seed 42, 15 epochs, one 
     acc 0.616, Γ 0.49; steps 8: → 4.5, acc 0.591). The previous solver's truncation hid this.
     β = 2 / 3 (plain sweeps, 2 / 3 of them): acc 0.709 / 0.701, but ep_residual up to 0.1.
 No gradient clipping: the EP estimator approximates the BP gradient.
+
+On the member axis (K runs of one ResMLP shape, `member_gradients`): the relaxation is the same
+code (`_relax`) over a `_Chain` whose samples are indexed (K, N) instead of (N,): every per-sample
+quantity (F_i, the step length, the L-BFGS pairs and γ, the acceptance mask) is per member and
+sample, every batch-wide one (the scale, the tol test and its flag, the sweep count) per member.
 """
 from __future__ import annotations
 
@@ -95,24 +100,83 @@ import torch
 import torch.nn.functional as F
 
 from ..metrics import ce_gradient
+from ..model.members import MemberResMLP, member_cross_entropy
+from ..model.resmlp import ResidualMLP
 from .base import Method
 
 DEFAULTS = {"beta": 1.0, "steps": 2, "alpha": 1.0, "tol": 0.0}
 
 
-def _batch_norm2(t: torch.Tensor) -> torch.Tensor:
-    """Σ over the batch and every feature of t², a 0-d tensor."""
-    return t.pow(2).sum()
-
-
-def _per_sample(t: torch.Tensor) -> torch.Tensor:
-    """Σ over layers and features of a stacked (L, N, …) tensor, per sample: (N,)."""
-    return t.flatten(2).sum(-1).sum(0)
+def _per_sample(t: torch.Tensor, lead: int = 1) -> torch.Tensor:
+    """Σ over layers and features of a stacked (L, *S, …) tensor, per sample: S, the `lead`
+    sample dims ((N,) lone, (K, N) on the member axis)."""
+    return t.flatten(1 + lead).sum(-1).sum(0)
 
 
 def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A per-sample (N,) tensor shaped to broadcast against a stacked (L, N, …) one."""
-    return v.view((1, -1) + (1,) * (like.dim() - 2))
+    """A per-sample tensor (S = (N,) or (K, N)) shaped to broadcast against a stacked (L, *S, …) one."""
+    return v.view((1,) + v.shape + (1,) * (like.dim() - 1 - v.dim()))
+
+
+class _Chain:
+    """How the relaxation reaches a lone model: samples (N,), batch-wide sums 0-d."""
+
+    lead = 1
+
+    def __init__(self, model):
+        self.model, self.n_blocks = model, model.n_blocks
+
+    def embed(self, x):
+        return self.model.embed_input(x)
+
+    def block(self, l: int, h):
+        return self.model.blocks[l](h)
+
+    def readout(self, h):
+        return self.model.readout(h)
+
+    def ce(self, logits, y):
+        """The CE whose gradient the sweeps take: the batch mean."""
+        return F.cross_entropy(logits, y)
+
+    def ce_per_sample(self, logits, y):
+        """ℓ_i/N, per sample."""
+        return F.cross_entropy(logits, y, reduction="none") / y.shape[-1]
+
+    def total(self, t):
+        """Σ over the batch (and layers, for a stacked tensor) and every feature of t: 0-d."""
+        return t.sum()
+
+
+class _MemberChain(_Chain):
+    """The same for K members (`MemberResMLP`): samples (K, N); the CE is Σ_k of each member's
+    mean (member k's gradient is its own mean's); batch-wide sums per member, (K, 1)."""
+
+    lead = 2
+
+    def __init__(self, net: MemberResMLP):
+        self.net, self.n_blocks = net, net.n_blocks
+
+    def embed(self, x):
+        return self.net.embed_input(x)
+
+    def block(self, l: int, h):
+        return self.net.block(l, h)
+
+    def readout(self, h):
+        return self.net.readout(h)
+
+    def ce(self, logits, y):
+        return member_cross_entropy(logits, y).sum()
+
+    def ce_per_sample(self, logits, y):
+        k, n, c = logits.shape
+        return F.cross_entropy(logits.reshape(k * n, c), y.reshape(k * n), reduction="none").view(k, n) / n
+
+    def total(self, t):
+        k = t.shape[1] if t.dim() > 3 else t.shape[0]          # stacked (L, K, N, D) or (K, N, D)
+        per = t.transpose(0, 1) if t.dim() > 3 else t
+        return per.reshape(k, -1).sum(-1, keepdim=True)
 
 
 _MEMORY = 5          # (s, y) pairs kept by the per-sample L-BFGS of the relaxation
@@ -125,8 +189,9 @@ class Relaxed:
     free_logits: the free phase's logits (detached); h0: embed(x) with its graph; credit:
     a_1 … a_L (detached, a_{l+1} = −r_l/β); leaves: h_0^β … h_{L−1}^β as fresh leaves, with
     branches[l] = f_l(leaves[l]) and its graph (parameters included); h_last: h_L^β as a leaf and
-    logits = readout(h_last) with its graph; scale: β‖∂CE/∂h_L(h^free)‖ (batch norm, 0-d);
-    sweeps: how many changed the credit (0-d tensor; all `steps` unless "tol" froze it)."""
+    logits = readout(h_last) with its graph; scale: β‖∂CE/∂h_L(h^free)‖ (batch norm, 0-d; per
+    member (K, 1) on the member axis); sweeps: how many changed the credit (same shape; all
+    `steps` unless "tol" froze it)."""
 
     free_logits: torch.Tensor
     h0: torch.Tensor
@@ -142,6 +207,7 @@ class Relaxed:
 class EP(Method):
     name = "ep"
     paper = True
+    member_archs = (ResidualMLP,)
     option_defaults = DEFAULTS
     option_ranges = {"beta": (1e-12, math.inf), "steps": (1, math.inf), "alpha": (1e-12, 1.0),
                      "tol": (0.0, 1.0)}
@@ -160,7 +226,7 @@ class EP(Method):
         self._reset_log()
 
     # -- the nudged phase -------------------------------------------------------------------------
-    def _forward(self, h0, f0, credit):
+    def _forward(self, chain: _Chain, h0, f0, credit):
         """The states whose residuals are r_l = −β·credit[l] (credit None: the free phase, r = 0),
         each block on a fresh leaf of its input (the update's graph): returns (leaves h_1 … h_{L−1},
         their branches, h_L leaf, logits)."""
@@ -168,56 +234,55 @@ class EP(Method):
         h = h0 + f0.detach()
         if credit is not None:
             h = h - self.beta * credit[0]
-        for l in range(1, self.model.n_blocks):
+        for l in range(1, chain.n_blocks):
             leaf = h.detach().requires_grad_(True)
-            f = self.model.blocks[l](leaf)
+            f = chain.block(l, leaf)
             leaves.append(leaf)
             branches.append(f)
             h = leaf.detach() + f.detach()
             if credit is not None:
                 h = h - self.beta * credit[l]
         h_last = h.detach().requires_grad_(True)
-        return leaves, branches, h_last, self.model.readout(h_last)
+        return leaves, branches, h_last, chain.readout(h_last)
 
-    def _chain(self, h0, f0, credit):
+    def _chain(self, chain: _Chain, h0, f0, credit):
         """The same states as one connected graph from the leaf h_1 (the relaxation's sweeps):
         returns ([h_1 … h_L], logits)."""
         h = h0 + f0.detach()
         if credit is not None:
             h = h - self.beta * credit[0]
         states = [h.detach().requires_grad_(True)]
-        for l in range(1, self.model.n_blocks):
-            h = states[-1] + self.model.blocks[l](states[-1])
+        for l in range(1, chain.n_blocks):
+            h = states[-1] + chain.block(l, states[-1])
             if credit is not None:
                 h = h - self.beta * credit[l]
             states.append(h)
-        return states, self.model.readout(states[-1])
+        return states, chain.readout(states[-1])
 
     @staticmethod
-    def _sweep(states, logits, y) -> torch.Tensor:
+    def _sweep(chain: _Chain, states, logits, y) -> torch.Tensor:
         """T(a) = ∂CE/∂h_l at the chain's states, l = 1 … L, stacked (L, N, …): one backward
         (input gradients only) gives T_L = ∂CE/∂h_L and T_l = (I + ∂f_l)ᵀ T_{l+1}."""
-        return torch.stack(torch.autograd.grad(F.cross_entropy(logits, y), states))
+        return torch.stack(torch.autograd.grad(chain.ce(logits, y), states))
 
-    def _energy(self, credit, logits, y) -> torch.Tensor:
+    def _energy(self, chain: _Chain, credit, logits, y) -> torch.Tensor:
         """F_i/β per sample at the states whose residuals are r = −β·credit (stacked (L, N, …)):
         ½β‖a_i‖² + ℓ_i/N."""
-        ce = F.cross_entropy(logits, y, reduction="none")
-        return 0.5 * self.beta * _per_sample(credit * credit) + ce / len(y)
+        return 0.5 * self.beta * _per_sample(credit * credit, chain.lead) + chain.ce_per_sample(logits, y)
 
     @staticmethod
     def _direction(step, pairs, gamma):
         """The L-BFGS direction H·d per sample: two-loop recursion over the stored (s, y, ρ) pairs
-        (newest last; ρ = 0 marks a pair a sample did not take) with H_0 = γ_i·I. With no pair it
-        is d itself (γ = 1): the plain sweep."""
-        q, coef = step, []
+        (newest last; ρ = 0 marks a pair a sample did not take) with H_0 = γ_i·I (γ per sample,
+        of the sample dims' shape). With no pair it is d itself (γ = 1): the plain sweep."""
+        q, coef, lead = step, [], gamma.dim()
         for s, yv, rho in reversed(pairs):
-            c = rho * _per_sample(s * q)
+            c = rho * _per_sample(s * q, lead)
             q = q - _bcast(c, q) * yv
             coef.append(c)
         q = _bcast(gamma, q) * q
         for (s, yv, rho), c in zip(pairs, reversed(coef)):
-            q = q + _bcast(c - rho * _per_sample(yv * q), q) * s
+            q = q + _bcast(c - rho * _per_sample(yv * q, lead), q) * s
         return q
 
     def relax(self, x, y) -> Relaxed:
@@ -225,55 +290,59 @@ class EP(Method):
         docstring): per-sample quasi-Newton steps on F in the residual coordinates, a step that
         raises a sample's F_i rejected and its step length halved. The forward at the final
         credit keeps the parameters' graph, for the update."""
+        return self._relax(_Chain(self.model), x, y)
+
+    def _relax(self, chain: _Chain, x, y) -> Relaxed:
+        """`relax` through `chain`: the lone model, or K members at once (`_MemberChain`)."""
         with torch.enable_grad():
-            h0 = self.model.embed_input(x)
+            h0 = chain.embed(x)
             h0_leaf = h0.detach().requires_grad_(True)
-            f0 = self.model.blocks[0](h0_leaf)
+            f0 = chain.block(0, h0_leaf)
             clamp = h0_leaf.detach()
-            states, logits = self._chain(clamp, f0, None)                # the free phase, a = 0
+            states, logits = self._chain(chain, clamp, f0, None)         # the free phase, a = 0
             free_logits = logits.detach()
-            energy = F.cross_entropy(free_logits, y, reduction="none").detach() / len(y)
-            step = self._sweep(states, logits, y)                        # d(0) = T(0), (L, N, …)
-            scale = self.beta * step[-1].pow(2).sum().sqrt()
+            energy = chain.ce_per_sample(free_logits, y).detach()
+            step = self._sweep(chain, states, logits, y)                 # d(0) = T(0), (L, N, …)
+            scale = self.beta * chain.total(step[-1].pow(2)).sqrt()
             credit = torch.zeros_like(step)
             length = torch.full_like(energy, self.alpha)                 # per-sample step length
             pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
             gamma = torch.ones_like(energy)                              # H_0 = γ·I, γ ≤ 1
             slack = 1 + 16 * torch.finfo(h0.dtype).eps
-            first = step.pow(2).sum()
-            active = torch.ones((), dtype=torch.bool, device=h0.device)  # tol not reached yet (0-d)
-            sweeps = torch.zeros((), device=h0.device)
+            first = chain.total(step.pow(2))
+            active = torch.ones(first.shape, dtype=torch.bool, device=h0.device)  # tol not reached yet
+            sweeps = torch.zeros(first.shape, device=h0.device)
             for k in range(self.steps):
                 trial = credit + _bcast(length, step) * self._direction(step, pairs, gamma)
                 sweeps = sweeps + active
                 if self.tol > 0 and k > 0:       # converged: this sweep is the last that moves a
                     now = active
-                    active = active & (step.pow(2).sum() > self.tol ** 2 * first)
+                    active = active & (chain.total(step.pow(2)) > self.tol ** 2 * first)
                 else:
                     now = active
                 if k == self.steps - 1:                                  # the last trial: accept or
                     with torch.no_grad():                                # keep, sample by sample
-                        _, logits = self._chain(clamp, f0, trial)
-                        ok = self._energy(trial, logits, y) <= energy * slack
+                        _, logits = self._chain(chain, clamp, f0, trial)
+                        ok = self._energy(chain, trial, logits, y) <= energy * slack
                     credit = torch.where(_bcast(ok & now, step), trial, credit)
                     break
-                states, logits = self._chain(clamp, f0, trial)
-                new_energy = self._energy(trial, logits, y).detach()
+                states, logits = self._chain(chain, clamp, f0, trial)
+                new_energy = self._energy(chain, trial, logits, y).detach()
                 ok = (new_energy <= energy * slack) & now                # F_i did not go up
-                new_step = self._sweep(states, logits, y) - trial        # d = T(a) − a ∝ −∂F/∂r
+                new_step = self._sweep(chain, states, logits, y) - trial  # d = T(a) − a ∝ −∂F/∂r
                 keep = _bcast(ok, step)
                 s = torch.where(keep, trial - credit, 0.0)
                 yv = torch.where(keep, step - new_step, 0.0)             # Δ(∂F/∂a)/β² = −Δd
-                sy = _per_sample(s * yv)
+                sy = _per_sample(s * yv, chain.lead)
                 took = ok & (sy > 0)                                     # curvature condition
                 pairs = (pairs + [(s, yv, torch.where(took, 1 / sy, 0.0))])[-_MEMORY:]
-                gamma = torch.where(took, sy / _per_sample(yv * yv).clamp_min(
+                gamma = torch.where(took, sy / _per_sample(yv * yv, chain.lead).clamp_min(
                     torch.finfo(sy.dtype).tiny), gamma).clamp(max=1.0)
                 credit = torch.where(keep, trial, credit)
                 step = torch.where(keep, new_step, step)
                 energy = torch.where(ok, new_energy, energy)
                 length = torch.where(ok, 1.0, length / 2)
-            fwd = self._forward(clamp, f0, credit)                       # the update's graph
+            fwd = self._forward(chain, clamp, f0, credit)                # the update's graph
         leaves, branches, h_last, logits = fwd
         return Relaxed(free_logits, h0, list(credit.detach().unbind(0)), [h0_leaf] + leaves,
                        [f0] + branches, h_last, logits, scale.detach(), sweeps)
@@ -298,8 +367,43 @@ class EP(Method):
         grads = grads[:len(params)] + torch.autograd.grad(rel.h0, embed, a0, allow_unused=True)  # embed
         for p, g in zip(params + embed, grads):
             p.grad = g
-        self._log(rel, leaf_grads[1:], grad_last)
+        self._step_log = self._log(_Chain(self.model), rel, leaf_grads[1:], grad_last)
         return F.cross_entropy(rel.free_logits, y).detach()
+
+    def member_gradients(self, stack, x, y):
+        """The lone step per member (`_MemberChain`): each member's relaxation, acceptance and tol
+        flag its own; the update's gradients for every block some member trains (a member's
+        frozen slices are masked by the stack; EP clips nothing, so they touch nothing else)."""
+        net = stack.net
+        if not net.n_blocks:                    # nothing to relax: BP's step, as `_shallow_gradients`
+            ce = member_cross_entropy(net.readout(net.embed_input(x)), y)
+            ce.sum().backward()
+            return ce.detach()
+        chain = _MemberChain(net)
+        rel = self._relax(chain, x, y)
+        a = rel.credit
+        total = chain.ce(rel.logits, y)
+        for f, al in zip(rel.branches, a):
+            total = total + (f * al).sum()
+        params = ([p for l in stack.trained for p in net.block_params(l)]
+                  + [net.params[n] for n in ("out_ln.weight", "out_ln.bias", "out_head.weight", "out_head.bias")])
+        grads = torch.autograd.grad(total, params + rel.leaves + [rel.h_last], allow_unused=True)
+        leaf_grads, grad_last = grads[len(params):-1], grads[-1]
+        a0 = a[0] + leaf_grads[0]                                           # (I + ∂f_0)ᵀ a_1
+        embed = [net.params["embed.weight"], net.params["embed.bias"]]
+        grads = grads[:len(params)] + torch.autograd.grad(rel.h0, embed, a0, allow_unused=True)
+        for p, g in zip(params + embed, grads):
+            p.grad = g.contiguous()      # a bmm's weight gradient may come strided: AdamW wants the layout of p
+        stack.log.ep = self._log(chain, rel, leaf_grads[1:], grad_last)
+        return member_cross_entropy(rel.free_logits, y).detach()
+
+    def member_after_step(self, stack):
+        """Each member's (ratio, sweeps) into its lone Method's epoch sums, as `apply_gradients`."""
+        step_log = getattr(stack.log, "ep", None)
+        if step_log is not None:                 # None: shallow members, nothing relaxed
+            ratio, sweeps = step_log
+            for k, method in enumerate(stack.methods):
+                method._accumulate(ratio[k, 0], sweeps[k, 0])
 
     def _shallow_gradients(self, x, y):
         """No blocks: nothing to relax; a_0 = ∂CE/∂h_0 and the step is BP's."""
@@ -316,28 +420,33 @@ class EP(Method):
         return [(rel.credit[0] + vjp0).detach()] + rel.credit
 
     # -- convergence log ----------------------------------------------------------------------------
-    def _log(self, rel: Relaxed, vjps, grad_last) -> None:
+    def _log(self, chain: _Chain, rel: Relaxed, vjps, grad_last):
         """This step's ‖∂F/∂h(h^β)‖/‖∂F/∂h(h^free)‖ and sweep count, as device tensors (no host
         sync); `apply_gradients` adds them to the epoch's sums, eagerly: the step only writes
         fresh tensors, so a compiled (CUDA-graph) step never reads last step's outputs.
 
-        With a = −r/β: ∂F/∂h_l = −β (a_l − a_{l+1} − ∂f_lᵀ a_{l+1}), ∂F/∂h_L = β (∂CE/∂h_L − a_L)."""
+        With a = −r/β: ∂F/∂h_l = −β (a_l − a_{l+1} − ∂f_lᵀ a_{l+1}), ∂F/∂h_L = β (∂CE/∂h_L − a_L).
+        Returns (ratio, sweeps), per member on the member axis."""
         with torch.no_grad():
             a = rel.credit
-            sq = _batch_norm2(grad_last - a[-1])
+            sq = chain.total((grad_last - a[-1]).pow(2))
             for l, vjp in enumerate(vjps, start=1):
-                sq = sq + _batch_norm2(a[l - 1] - a[l] - vjp)
+                sq = sq + chain.total((a[l - 1] - a[l] - vjp).pow(2))
             ratio = self.beta * sq.sqrt() / rel.scale.clamp_min(torch.finfo(rel.scale.dtype).tiny)
-            self._step_log = (ratio, rel.sweeps)
+            return ratio, rel.sweeps
 
     def apply_gradients(self):
         super().apply_gradients()
         if self._step_log is not None:
             ratio, sweeps = self._step_log
             self._step_log = None
-            self._res_sum = ratio.double() if self._res_sum is None else self._res_sum + ratio
-            self._sweep_sum = self._sweep_sum + sweeps
-            self._count += 1
+            self._accumulate(ratio, sweeps)
+
+    def _accumulate(self, ratio: torch.Tensor, sweeps: torch.Tensor) -> None:
+        """One step's residual ratio and sweep count into the epoch's sums (device tensors)."""
+        self._res_sum = ratio.double() if self._res_sum is None else self._res_sum + ratio
+        self._sweep_sum = self._sweep_sum + sweeps
+        self._count += 1
 
     def _reset_log(self) -> None:
         self._step_log: tuple[torch.Tensor, torch.Tensor] | None = None

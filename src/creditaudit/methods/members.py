@@ -5,6 +5,11 @@ The K lone models and Methods are built exactly as lone runs build them (`runs.b
 
     parameters   MemberResMLP(models): one leaf (K, *shape) per parameter name
     feedback     the members' `member_feedback()` stacked (K, …): member k reads run k's draws
+    modules      the members' auxiliary nets (`member_modules()`: sb's G_ψ, cb's V_φ and V̄),
+                 each parameter stacked (K, *shape) like the model's; the trainable ones join
+                 the AdamW below with their lone optimizer's state
+    drawn        each step's per-member draws (`member_prepare_step`: member k's from its own
+                 generator, e.g. cb's noise), made eagerly before the step
     trains       (K, L) bool, trains[k, l] = block l is trainable in run k (main run, frozen
                  control, ladder rung; a shallow run has L = 0 and stacks with shallow runs)
     optimizer    ONE fused AdamW over the stacked leaves. AdamW is elementwise, so it is K AdamWs:
@@ -14,12 +19,14 @@ The K lone models and Methods are built exactly as lone runs build them (`runs.b
     frozen       a block some member does not train is masked per member: that member's slices
                  are put back after each AdamW step (no update, no weight decay), so they stay
                  bit-identical to init; a block no member trains is not optimised at all.
-    retired      a member whose run ended (diverged, stopped) before the others: its slices are
-                 reset to its last checkpoint and masked the same way (`retire`).
+    retired      a member whose run ended (diverged, stopped) before the others: its slices
+                 (model and auxiliary nets) are reset to its last checkpoint and masked the same
+                 way (`retire`).
 
-The step is `member_gradients` of member 0's Method (its knobs, e.g. clip and λ, are every
-member's) followed by the AdamW step and the mask. `sync()` copies each member's weights and
-AdamW state back into its lone model and Method, so checkpoints, the monitor and the diagnosis
+The step is `member_prepare_step` and `member_gradients` of member 0's Method (its knobs, e.g.
+clip and λ, are every member's) followed by the AdamW step, `member_after_step` and the mask.
+`sync()` copies each member's weights, auxiliary nets and AdamW state back into its lone model
+and Method (and `member_sync` what else it keeps), so checkpoints, the monitor and the diagnosis
 read member k as the lone run it is (and a stack of resumed members starts from their lone
 AdamW states, stacked); `end_epoch()` steps each member's own LR schedule and hands
 the learning rate to the stacked AdamW.
@@ -33,6 +40,11 @@ import torch
 
 from ..model.members import MemberResMLP
 from .base import _FUSED, Method, compiled_step
+
+
+class StepLog:
+    """What a member step leaves for `member_sync`: (K,)-leading tensors as attributes (a plain
+    object, whose attribute writes a compiled step traces; a dict's keys would be guarded on)."""
 
 
 class MemberStack:
@@ -51,6 +63,13 @@ class MemberStack:
         self.trained = tuple(l for l in range(L) if any(m.trainable(l) for m in self.methods))
         feedback = [m.member_feedback() for m in self.methods]
         self.feedback = {name: torch.stack([f[name] for f in feedback]) for name in feedback[0]}
+        modules = [m.member_modules() for m in self.methods]
+        self.modules = {name: {n: torch.stack([dict(mods[name].named_parameters())[n].detach()
+                                               for mods in modules]).clone().requires_grad_(p.requires_grad)
+                               for n, p in module.named_parameters()}
+                        for name, module in modules[0].items()}
+        self.drawn: dict[str, torch.Tensor] = {}
+        self.log = StepLog()
         self.params, self.frozen = [], []
         for name, p in self.net.params.items():
             if name.startswith("blocks."):
@@ -62,14 +81,27 @@ class MemberStack:
                     idx = torch.tensor(frozen, device=device)
                     self.frozen.append((p, idx, p.detach()[idx].clone()))
             self.params.append(p)
+        self.params += [p for module in self.modules.values() for p in module.values() if p.requires_grad]
         lone = first.optimizers[0]
         self.opt = torch.optim.AdamW(self.params, lr=lone.param_groups[0]["lr"],
                                      weight_decay=lone.param_groups[0]["weight_decay"], **_FUSED)
         self._stack_optimizer_state()
 
+    def stacked(self) -> dict[str, torch.Tensor]:
+        """Every stacked tensor by its lone name: the model's parameters, then "module.param" of
+        the auxiliary nets."""
+        return {**self.net.params, **{f"{name}.{n}": p for name, module in self.modules.items()
+                                      for n, p in module.items()}}
+
+    def _lone(self, method: Method) -> dict[str, torch.Tensor]:
+        """`method`'s tensors that `stacked()` stacks, by the same names."""
+        return {**dict(method.model.named_parameters()),
+                **{f"{name}.{n}": p for name, module in method.member_modules().items()
+                   for n, p in module.named_parameters()}}
+
     def _lone_state(self, k: int, name: str) -> dict | None:
         """Member k's lone AdamW state of parameter `name` (None: not optimised there, or fresh)."""
-        p = dict(self.methods[k].model.named_parameters())[name]
+        p = self._lone(self.methods[k])[name]
         return next((opt.state[p] for opt in self.methods[k].optimizers if p in opt.state), None)
 
     @torch.no_grad()
@@ -77,7 +109,7 @@ class MemberStack:
         """Resumed members (one checkpoint epoch): their lone AdamW states stacked into the fused
         one; a member that does not optimise a stacked tensor (a frozen block) gets zero moments
         for its slices, which its mask never lets act."""
-        index = {id(p): name for name, p in self.net.params.items()}
+        index = {id(p): name for name, p in self.stacked().items()}
         for p in self.params:
             states = [self._lone_state(k, index[id(p)]) for k in range(len(self.methods))]
             have = next((s for s in states if s), None)
@@ -98,15 +130,22 @@ class MemberStack:
         for p in self.params:
             p.grad = None
 
+    def prepare_step(self) -> None:
+        """This step's per-member draws (eager: a compiled graph cannot hold a generator)."""
+        self.drawn = self.methods[0].member_prepare_step(self)
+
     @torch.no_grad()
     def apply_gradients(self) -> None:
-        """The fused AdamW step, then each frozen member slice back to its init value."""
+        """The fused AdamW step, the method's after-step work, then each frozen member slice back
+        to its init value."""
         self.opt.step()
+        self.methods[0].member_after_step(self)
         for p, idx, init in self.frozen:
             p.index_copy_(0, idx, init)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.clear_gradients()
+        self.prepare_step()
         loss = self.gradients(x, y)
         self.apply_gradients()
         return loss
@@ -117,27 +156,35 @@ class MemberStack:
         if not compile_options:
             return self.train_step
         return compiled_step(self.gradients, self.clear_gradients, self.apply_gradients,
-                             name=self.name, fallback=fallback, **compile_options)
+                             self.prepare_step, name=self.name, fallback=fallback, **compile_options)
 
     @torch.no_grad()
-    def retire(self, k: int, model: torch.nn.Module) -> None:
+    def retire(self, k: int, method: Method) -> None:
         """Member k's run has ended (diverged, stopped) while the others train on: its slices take
-        `model`'s weights (its folder's last checkpoint, finite) and are masked from now on like a
-        frozen block's, so nothing non-finite of it enters the stack's arithmetic again."""
+        the weights and auxiliary nets of `method` (its folder's last checkpoint, finite) and are
+        masked from now on like a frozen block's, so nothing non-finite of it enters the stack's
+        arithmetic again."""
         idx = torch.tensor([k], device=self.net.params["embed.weight"].device)
         optimised = {id(p) for p in self.params}
-        for name, p in model.named_parameters():
-            stacked = self.net.params[name]
-            stacked[k] = p.detach()
-            if id(stacked) in optimised:
-                self.frozen.append((stacked, idx, stacked.detach()[idx].clone()))
+        aux = {id(p) for module in self.modules.values() for p in module.values()}
+        stacked = self.stacked()
+        for name, p in self._lone(method).items():
+            stacked[name][k] = p.detach()
+            if id(stacked[name]) in optimised | aux:         # aux: e.g. cb's V̄, moved by its EMA
+                self.frozen.append((stacked[name], idx, stacked[name].detach()[idx].clone()))
 
     @torch.no_grad()
     def sync(self) -> None:
-        """Each member's weights and AdamW state (its slices) into its lone model and Method."""
+        """Each member's weights, auxiliary nets and AdamW state (its slices) into its lone model
+        and Method, then `member_sync`."""
+        every = self.stacked()
         for k, method in enumerate(self.methods):
             self.net.unstack_into(k, method.model)
-            stacked = {id(p): self.net.params[name] for name, p in method.model.named_parameters()}
+            lone = self._lone(method)
+            for name, module in self.modules.items():
+                for n, p in module.items():
+                    lone[f"{name}.{n}"].copy_(p[k])
+            stacked = {id(p): every[name] for name, p in lone.items()}
             for opt in method.optimizers:
                 for group in opt.param_groups:
                     for p in group["params"]:
@@ -145,6 +192,7 @@ class MemberStack:
                         if state:
                             opt.state[p] = {key: (v.clone() if key == "step" else v[k].clone())
                                             for key, v in state.items()}
+            method.member_sync(self, k)
 
     def end_epoch(self) -> None:
         """Each member's own LR schedule steps (`Method.end_epoch`, after `sync` gave its optimizer
