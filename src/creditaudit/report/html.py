@@ -27,7 +27,7 @@ td:first-child, th:first-child { text-align: left; font-weight: 600; }
 td.ok { background: #d7f0d9; color: #125c1b; text-align: left; }
 td.bad { background: #f8d4d4; color: #8a1010; text-align: left; }
 td.warn { background: #fbf0cf; color: #6b4a00; text-align: left; }
-td.wrap { white-space: normal; min-width: 160px; max-width: 420px; text-align: left; }
+td.wrap { white-space: normal; min-width: 130px; max-width: 320px; text-align: left; }
 td.left { text-align: left; }
 td.na { color: #999; background: #f4f4f4; }
 .summary { font-size: 17px; font-weight: 600; margin: 10px 0 4px; }
