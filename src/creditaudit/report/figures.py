@@ -38,8 +38,10 @@ def _method_names(audit: dict) -> list[str]:
 
 
 def _colors(audit: dict) -> dict[str, str]:
+    # 16 distinct colours: the zoo preset draws 14 methods in one panel
     palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-               "#7f7f7f", "#bcbd22", "#17becf"]
+               "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#006d2c", "#7a0177", "#b15928",
+               "#08306b", "#b8860b"]
     return {m: palette[i % len(palette)] for i, m in enumerate(_method_names(audit))}
 
 
