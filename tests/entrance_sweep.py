@@ -51,7 +51,9 @@ PKG = Path(creditaudit.__file__).resolve().parent
 TINY_MODEL = ["--width", "16", "--blocks", "2"]
 TINY = ["--dataset", "digits", *TINY_MODEL, "--quiet", "--threads", "1", "--device", "cpu", "--epochs", "1"]
 EXPECTS = ("refusal", "result", "never-trustworthy", "handled")
-TRUSTWORTHY = re.compile(r"(?<!not )(?<!never )\btrustworthy\b(?! means)")
+# a verdict, not the report's own words about verdicts ("0 are trustworthy", the definition line
+# "trustworthy: these numbers …" / "- **trustworthy**: …", "trustworthy means …")
+TRUSTWORTHY = re.compile(r"(?<!not )(?<!never )(?<!0 are )\btrustworthy\b(?! means)(?!\*{0,2}:)")
 
 
 @dataclass
@@ -526,6 +528,7 @@ def cases(w: World) -> list[Case]:
     C[-1].codes = {0, 1, 3}
 
     C += python_cases(w)
+    C += review_cases(w)
     return C
 
 
@@ -941,6 +944,246 @@ def lightning_cases(w: World, X, Y, net) -> list[Case]:
     return C
 
 
+# -- review round: the new rules, the member axis, the gate after the fact ----------------------
+def review_cases(w: World) -> list[Case]:
+    """Hostile inputs around today's additions: the zoo's options (variant, sigma, scale,
+    incremental, sim, mix), their controls, stacks of odd sets, and folders changed after an audit."""
+    from creditaudit.methods.dfa import DFAPenalty
+    from creditaudit.methods.drtp import DRTP
+    from creditaudit.methods.kolen_pollack import KolenPollack
+    from creditaudit.methods.local_losses import LocalLosses
+    from creditaudit.methods.node_perturbation import NodePerturbation
+    from creditaudit.methods.pepita import PEPITA
+    from creditaudit.methods.predictive_coding import PredictiveCoding
+    from creditaudit.methods.signsym import SignSymmetry
+    from creditaudit.methods import REFERENCE_METHOD
+    o, C = w.out, []
+    add = lambda name, expect, run, owner="": C.append(Case("rv " + name, expect, run, owner))
+    ss, kp, npt, pep, pc, ll, dr = (SignSymmetry.name, KolenPollack.name, NodePerturbation.name,
+                                    PEPITA.name, PredictiveCoding.name, LocalLosses.name, DRTP.name)
+    # options a user mistypes: one line and exit 2
+    for method, spec in ((ss, "variant=xyz"), (ss, "variant=1"), (ss, "variant=USF"), (ss, "variant="),
+                         (ss, "variant=true"), (ss, "variant=null"), (ss, "variant=[\"usf\"]"), (ss, "scale=1"),
+                         (npt, "sigma=0"), (npt, "sigma=-1"), (npt, "sigma=2"), (npt, "sigma=x"), (npt, "sigma=1e9"),
+                         (npt, "sigma=1e-7"), (pep, "scale=0"), (pep, "scale=11"), (pep, "scale=-0.1"),
+                         (pep, "scale=\"0.1\""), (pc, "incremental=2"), (pc, "incremental=0.5"),
+                         (pc, "incremental=true"), (pc, "incremental=-1"), (pc, "steps=0"), (pc, "alpha=0"),
+                         (pc, "alpha=2"), (pc, "beta=0"), (ll, "sim=-0.1"), (ll, "sim=1.5"), (ll, "sim=nan"),
+                         (dr, "mix=2"), (dr, "mix=-1"), (dr, "lam=1"), (kp, "variant=usf"), (kp, "lam=0")):
+        add(f"train {method} --option {spec}", "refusal",
+            cli("train", *TINY, "--method", method, "--option", spec, "--out", w.fresh("rv")))
+    add("train sign-symmetry a good variant, then a bad one (the last wins)", "refusal",
+        cli("train", *TINY, "--method", ss, "--option", "variant=frsf", "--option", "variant=nope",
+            "--out", w.fresh("rv")))
+    # the rules on every architecture and control: these must work
+    vit = ["--arch", "vit-mini", "--arch-option", "patch=4"]
+    for method, args in ((ss, ["--option", "variant=frsf"]), (ss, ["--option", "variant=brsf"]),
+                         (pc, ["--option", "incremental=1"]), (npt, vit), (pep, ["--arch", "resnet-small"]),
+                         (pc, ["--option", "incremental=1", "--arch", "resnet-small"]),
+                         (pc, ["--option", "incremental=1", *vit]), (ll, ["--option", "sim=0.01", *vit]),
+                         (kp, ["--frozen"]), (dr, ["--shallow"]), (npt, ["--trainable-blocks", "1"]),
+                         (kp, ["--weight-decay", "0"]), (npt, ["--batch-size", "1"]),
+                         (pep, ["--frozen", "--arch", "resnet-small"]), (ss, ["--option", "variant=frsf", "--frozen"])):
+        add(f"train ok {method} {' '.join(args)}", "result",
+            cli("train", *TINY, "--method", method, *args, "--out", w.fresh("rv")))
+    # a zoo run and controls of other rules or options: never this run's (d) yardstick
+    def trained(method, *args):
+        d = w.fresh(f"rv-{method}")
+        _must(cli("train", *TINY, "--method", method, *args, "--out", d)(), (method, *args))
+        return d
+    ss_frsf, ss_usf_frozen = trained(ss, "--option", "variant=frsf"), trained(ss, "--frozen")
+    kp_run, bp_frozen = trained(kp), o / "frozen"
+    ipc_run, pc_frozen = trained(pc, "--option", "incremental=1"), trained(pc, "--frozen")
+    dr_run, kp_frozen = trained(dr), trained(kp, "--frozen")
+    pen_run, pen_frozen = (trained(DFAPenalty.name, "--option", "lam=0.1"),
+                           trained(DFAPenalty.name, "--option", "lam=0.5", "--frozen"))
+    for run, ctl, label in ((ss_frsf, ss_usf_frozen, "frsf run, usf control"),
+                            (kp_run, bp_frozen, "kolen-pollack run, bp control"),
+                            (ipc_run, pc_frozen, "iPC run, plain pc control"),
+                            (dr_run, kp_frozen, "drtp run, kolen-pollack control")):
+        add(f"diagnose {label}", "refusal",
+            cli("diagnose", copy_run(w, run), "--frozen-control", ctl, "--threads", "1"))
+    add("diagnose dfa-penalty λ 0.1 with a λ 0.5 frozen control (λ acts on trained blocks only)", "result",
+        cli("diagnose", copy_run(w, pen_run), "--frozen-control", pen_frozen, "--threads", "1"))
+    C[-1].codes = {0, 1, 3}
+    add("diagnose a node-perturbation run without its control", "never-trustworthy",
+        cli("diagnose", trained(npt), "--threads", "1"))
+    add("diagnose an iPC run --rho", "never-trustworthy", cli("diagnose", copy_run(w, ipc_run), "--rho", "--threads", "1"))
+    for run in (trained(ss), trained(pc), ss_frsf, kp_run):
+        add(f"calibrate a {json.loads((run / 'config.json').read_text())['method']} run", "handled",
+            cli("calibrate", copy_run(w, run), "--threads", "1", "--null-draws", "2"))
+    add("penalty-sweep --method sign-symmetry (no sweep)", "refusal",
+        cli("penalty-sweep", "--config", o / "audit.toml", "--method", ss, "--quiet", "--out", w.fresh("pen")))
+    # TOML options of the zoo
+    head = ('dataset = "digits"\nseeds = [1]\nepochs = 1\njobs = 1\n[model]\nwidth = 16\nblocks = 2\n')
+    tomls = {
+        "variant int": (ss, f'[options.{ss}]\nvariant = 1\n'),
+        "variant nope": (ss, f'[options.{ss}]\nvariant = "nope"\n'),
+        "variant list": (ss, f'[options.{ss}]\nvariant = ["usf"]\n'),
+        "variant table": (ss, f'[options.{ss}.variant]\na = 1\n'),
+        "sigma str": (npt, f'[options.{npt}]\nsigma = "0.01"\n'),
+        "sigma inf": (npt, f'[options.{npt}]\nsigma = inf\n'),
+        "incremental bool": (pc, f'[options.{pc}]\nincremental = true\n'),
+        "incremental float": (pc, f'[options.{pc}]\nincremental = 1.0\n'),
+        "scale 1e400": (pep, f'[options.{pep}]\nscale = 1e400\n'),
+        "scale nan": (pep, f'[options.{pep}]\nscale = nan\n'),
+        "sim str": (ll, f'[options.{ll}]\nsim = "predsim"\n'),
+        "stack int": (ss, 'stack = 1\n'),
+        "methods twice": (ss, None),
+    }
+    for name, (method, extra) in tomls.items():
+        p = o / "toml" / f"rv-{name.replace(' ', '-')}.toml"
+        p.parent.mkdir(exist_ok=True)
+        methods = json.dumps([method, method] if extra is None else [method])
+        top, _, rest = head.partition("[model]")
+        stack = extra if extra and extra.startswith("stack") else ""
+        table = "" if extra is None or stack else extra
+        p.write_text(f"methods = {methods}\n{top}{stack}[model]{rest}{table}")
+        add(f"audit --config {name}", "refusal", cli("audit", "--config", p, "--out", w.fresh("rv-audit"), "--quiet"))
+    # the member axis: stacks of odd sets, a user rule among them, all members diverging
+    base = ["--config", o / "audit.toml", "--quiet", "--device", "cpu"]
+    add("audit --stack bp and pc (one on the axis, one not)", "result",
+        cli("audit", *base, "--stack", "--methods", REFERENCE_METHOD, pc, "--out", w.fresh("rv-audit")))
+    C[-1].codes = {0, 1, 3}
+    d = w.fresh("rv-audit")
+    add("audit --stack a user rule (off the axis) that breaks its credit", "never-trustworthy",
+        cli("audit", *base, "--stack", "--methods", "sweep_user:NanCredit", "--out", d, check=d))
+    add("audit --stack one seed", "result", cli("audit", *base, "--stack", "--seeds", "5", "--out", w.fresh("rv-audit")))
+    C[-1].codes = {0, 1, 3}
+    div = o / "toml" / "rv-diverge.toml"
+    div.write_text('dataset = "digits"\nmethods = ["%s"]\nseeds = [1, 2]\nepochs = 2\njobs = 1\n'
+                   '[model]\nwidth = 16\nblocks = 2\n[training]\nlr = 1e6\nclip = 1e9\n' % REFERENCE_METHOD)
+    d = w.fresh("rv-div")
+    add("audit --stack whose members diverge", "never-trustworthy",
+        cli("audit", "--config", div, "--stack", "--quiet", "--device", "cpu", "--out", d, check=d))
+    d = w.fresh("rv-killed")
+    add("audit --stack killed mid-way, then resumed", "result", killed_then_resumed(d))
+    C[-1].codes = {0, 1, 3}
+    add("check the resumed stacked audit", "result", cli("check", d))
+    C[-1].codes = {0, 1, 3}
+    p = o / "toml" / "rv-options-not-audited.toml"
+    p.write_text(f'methods = ["{ss}"]\n{head}[options.{pc}]\nincremental = 1\n')
+    add("audit --config with options of a rule it does not audit (a shared config)", "result",
+        cli("audit", "--config", p, "--out", w.fresh("rv-audit"), "--quiet"))
+    C[-1].codes = {0, 1, 3}
+    # the gate after the fact: an audit's run folders changed once it was written, then the audit
+    # run again into that folder (it reuses what it finds): a changed control or run is never
+    # taken as evidence; one removed is trained again (then a verdict is earned)
+    expect = {"nothing changed": "result", "frozen control folder was removed": "result",
+              "run holds another seed's diagnosis": "result"}
+    for name, edit in audit_edits(w).items():
+        add(f"audit again into an audit whose {name}", expect.get(name, "never-trustworthy"), edit("audit"))
+        if name in expect:
+            C[-1].codes = {0, 1, 3}
+    # a diagnosis made on an unfinished run, put back after the run was resumed to its end
+    add("check a resumed run holding its unfinished diagnosis", "never-trustworthy", stale_diagnosis(w))
+    return C
+
+
+def killed_then_resumed(d: Path) -> Callable[[], Outcome]:
+    """`audit --stack` in a subprocess, killed (SIGKILL) once a run has a checkpoint, then the same
+    command again in this process: it must resume and finish."""
+    toml = d.parent.parent / "toml" / "rv-kill.toml"
+    toml.write_text('dataset = "digits"\nmethods = ["%s"]\nseeds = [1, 2, 3]\nepochs = 30\njobs = 1\n'
+                    '[model]\nwidth = 16\nblocks = 2\n' % creditaudit.methods.REFERENCE_METHOD)
+    args = ["audit", "--config", toml, "--stack", "--quiet", "--device", "cpu", "--out", d]
+
+    def run() -> Outcome:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "creditaudit", *map(str, args)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        t0 = time.time()
+        while time.time() - t0 < 120 and proc.poll() is None:
+            if any(d.glob("runs/*/checkpoint-e0002.safetensors")):
+                break
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        return cli(*args, check=d)()
+    return run
+
+
+def audit_edits(w: World) -> dict[str, Callable[[str], Callable[[], Outcome]]]:
+    """Copies of a finished audit with one of its run folders changed afterwards."""
+    o = w.out
+    src = o / "trust"
+    if not src.exists():
+        # synthetic data, 6 epochs, width 32: bp's (d) clears on 3 seeds, so the audit as written
+        # is trustworthy and `check` exits 0 on it: an edit must take that away
+        (o / "trust.toml").write_text('dataset = "synthetic"\nmethods = ["%s"]\nseeds = [1, 2, 3]\nepochs = 6\n'
+                                      'jobs = 1\n[model]\nwidth = 32\nblocks = 2\n'
+                                      % creditaudit.methods.REFERENCE_METHOD)
+        _must(cli("audit", "--config", o / "trust.toml", "--out", src, "--quiet", "--device", "cpu")(), ("audit",))
+
+    def runs_of(d: Path, control: str) -> list[Path]:
+        return sorted(p for p in (d / "runs").iterdir() if f"-{control}-" in p.name)
+
+    def swap_controls(d):       # seed 1's frozen folder now holds seed 2's control
+        a, b = runs_of(d, "frozen")[:2]
+        shutil.rmtree(a)
+        shutil.copytree(b, a)
+
+    def control_is_run(d):      # the frozen control's weights replaced by the run's
+        ctl, run = runs_of(d, "frozen")[0], runs_of(d, "none")[0]
+        for t in ctl.glob("*.safetensors"):
+            t.unlink()
+        for t in run.glob("*.safetensors"):
+            shutil.copy(t, ctl / t.name)
+
+    def control_removed(d):
+        shutil.rmtree(runs_of(d, "frozen")[0])
+
+    def diagnosis_swapped(d):
+        a, b = runs_of(d, "none")[:2]
+        shutil.copy(b / "diagnosis.json", a / "diagnosis.json")
+
+    def metrics_truncated(d):
+        m = runs_of(d, "none")[0] / "metrics.jsonl"
+        m.write_text(m.read_text().splitlines()[0] + "\n")
+
+    edits = {"nothing changed": lambda d: None,
+             "frozen control was swapped for another seed's": swap_controls,
+             "frozen control holds the run's weights": control_is_run,
+             "frozen control folder was removed": control_removed,
+             "run holds another seed's diagnosis": diagnosis_swapped,
+             "run's metrics log was cut": metrics_truncated}
+
+    def make(edit):
+        def per_command(cmd):
+            def run():
+                d = w.fresh("rv-edited")
+                shutil.copytree(src, d)
+                edit(d)
+                if cmd == "audit":
+                    return cli("audit", "--config", o / "trust.toml", "--out", d, "--quiet",
+                               "--device", "cpu", check=d)()
+                return cli(cmd, d)()
+            return run
+        return per_command
+    return {name: make(edit) for name, edit in edits.items()}
+
+
+def stale_diagnosis(w: World) -> Callable[[], Outcome]:
+    def run() -> Outcome:
+        d = w.fresh("rv-stale")
+        argv = ["train", *TINY, "--epochs", "200", "--out", d]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "creditaudit", *map(str, argv)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        t0 = time.time()
+        while time.time() - t0 < 120 and proc.poll() is None and not any(d.glob("checkpoint-e0002*")):
+            time.sleep(0.02)
+        proc.kill()
+        proc.wait()
+        cli("diagnose", d, "--threads", "1")()           # the unfinished run's diagnosis (no control)
+        stale = (d / "diagnosis.json").read_bytes() if (d / "diagnosis.json").exists() else None
+        cli(*argv)()                                      # resumed to its end
+        if stale is not None:
+            (d / "diagnosis.json").write_bytes(stale)     # the user restores "their" diagnosis
+        return cli("check", d)()
+    return run
+
+
 # -- main ----------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -984,3 +1227,4 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

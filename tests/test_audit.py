@@ -117,6 +117,17 @@ def test_accuracy_only_accepts_what_the_protocol_walks_back_and_totals_count_wal
     assert "| 1 of 6 " in audit_table(result) and "| 2 of 6 " in audit_table(result)
 
 
+def test_a_shallow_control_is_not_listed_as_a_run_that_failed(tiny_audit):
+    """A shallow control has no residual block, so no depth to diagnose: the audit reads only its
+    accuracy, and the report does not list it among "Runs that did not finish normally"."""
+    out, result = tiny_audit
+    shallow = [r for r in result["runs"] if r["control"] == "shallow"]
+    assert shallow and all(r["status"] == "finished" for r in shallow)
+    assert not any("diagnosis failed" in str(r.get("message") or "") for r in result["runs"])
+    from creditaudit.report import audit_table
+    assert "did not finish normally" not in audit_table(result)
+
+
 def test_rerunning_trains_nothing_and_a_new_seed_trains_only_its_runs(tiny_audit):
     out, _ = tiny_audit
     again = audit(audit_config_from_dict({**TINY, "out": str(out)}), progress=False)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from creditaudit import store
-from creditaudit.methods import METHODS
+from creditaudit.methods import METHODS, MethodSettings
 from creditaudit.methods.bp import BP
 from creditaudit.methods.members import MemberStack
 from creditaudit.model import ARCH_CLASSES
@@ -262,3 +262,33 @@ def test_a_killed_stack_resumes_each_member_as_its_lone_run(tmp_path, f64, metho
     assert [t.stack_size for t in trained] == [2, 2, 1]
     for tag, t in zip(tags, trained):
         assert worst_difference(_fp(t.run), REFERENCE[f"{method}/{tag}"]) < RTOL, tag
+
+
+def test_a_subclass_that_changes_a_helper_of_the_lone_step_trains_lone(tmp_path):
+    """A user's rule below a member-axis method that overrides anything its lone step calls (dfa's
+    `local_gradients`, fa's `forward`, an `__init__` with another optimizer) is not the rule the
+    member step computes: it trains through its own step. Here a dfa whose blocks get zero credit
+    (weight decay 0): its blocks must stay at init, which the member step (plain dfa) breaks."""
+    resmlp = ARCH_CLASSES["resmlp"]
+    DFA = METHODS["dfa"]
+
+    class NoBlockCredit(DFA):
+        name = "no-block-credit"
+
+        def local_gradients(self, y, fwd, credit, lam=0.0):
+            return super().local_gradients(y, fwd, [torch.zeros_like(c) for c in credit], lam=lam)
+
+    class Renamed(DFA):             # data only, as dfa-penalty: the member step is still its step
+        name = "renamed-dfa"
+
+    assert not NoBlockCredit.on_member_axis(resmlp) and Renamed.on_member_axis(resmlp)
+    assert METHODS["dfa-penalty"].on_member_axis(resmlp)
+    model = resmlp(8, 8, 2, 3)
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    method = NoBlockCredit(model, MethodSettings(epochs=1, weight_decay=0.0, trainable_blocks=(0, 1)))
+    with pytest.raises(ValueError, match="member axis"):       # the trainer's stack refuses it
+        MemberStack([method])
+    x, y = torch.randn(2, 16, 8), torch.arange(32).view(2, 16) % 3
+    for k in range(2):
+        method.train_step(x[k], y[k])
+    assert all(torch.equal(p, init[n]) for n, p in model.named_parameters() if n.startswith("blocks"))

@@ -250,6 +250,21 @@ def test_ipc_updates_the_weights_at_every_inference_step():
         torch.testing.assert_close(p, q, **TOL, msg=n)
 
 
+def test_ipc_credit_is_that_of_the_inference_ipc_trains_with():
+    """iPC takes fixed steps of length α (train_step); its audited credit must come from those
+    steps, not from plain pc's trial steps, which here reject steps iPC takes (α = 1) and would
+    report a credit iPC never uses."""
+    beta, alpha, steps = 0.5, 1.0, 5
+    model, ipc = setup("pc", {"beta": beta, "alpha": alpha, "steps": steps, "incremental": 1})
+    _, plain = setup("pc", {"beta": beta, "alpha": alpha, "steps": steps})
+    x, y = data()
+    with torch.no_grad():
+        a, _ = pc_by_hand(model, x, y, beta, alpha, steps)
+    for got, w in zip(ipc.credit(x, y), a):
+        torch.testing.assert_close(got, w, **TOL)
+    assert max(float((p - w).abs().max()) for p, w in zip(plain.credit(x, y), a)) > 1.0
+
+
 def test_pc_credit_tends_to_the_bp_gradient_at_weak_nudge():
     """Whittington & Bogacz: at equilibrium and small β, the prediction errors are BP's gradients."""
     torch.manual_seed(3)

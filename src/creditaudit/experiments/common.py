@@ -353,7 +353,9 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
 
     diag_jobs, diag_index = [], []
     for i, o in enumerate(outcomes):
-        if o.status not in DONE:
+        # a run with no residual block (the shallow control) has no depth to diagnose
+        # (`evidence.check_depth`): its accuracy is all the audit reads of it
+        if o.status not in DONE or not o.config.blocks:
             continue
         frozen = frozen_of(o.config) if frozen_of else None
         control = by_key.get(frozen.run_key) if frozen else None

@@ -221,8 +221,20 @@ class Method(ABC):
         a subclass or a patch that changes any part of the lone step trains through it, as a stack
         of one."""
         written_for = getattr(cls, "_member_step_of", None)
-        return (written_for is not None and issubclass(arch, cls.member_archs)
-                and written_for == cls._lone_step())
+        if not (written_for is not None and issubclass(arch, cls.member_archs)
+                and written_for == cls._lone_step()):
+            return False
+        # a subclass below the class that wrote `member_gradients` may only set data (a name,
+        # option defaults: dfa-penalty): any method it defines (`__init__`, `local_gradients`,
+        # fa's `forward`, `add_optimizer`, …) may be one the lone step calls and the member step
+        # never does, so such a subclass trains through its own lone step
+        for klass in cls.__mro__:
+            if "member_gradients" in vars(klass):
+                return True
+            if any(callable(v) and not isinstance(v, type) or isinstance(v, (classmethod, staticmethod, property))
+                   for v in vars(klass).values()):
+                return False
+        return False
 
     def member_feedback(self) -> dict[str, torch.Tensor]:
         """This run's fixed tensors the member step reads (e.g. its feedback matrices), by name;

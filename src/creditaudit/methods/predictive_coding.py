@@ -52,7 +52,9 @@ Where it differs from `ep`:
     evaluation as the states (∂F/∂θ and ∂F/∂h at once, then one optimizer step and one state step),
     `steps` optimizer steps per batch, with h_0 = embed(x) recomputed under the current weights;
     there is no separate "after convergence" update. The batch's first step is at the feed-forward
-    states, where every ε = 0: it updates the head only (and applies weight decay).
+    states, where every ε = 0: it updates the head only (and applies weight decay). iPC's credit
+    (`credit`) is taken after the same `steps` fixed-length steps at the current weights, not after
+    plain pc's trial steps, which may reject steps iPC takes.
 
 Convergence (`epoch_log`): pc_residual = ‖∂F/∂h(h_T)‖ / ‖∂F/∂h(h^free)‖ (norms over the batch and h_1 … h_L;
 1 = nothing relaxed, 0 = equilibrium) at the states the update uses, averaged over the epoch's steps
@@ -157,6 +159,14 @@ class PredictiveCoding(Method):
             length = torch.where(ok, length, length / 2)
         return states, logits, scale
 
+    def _fixed_steps(self, h0: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        """iPC's state dynamics at the current weights: `steps` steps of the fixed length α from the
+        feed-forward pass (no trial, as `train_step` takes them), h_1 … h_L after them."""
+        states, _ = self._free(h0)
+        for _ in range(self.steps):
+            states = self._state_step(states, self.evaluate(h0, states, y, [])[2][1:], self.alpha)
+        return states
+
     # -- the update and the credit ------------------------------------------------------------------
     def _set_gradients(self, h0, states, y):
         """The weight gradients of F/β at `states` (module docstring); returns the state gradients."""
@@ -204,11 +214,13 @@ class PredictiveCoding(Method):
         return not self.incremental
 
     def credit(self, x, y):
-        """[a_0 … a_L] at the states after inference (module docstring), detached."""
+        """[a_0 … a_L] at the states after inference (module docstring), detached: plain pc's
+        trial steps (`infer`), or for iPC the fixed steps its training takes (`_fixed_steps`; its
+        weights held where they are, so the credit is that of the inference iPC runs, not plain pc's)."""
         h0 = self.model.embed_input(x).detach()
         if not self.model.n_blocks:
             return [ce_gradient(self.model.readout, h0, y)[1]]
-        states, _, _ = self.infer(h0, y)
+        states = self._fixed_steps(h0, y) if self.incremental else self.infer(h0, y)[0]
         errors, _, grads = self.evaluate(h0, states, y, [])
         return [grads[0].detach()] + [-eps / self.beta for eps in errors]
 
