@@ -383,6 +383,12 @@ def test_every_zoo_rule_trains_through_the_audit_command(tmp_path, capsys):
     assert (rows[SIGN]["null_deep_mean"] is None) and rows[KP]["null_deep_mean"] is not None   # uSF: no null
     assert rows[NP]["null_deep_mean"] is None and rows[DRTP]["null_deep_mean"] is not None
     assert (tmp_path / "a" / "rules.md").read_text() == rules_table(result)
+    # the report says what Γ's null means where the generic reading does not (issue 24: a learned B)
+    audit_md = (tmp_path / "a" / "audit.md").read_text()
+    assert "learning the feedback bought" in rows[KP]["null_note"]
+    for name in (KP, SIGN, NP):
+        assert rows[name]["null_note"] and f"Γ null, {name}: {rows[name]['null_note']}" in audit_md
+    assert not rows[DRTP]["null_note"]        # random feedback, redrawn: the generic reading holds
 
 
 # -- presets, --help, the rules table ---------------------------------------------------------------------

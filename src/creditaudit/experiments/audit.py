@@ -13,6 +13,7 @@ from .. import __version__, store
 from ..config import AuditConfig, RunConfig
 from ..errors import CreditAuditError
 from ..store import json_number as _num
+from ..methods import method_class
 from ..runs import canonical_control
 from ..verdict import (SeedEvidence, SeedNoise, Thresholds, flag_table, interval, method_verdict,
                        seed_noise, threshold_sensitivity, verdict_of)
@@ -87,6 +88,7 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
             "verdict": r.get("verdict", o.status), "verdicts": r.get("verdicts")}
     return {
         "method": method, "lam": main[0].config.lam if main else 0.0,
+        "null_note": method_class(method).null_note,
         "n_seeds": len(main), "n_diagnosed": len(diagnosed),
         "statuses": {o.config.seed: o.status for o in main},
         "failed": [{"label": o.config.label, "status": o.status, "message": o.message}

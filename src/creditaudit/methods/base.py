@@ -74,6 +74,9 @@ class Method(ABC):
 
     name: ClassVar[str] = ""
     random_feedback: ClassVar[bool] = False
+    # what Γ's null means for this rule, or why it has none, when the generic reading ("the same Γ
+    # under fresh random feedback draws") does not say it; the audit's report prints it beside Γ
+    null_note: ClassVar[str] = ""
     # one of the seven methods the paper audits; the quick and paper presets train these, the zoo
     # preset every built-in
     paper: ClassVar[bool] = False

@@ -39,6 +39,8 @@ class KolenPollack(FA):
     paper = False                       # fa's subclass, not one of the paper's seven
     summary = "Kolen–Pollack (Akrout et al. 2019): fa's routing, B learns W's update and decay, B → W"
     random_feedback = True              # the null: B from its initial distribution (module docstring)
+    null_note = ("B is learned, so the null draws B from its initial distribution: Γ − null is what "
+                 "learning the feedback bought over a feedback that had stayed random")
 
     def __init__(self, model, settings):
         super().__init__(model, settings)             # B ~ fa's draw; AdamW over embed, W, head

@@ -68,6 +68,8 @@ def similarity_loss(z: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.T
 
 class LocalLosses(LocalMethod):
     name = "local-loss"
+    null_note = ("nothing random in its credit, no null; Γ compares the auxiliary classifiers' "
+                 "gradients with the end-to-end one")
     option_defaults = {"sim": 0.0}
     option_ranges = {"sim": (0.0, 1.0)}
     option_help = {"sim": "weight of predsim's similarity-matching term: 0 = plain local CE "

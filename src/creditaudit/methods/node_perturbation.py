@@ -48,6 +48,8 @@ class NodePerturbation(LocalMethod):
 
     name = "node-perturbation"
     summary = "node perturbation (Williams 1992): a_l = ΔL·ξ_l/σ² from a second forward with noise ξ"
+    null_note = ("no feedback matrices, no null; Γ is the cosine of one noise draw's estimate per "
+                 "sample, not of its expectation, so even an unbiased estimate scores far below 1")
     option_defaults = {"sigma": 1e-2}
     option_ranges = {"sigma": (1e-6, 1.0)}
     option_help = {"sigma": "std σ of the Gaussian noise ξ_l added at every residual position h_l"}

@@ -84,6 +84,9 @@ from .base import Method
 
 class PredictiveCoding(Method):
     name = "pc"
+    null_note = ("nothing random in its credit, no null; Γ compares the prediction errors after a "
+                 "finite inference with the true gradient, which they equal only as β → 0 at "
+                 "convergence")
     option_defaults = {"beta": 1.0, "steps": 10, "alpha": 0.5, "incremental": 0}
     option_ranges = {"beta": (1e-12, math.inf), "steps": (1, math.inf), "alpha": (1e-6, 1.0),
                      "incremental": (0, 1)}

@@ -55,6 +55,9 @@ class SignSymmetry(FA):
     paper = False                       # fa's subclass, not one of the paper's seven
     summary = "sign-symmetry (Liao et al. 2016): fa's routing with B = M ∘ sign(W), variant usf/brsf/frsf"
     random_feedback = True              # per instance: frSF only (see the module docstring)
+    null_note = ("a null only for frSF (fresh random magnitudes, the current signs); uSF has nothing "
+                 "random, and brSF redraws its magnitudes every step, so a fresh draw is the "
+                 "distribution already in use")
     option_defaults = {"variant": "usf"}
     option_choices = {"variant": VARIANTS}
     option_help = {"variant": "usf: B = s·sign(W); brsf: |R|∘sign(W), R redrawn each step; "

@@ -242,8 +242,10 @@ def _legend(audit: dict) -> list[str]:
         "Γ null: the same Γ under fresh random feedback draws (mean ± std), z = (Γ − null)/std; "
         "* = Γ uninterpretable because (b) or (b′) fired: the BP reference it is a cosine against "
         "carries no usable loss signal, so no z is given (\"z n/a\") — however far Γ sits from its "
-        "null, it is no evidence of alignment. ρ BP / rand: the controls a = BP gradient and a = "
-        "random vector.",
+        "null, it is no evidence of alignment; — = no null (the rule has no random feedback to "
+        "redraw). ρ BP / rand: the controls a = BP gradient and a = random vector.",
+        *[f"Γ null, {_method_name(r)}: {r['null_note']}." for r in audit.get("methods") or []
+          if r.get("null_note")],
         "first fire: the epoch at which the training-time monitor first saw each flag, one entry per "
         "seed (— = never). A flag other than (d) fires for a method when it fires on any of its seeds.",
         "Per seed, this run alone: the verdict one seed gets with its own control, (d) UNDERCUT when "
