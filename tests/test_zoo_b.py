@@ -160,10 +160,9 @@ def test_local_loss_update_is_the_aux_classifiers_gradient(sim):
 
 
 # -- pepita ----------------------------------------------------------------------------------------
-def test_pepita_update_is_the_state_difference_times_the_modulated_input():
-    scale = 0.2
-    model, method = setup("pepita", {"scale": scale})
-    x, y = data()
+def pepita_passes(model, method, x, y, scale):
+    """Both passes of PEPITA written out: e from the clean forward, the modulated forward from
+    h_0 + F·e (F = scale·B), and every block's units u = gelu(W1 LN(h) + b1) in both."""
     with torch.no_grad():
         h0 = x @ model.embed.weight.T + model.embed.bias
         clean = forward(model, h0)
@@ -171,22 +170,73 @@ def test_pepita_update_is_the_state_difference_times_the_modulated_input():
         logits = (z * model.out_ln.weight + model.out_ln.bias) @ model.out_head.weight.T + model.out_head.bias
         e = logits.softmax(-1) - F.one_hot(y, C).double()
         mod = forward(model, h0 + scale * e @ method.feedback.T)                # h_0 + F·e, F = scale·B
-        a = [(c - m) / scale for c, m in zip(clean, mod)]
+    return clean, mod, e
+
+
+def test_pepita_trains_every_block_layer_by_the_papers_rule():
+    """Dellaferrera & Kreiman's ΔW_l = mean_i (h_l − h_l^mod)_i ⊗ (h_{l−1}^mod)_i, layer by layer:
+    W1's layer activity is its units u = gelu(W1 LN(h) + b1), its input LN(h^mod); W2's activity is
+    the stream h_{l+1}, its input u^mod. All divided by scale. No backward pass inside the block."""
+    scale = 0.2
+    model, method = setup("pepita", {"scale": scale})
+    x, y = data()
+    clean, mod, e = pepita_passes(model, method, x, y, scale)
+    a = [(c - m) / scale for c, m in zip(clean, mod)]
     torch.testing.assert_close(a[0], -e @ method.feedback.T, **TOL)             # a_0 = −B·e
     method.clear_gradients()
     method.gradients(x, y)
-    want = expected(model, x, y, a, mod[:-1], clean[-1])                        # presynaptic: modulated
-    # PEPITA's rule read off directly for W2:
-    # ΔW2 = mean_i (h_{l+1} − h_{l+1}^mod)_i ⊗ gelu(W1 LN(h_l^mod))_i / scale
+    want = {"embed.weight": a[0].T @ x / N, "embed.bias": a[0].mean(0)}
+    want.update(readout_back(model, clean[-1], y)[0])                           # the head: true CE
     for l, block in enumerate(model.blocks):
-        s = block_parts(block, mod[l])[3]
-        delta = (clean[l + 1] - mod[l + 1]) / scale
-        torch.testing.assert_close(want[f"blocks.{l}.w2.weight"], delta.T @ s / N, **TOL)
-    assert_grads(model, want)
-    for got, w in zip(method.credit(x, y), a):
-        torch.testing.assert_close(got, w, **TOL)
+        with torch.no_grad():
+            z_mod = ln(mod[l])[0] * block.ln.weight + block.ln.bias             # W1's modulated input
+            u_mod = F.gelu(z_mod @ block.w1.weight.T + block.w1.bias)            # W1's modulated units
+            z = ln(clean[l])[0] * block.ln.weight + block.ln.bias
+            u = F.gelu(z @ block.w1.weight.T + block.w1.bias)
+        du = (u - u_mod) / scale
+        dh = (clean[l + 1] - mod[l + 1]) / scale
+        want.update({f"blocks.{l}.w1.weight": du.T @ z_mod / N, f"blocks.{l}.w1.bias": du.sum(0) / N,
+                     f"blocks.{l}.w2.weight": dh.T @ u_mod / N, f"blocks.{l}.w2.bias": dh.sum(0) / N})
+    got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert set(got) == set(want)                                                # the LayerNorm: no update
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], **TOL, msg=n)
+    for got_a, w in zip(method.credit(x, y), a):
+        torch.testing.assert_close(got_a, w, **TOL)
     fresh = method.fresh_feedback_credit(x, y, torch.Generator().manual_seed(9))
     assert not torch.allclose(fresh[0], a[0])                                   # the null redraws B
+
+
+def test_pepita_backprop_rule_is_the_local_loss_through_the_block():
+    """rule = "backprop" (not PEPITA): W1 and the LayerNorm by backprop of a_{l+1} through W2."""
+    scale = 0.2
+    model, method = setup("pepita", {"scale": scale, "rule": "backprop"})
+    x, y = data()
+    clean, mod, _ = pepita_passes(model, method, x, y, scale)
+    a = [(c - m) / scale for c, m in zip(clean, mod)]
+    method.clear_gradients()
+    method.gradients(x, y)
+    assert_grads(model, expected(model, x, y, a, mod[:-1], clean[-1]))         # presynaptic: modulated
+
+
+def test_pepita_feedback_has_the_published_scale():
+    """F = 0.05 · U(±√(6/D)) as in the reference code: B's entries lie within ±√(6/D) and fill it."""
+    torch.manual_seed(0)
+    model = ResidualMLP(D_IN, 256, 2, 10)
+    method = method_class("pepita")(model, MethodSettings(epochs=1, trainable_blocks=(0, 1)))
+    bound = math.sqrt(6 / 256)
+    assert method.scale == 0.05
+    assert method.feedback.abs().max() <= bound and method.feedback.abs().max() > 0.99 * bound
+    assert abs(method.feedback.std().item() - bound / math.sqrt(3)) < 0.05 * bound
+
+
+def test_pepita_rule_refuses_blocks_it_is_not_written_for():
+    from creditaudit.errors import CreditAuditError
+    from creditaudit.model import build_model
+    model = build_model("vit-mini", input_shape=(3, 8, 8), n_classes=C, width=16, blocks=1)
+    with pytest.raises(CreditAuditError, match='rule = "backprop"'):
+        method_class("pepita")(model, MethodSettings(epochs=1, trainable_blocks=(0,)))
+    method_class("pepita")(model, MethodSettings(epochs=1, trainable_blocks=(0,), options={"rule": "backprop"}))
 
 
 # -- pc / iPC --------------------------------------------------------------------------------------
