@@ -120,17 +120,24 @@ def assert_grads(model, want):
 
 
 def sim_loss_by_loops(z, y):
-    """L_sim = mean_{i,j} (cos(z_i, z_j) − [y_i = y_j])², pair by pair."""
+    """Nøkland & Eidnes' L_sim = mean_{i,j} (S(z)_{ij} − S(Y)_{ij})², pair by pair: S the cosine of
+    each sample centred over its own features (their ε = 1e-8 on the norms); for the one-hot targets
+    Y that is 1 within a class and (0 − 2/C + 1/C)/(1 − 1/C) = −1/(C − 1) across classes."""
+    def cos(a, b):
+        a, b = a - a.mean(), b - b.mean()
+        return (a * b).sum() / (((a * a).sum().sqrt() + 1e-8) * ((b * b).sum().sqrt() + 1e-8))
+    onehot = F.one_hot(y, C).double()
     total = 0.0
     for i in range(len(y)):
         for j in range(len(y)):
-            c = (z[i] * z[j]).sum() / ((z[i] * z[i]).sum().sqrt() * (z[j] * z[j]).sum().sqrt())
-            total = total + (c - float(y[i] == y[j])) ** 2
+            target = cos(onehot[i], onehot[j])
+            assert abs(float(target) - (1.0 if y[i] == y[j] else -1.0 / (C - 1))) < 1e-7
+            total = total + (cos(z[i], z[j]) - target) ** 2
     return total / len(y) ** 2
 
 
 # -- local-loss ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("sim", [0.0, 0.3])
+@pytest.mark.parametrize("sim", [0.0, 0.3, 0.99])
 def test_local_loss_update_is_the_aux_classifiers_gradient(sim):
     model, method = setup("local-loss", {"sim": sim})
     x, y = data()
@@ -157,6 +164,29 @@ def test_local_loss_update_is_the_aux_classifiers_gradient(sim):
         torch.testing.assert_close(p.grad, aux_want[n], **TOL, msg=n)
     for got, want in zip(method.credit(x, y), a):
         torch.testing.assert_close(got, want, **TOL)
+
+
+def test_predsim_loss_is_nokland_and_eidnes_formula():
+    """predsim (β = 0.99, as published): ℓ = 0.01 · CE(A z + c, y) + 0.99 · mse(S(z), S(onehot(y))),
+    S the adjusted cosine similarity matrix, each row centred before normalising (their
+    `similarity_matrix`); computed here with numpy-style sums, independently of the method."""
+    model, method = setup("local-loss", {"sim": 0.99})
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(N, WIDTH, generator=g, dtype=torch.float64) * 3 + 1
+    y = torch.tensor([0, 1, 1, 2, 0, 0])
+    z = (h - h.mean(-1, keepdim=True)) / (h.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()
+    head = method.aux[0]
+    p = (z @ head.weight.T + head.bias).detach()
+    ce = -(p.log_softmax(-1)[torch.arange(N), y]).mean()
+    yc = F.one_hot(y, C).double() - 1.0 / C
+    yn = yc / (yc.norm(dim=1, keepdim=True) + 1e-8)
+    zc = z - z.mean(1, keepdim=True)
+    zn = zc / (zc.norm(dim=1, keepdim=True) + 1e-8)                             # their ε
+    sim = ((zn @ zn.T - yn @ yn.T) ** 2).sum() / N ** 2
+    assert abs(float((yn @ yn.T)[0, 1]) + 1 / (C - 1)) < 1e-7                # across classes: −1/(C − 1)
+    want = 0.01 * ce + 0.99 * sim
+    torch.testing.assert_close(method._aux_loss(0, h, y).detach(), want, **TOL)
+    torch.testing.assert_close(sim_loss_by_loops(z, y), sim, **TOL)
 
 
 # -- pepita ----------------------------------------------------------------------------------------
@@ -363,7 +393,7 @@ def test_pc_and_ep_agree_at_the_same_equilibrium():
 
 
 # -- controls, resume, seeds -----------------------------------------------------------------------
-@pytest.mark.parametrize("name, options", [("local-loss", {"sim": 0.01}), ("pc", {"incremental": 1, "steps": 2})])
+@pytest.mark.parametrize("name, options", [("local-loss", {"sim": 0.99}), ("pc", {"incremental": 1, "steps": 2})])
 def test_frozen_blocks_stay_bit_identical_under_the_non_default_variants(name, options):
     model, method = setup(name, options, trainable=(1,))
     frozen = [p.clone() for p in model.blocks[0].parameters()]
@@ -379,7 +409,7 @@ def synthetic():
     return load_dataset("synthetic")
 
 
-@pytest.mark.parametrize("name, options", [("local-loss", {"sim": 0.01}), ("pepita", {}), ("pc", {"steps": 3}),
+@pytest.mark.parametrize("name, options", [("local-loss", {"sim": 0.99}), ("pepita", {}), ("pc", {"steps": 3}),
                                            ("pc", {"steps": 2, "incremental": 1})])
 def test_resume_after_kill_equals_the_uninterrupted_run(name, options, tmp_path, synthetic, monkeypatch):
     """The killed run trains its first epochs afresh from the seed, the rest after resuming: its
