@@ -25,6 +25,16 @@ settings.clip and one step: the parameter sets are disjoint, so the result is th
 
 The feedback matrices come from a generator derived from (seed, "method:dfa") for both variants, so
 dfa and dfa-penalty of one seed share their B (λ = 0 reproduces dfa exactly).
+Where it differs from the original (Nøkland 2016, "Direct feedback alignment provides learning in
+deep neural networks": hidden layer l of a plain MLP gets δ_l = (B_l e) ⊙ f'(a_l), ΔW_l = −δ_l h_{l−1}ᵀ):
+  * the projected error is rms-normalised per sample by default (the audited paper's script;
+    option normalise = 0 gives Nøkland's e·Bᵀ, tested equal to it).
+  * it is delivered at the output of each residual block (the stream h_{l+1}), and the block's
+    parameters (W2, W1 and its LayerNorm) learn by backpropagating that signal through the block
+    ((f_l(h_l) · a_{l+1}).sum(-1).mean()), not by a per-layer δ_l ⊙ f'; the embedding reuses B_0.
+  * B_l ~ N(0, 1/C); the readout (out_ln, out_head) trains on the true CE, as Nøkland's output layer
+    trains on e; per-block gradient clip at settings.clip; AdamW with a cosine schedule.
+  * dfa-penalty's λ‖f_l‖² is the audited paper's addition, not Nøkland's.
 """
 from __future__ import annotations
 
