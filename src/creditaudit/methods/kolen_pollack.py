@@ -57,7 +57,7 @@ from .fa import FA, routed_modules
 
 
 class KolenPollack(FA):
-    """fa whose feedback B learns with W's own update and weight decay, so B → W over training."""
+    """fa whose feedback B learns with W's own update while W and B decay by λ_KP, so W − B contracts."""
 
     name = "kolen-pollack"
     paper = False                       # fa's subclass, not one of the paper's seven
