@@ -321,4 +321,5 @@ def test_dfa_without_normalisation_on_the_member_axis_equals_its_lone_steps(f64,
         for name, p in m.model.named_parameters():
             torch.testing.assert_close(stack.net.params[name][k], p.detach(), rtol=RTOL, atol=1e-12, msg=name)
     w = "blocks.1.w1.weight"
-    assert not torch.allclose(dict(normalised[0].model.named_parameters())[w], dict(lone[0].model.named_parameters())[w])
+    assert not torch.allclose(dict(normalised[0].model.named_parameters())[w],
+                              dict(lone[0].model.named_parameters())[w])

@@ -53,8 +53,9 @@ Where it differs from the original, and why:
 Measured (MNIST-1D, d = 256, L = 4, batch 128, seed 42, one thread, 15 epochs, F at the published
 scale): rule "pepita" test accuracy 0.396, median ‖h_L‖/‖h_0‖ 8.4, Γ per layer on 512 test samples
 0.13 / 0.22 / 0.22 / 0.20 / 0.17; rule "backprop" 0.360, 10.7, 0.08 / 0.14 / 0.13 / 0.11 / 0.09
-(bp 0.697 ± 0.006 over three seeds, docs/RULES.md). Before training code 3 (rule "backprop", B ~ N(0, 1/C): a modulation 3.6× the
-published one) 5 epochs gave 0.306 (bp 0.610). Two forwards and one local backward per step.
+(bp 0.697 ± 0.006 over three seeds, docs/RULES.md). Before training code 3 (rule "backprop",
+B ~ N(0, 1/C): a modulation 3.6× the published one) 5 epochs gave 0.306 (bp 0.610). Two forwards
+and one local backward per step.
 """
 from __future__ import annotations
 
