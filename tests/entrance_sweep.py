@@ -980,7 +980,7 @@ def review_cases(w: World) -> list[Case]:
     for method, args in ((ss, ["--option", "variant=frsf"]), (ss, ["--option", "variant=brsf"]),
                          (pc, ["--option", "incremental=1"]), (npt, vit), (pep, ["--arch", "resnet-small"]),
                          (pc, ["--option", "incremental=1", "--arch", "resnet-small"]),
-                         (pc, ["--option", "incremental=1", *vit]), (ll, ["--option", "sim=0.01", *vit]),
+                         (pc, ["--option", "incremental=1", *vit]), (ll, ["--option", "sim=0.99", *vit]),
                          (kp, ["--frozen"]), (dr, ["--shallow"]), (npt, ["--trainable-blocks", "1"]),
                          (kp, ["--weight-decay", "0"]), (npt, ["--batch-size", "1"]),
                          (pep, ["--frozen", "--arch", "resnet-small"]), (ss, ["--option", "variant=frsf", "--frozen"])):

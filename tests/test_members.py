@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from creditaudit import store
+from creditaudit.config import RunConfig
 from creditaudit.methods import METHODS, MethodSettings
 from creditaudit.methods.bp import BP
 from creditaudit.methods.members import MemberStack
@@ -292,3 +293,33 @@ def test_a_subclass_that_changes_a_helper_of_the_lone_step_trains_lone(tmp_path)
     for k in range(2):
         method.train_step(x[k], y[k])
     assert all(torch.equal(p, init[n]) for n, p in model.named_parameters() if n.startswith("blocks"))
+
+
+@pytest.mark.parametrize("method", ["dfa", "dfa-penalty"])
+def test_dfa_without_normalisation_on_the_member_axis_equals_its_lone_steps(f64, method):
+    """normalise = 0 (Nøkland 2016's e·Bᵀ, no rms division) is honoured by the member step: a
+    stack of two seeds (one frozen in block 0) ends where each member's lone steps end, to float64
+    rounding; and it is another rule than the normalised one (the lone steps differ)."""
+    from creditaudit.runs import build_method, build_model
+    base = RunConfig(method=method, dataset="synthetic", width=16, blocks=2, epochs=3, batch_size=64,
+                     options={"normalise": 0})
+    configs = [base, base.replace(seed=123, trainable_blocks=1)]
+
+    def methods(cs):
+        return [build_method(c, build_model(c, f64.input_shape, f64.n_classes)) for c in cs]
+    stack, lone = MemberStack(methods(configs)), methods(configs)
+    normalised = methods([c.replace(options={}) for c in configs])
+    assert [m.normalise for m in lone] == [False, False] and normalised[0].normalise
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        batches = [next(f64.train_batches(64, gen)) for _ in configs]
+        stack.train_step(torch.stack([b[0] for b in batches]), torch.stack([b[1] for b in batches]))
+        for m, n, (x, y) in zip(lone, normalised, batches):
+            m.train_step(x, y)
+            n.train_step(x, y)
+    for k, m in enumerate(lone):
+        for name, p in m.model.named_parameters():
+            torch.testing.assert_close(stack.net.params[name][k], p.detach(), rtol=RTOL, atol=1e-12, msg=name)
+    w = "blocks.1.w1.weight"
+    assert not torch.allclose(dict(normalised[0].model.named_parameters())[w],
+                              dict(lone[0].model.named_parameters())[w])

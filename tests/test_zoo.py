@@ -146,7 +146,7 @@ def test_variant_is_a_checked_string_option_from_toml_and_cli(tmp_path, capsys):
 # -- Kolen–Pollack -----------------------------------------------------------------------------------
 
 def test_kolen_pollack_feedback_gets_the_weight_update_and_decays_onto_w():
-    model, method = build(KP, lr=0.05, weight_decay=0.1)
+    model, method = build(KP, options={"decay": 0.1}, lr=0.05)
     x, y = batch()
     feedback = [{k: b.clone() for k, b in pair.items()} for pair in method.feedback]
     gap0 = {(l, k): getattr(model.blocks[l], k).weight.detach() - b
@@ -164,6 +164,59 @@ def test_kolen_pollack_feedback_gets_the_weight_update_and_decays_onto_w():
         for k, b in pair.items():
             torch.testing.assert_close(getattr(model.blocks[l], k).weight.detach() - b,
                                        gap0[(l, k)] * shrink, rtol=1e-10, atol=1e-13)
+
+
+def test_kolen_pollack_gap_contracts_by_the_sgd_decay_exactly():
+    """Akrout et al.'s KP under plain SGD with weight decay λ: W ← W − η(g + λW), B ← B − η(g + λB)
+    with g_B = g, so W − B ← (1 − ηλ)(W − B) whatever the gradients: after steps with learning rates
+    η_s, W − B = (W₀ − B₀) Π_s (1 − η_s λ), in float64 to rounding."""
+    wd = 0.3
+    model, method = build(KP, seed=3)
+    pairs = [(getattr(model.blocks[l], k).weight, b) for l, pair in enumerate(method.feedback)
+             for k, b in pair.items()]
+    gap0 = [(w.detach() - b).clone() for w, b in pairs]
+    sgd = torch.optim.SGD(list(model.parameters()) + [b for _, b in pairs], lr=0.0, weight_decay=wd)
+    method.optimizers = [sgd]                                   # the test's optimizer, not the method's
+    factor = 1.0
+    for step, lr in enumerate((0.2, 0.05, 0.1, 0.3)):
+        sgd.param_groups[0]["lr"] = lr
+        method.train_step(*batch(seed=step))
+        factor *= 1 - lr * wd
+    for (w, b), g0 in zip(pairs, gap0):
+        torch.testing.assert_close(w.detach() - b, g0 * factor, rtol=1e-12, atol=1e-14)
+
+
+def test_kolen_pollack_aligns_b_with_w_in_its_default_regime():
+    """With the default decay λ_KP the gap contracts by Π(1 − lr·λ_KP) under AdamW too, and
+    cos(W, B) — near 0 for the independent draws at the start — rises towards 1 within a short run
+    (50 steps at lr 0.01: the gap shrinks to 0.9⁵⁰ ≈ 0.005); under the run's weight decay alone
+    (λ_KP = λ_wd = 0.01) the gap keeps 99.5 % of its size and the cosine stays well below."""
+    def cosines(model, method):
+        return [float(F.cosine_similarity(getattr(model.blocks[l], k).weight.detach().flatten(),
+                                          b.flatten(), dim=0))
+                for l, pair in enumerate(method.feedback) for k, b in pair.items()]
+    runs = {}
+    for decay in (None, 0.01):
+        torch.manual_seed(0)
+        model = ResidualMLP(3, 16, 1, 5, w2_std=0.5).double()          # cosines of 16 × 16 matrices
+        method = method_class(KP)(model, MethodSettings(
+            epochs=1, lr=1e-2, trainable_blocks=(0,), options={} if decay is None else {"decay": decay}))
+        start = cosines(model, method)
+        gap0 = [getattr(model.blocks[l], k).weight.detach() - b for l, pair in enumerate(method.feedback)
+                for k, b in pair.items()]
+        for s in range(50):
+            method.train_step(*batch(seed=s))
+        shrink = (1 - 1e-2 * (10.0 if decay is None else decay)) ** 50      # constant lr within the epoch
+        gaps = [getattr(model.blocks[l], k).weight.detach() - b for l, pair in enumerate(method.feedback)
+                for k, b in pair.items()]
+        for g0, g in zip(gap0, gaps):
+            torch.testing.assert_close(g, g0 * shrink, rtol=1e-9, atol=1e-15)
+        runs[decay] = (start, cosines(model, method))
+    start, end = runs[None]
+    assert max(abs(c) for c in start) < 0.5
+    assert all(e > 0.95 for e in end), end
+    assert all(e > s + 0.1 for s, e in zip(start, end))
+    assert all(w < e - 0.5 for w, e in zip(runs[0.01][1], end)), (runs[0.01], end)
 
 
 def test_kolen_pollack_leaves_a_frozen_block_and_its_feedback_alone():

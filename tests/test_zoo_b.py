@@ -120,17 +120,24 @@ def assert_grads(model, want):
 
 
 def sim_loss_by_loops(z, y):
-    """L_sim = mean_{i,j} (cos(z_i, z_j) − [y_i = y_j])², pair by pair."""
+    """Nøkland & Eidnes' L_sim = mean_{i,j} (S(z)_{ij} − S(Y)_{ij})², pair by pair: S the cosine of
+    each sample centred over its own features (their ε = 1e-8 on the norms); for the one-hot targets
+    Y that is 1 within a class and (0 − 2/C + 1/C)/(1 − 1/C) = −1/(C − 1) across classes."""
+    def cos(a, b):
+        a, b = a - a.mean(), b - b.mean()
+        return (a * b).sum() / (((a * a).sum().sqrt() + 1e-8) * ((b * b).sum().sqrt() + 1e-8))
+    onehot = F.one_hot(y, C).double()
     total = 0.0
     for i in range(len(y)):
         for j in range(len(y)):
-            c = (z[i] * z[j]).sum() / ((z[i] * z[i]).sum().sqrt() * (z[j] * z[j]).sum().sqrt())
-            total = total + (c - float(y[i] == y[j])) ** 2
+            target = cos(onehot[i], onehot[j])
+            assert abs(float(target) - (1.0 if y[i] == y[j] else -1.0 / (C - 1))) < 1e-7
+            total = total + (cos(z[i], z[j]) - target) ** 2
     return total / len(y) ** 2
 
 
 # -- local-loss ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("sim", [0.0, 0.3])
+@pytest.mark.parametrize("sim", [0.0, 0.3, 0.99])
 def test_local_loss_update_is_the_aux_classifiers_gradient(sim):
     model, method = setup("local-loss", {"sim": sim})
     x, y = data()
@@ -159,11 +166,33 @@ def test_local_loss_update_is_the_aux_classifiers_gradient(sim):
         torch.testing.assert_close(got, want, **TOL)
 
 
+def test_predsim_loss_is_nokland_and_eidnes_formula():
+    """predsim (β = 0.99, as published): ℓ = 0.01 · CE(A z + c, y) + 0.99 · mse(S(z), S(onehot(y))),
+    S the adjusted cosine similarity matrix, each row centred before normalising (their
+    `similarity_matrix`); computed here with numpy-style sums, independently of the method."""
+    model, method = setup("local-loss", {"sim": 0.99})
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(N, WIDTH, generator=g, dtype=torch.float64) * 3 + 1
+    y = torch.tensor([0, 1, 1, 2, 0, 0])
+    z = (h - h.mean(-1, keepdim=True)) / (h.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()
+    head = method.aux[0]
+    p = (z @ head.weight.T + head.bias).detach()
+    ce = -(p.log_softmax(-1)[torch.arange(N), y]).mean()
+    yc = F.one_hot(y, C).double() - 1.0 / C
+    yn = yc / (yc.norm(dim=1, keepdim=True) + 1e-8)
+    zc = z - z.mean(1, keepdim=True)
+    zn = zc / (zc.norm(dim=1, keepdim=True) + 1e-8)                             # their ε
+    sim = ((zn @ zn.T - yn @ yn.T) ** 2).sum() / N ** 2
+    assert abs(float((yn @ yn.T)[0, 1]) + 1 / (C - 1)) < 1e-7                # across classes: −1/(C − 1)
+    want = 0.01 * ce + 0.99 * sim
+    torch.testing.assert_close(method._aux_loss(0, h, y).detach(), want, **TOL)
+    torch.testing.assert_close(sim_loss_by_loops(z, y), sim, **TOL)
+
+
 # -- pepita ----------------------------------------------------------------------------------------
-def test_pepita_update_is_the_state_difference_times_the_modulated_input():
-    scale = 0.2
-    model, method = setup("pepita", {"scale": scale})
-    x, y = data()
+def pepita_passes(model, method, x, y, scale):
+    """Both passes of PEPITA written out: e from the clean forward, the modulated forward from
+    h_0 + F·e (F = scale·B), and every block's units u = gelu(W1 LN(h) + b1) in both."""
     with torch.no_grad():
         h0 = x @ model.embed.weight.T + model.embed.bias
         clean = forward(model, h0)
@@ -171,22 +200,73 @@ def test_pepita_update_is_the_state_difference_times_the_modulated_input():
         logits = (z * model.out_ln.weight + model.out_ln.bias) @ model.out_head.weight.T + model.out_head.bias
         e = logits.softmax(-1) - F.one_hot(y, C).double()
         mod = forward(model, h0 + scale * e @ method.feedback.T)                # h_0 + F·e, F = scale·B
-        a = [(c - m) / scale for c, m in zip(clean, mod)]
+    return clean, mod, e
+
+
+def test_pepita_trains_every_block_layer_by_the_papers_rule():
+    """Dellaferrera & Kreiman's ΔW_l = mean_i (h_l − h_l^mod)_i ⊗ (h_{l−1}^mod)_i, layer by layer:
+    W1's layer activity is its units u = gelu(W1 LN(h) + b1), its input LN(h^mod); W2's activity is
+    the stream h_{l+1}, its input u^mod. All divided by scale. No backward pass inside the block."""
+    scale = 0.2
+    model, method = setup("pepita", {"scale": scale})
+    x, y = data()
+    clean, mod, e = pepita_passes(model, method, x, y, scale)
+    a = [(c - m) / scale for c, m in zip(clean, mod)]
     torch.testing.assert_close(a[0], -e @ method.feedback.T, **TOL)             # a_0 = −B·e
     method.clear_gradients()
     method.gradients(x, y)
-    want = expected(model, x, y, a, mod[:-1], clean[-1])                        # presynaptic: modulated
-    # PEPITA's rule read off directly for W2:
-    # ΔW2 = mean_i (h_{l+1} − h_{l+1}^mod)_i ⊗ gelu(W1 LN(h_l^mod))_i / scale
+    want = {"embed.weight": a[0].T @ x / N, "embed.bias": a[0].mean(0)}
+    want.update(readout_back(model, clean[-1], y)[0])                           # the head: true CE
     for l, block in enumerate(model.blocks):
-        s = block_parts(block, mod[l])[3]
-        delta = (clean[l + 1] - mod[l + 1]) / scale
-        torch.testing.assert_close(want[f"blocks.{l}.w2.weight"], delta.T @ s / N, **TOL)
-    assert_grads(model, want)
-    for got, w in zip(method.credit(x, y), a):
-        torch.testing.assert_close(got, w, **TOL)
+        with torch.no_grad():
+            z_mod = ln(mod[l])[0] * block.ln.weight + block.ln.bias             # W1's modulated input
+            u_mod = F.gelu(z_mod @ block.w1.weight.T + block.w1.bias)            # W1's modulated units
+            z = ln(clean[l])[0] * block.ln.weight + block.ln.bias
+            u = F.gelu(z @ block.w1.weight.T + block.w1.bias)
+        du = (u - u_mod) / scale
+        dh = (clean[l + 1] - mod[l + 1]) / scale
+        want.update({f"blocks.{l}.w1.weight": du.T @ z_mod / N, f"blocks.{l}.w1.bias": du.sum(0) / N,
+                     f"blocks.{l}.w2.weight": dh.T @ u_mod / N, f"blocks.{l}.w2.bias": dh.sum(0) / N})
+    got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert set(got) == set(want)                                                # the LayerNorm: no update
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], **TOL, msg=n)
+    for got_a, w in zip(method.credit(x, y), a):
+        torch.testing.assert_close(got_a, w, **TOL)
     fresh = method.fresh_feedback_credit(x, y, torch.Generator().manual_seed(9))
     assert not torch.allclose(fresh[0], a[0])                                   # the null redraws B
+
+
+def test_pepita_backprop_rule_is_the_local_loss_through_the_block():
+    """rule = "backprop" (not PEPITA): W1 and the LayerNorm by backprop of a_{l+1} through W2."""
+    scale = 0.2
+    model, method = setup("pepita", {"scale": scale, "rule": "backprop"})
+    x, y = data()
+    clean, mod, _ = pepita_passes(model, method, x, y, scale)
+    a = [(c - m) / scale for c, m in zip(clean, mod)]
+    method.clear_gradients()
+    method.gradients(x, y)
+    assert_grads(model, expected(model, x, y, a, mod[:-1], clean[-1]))         # presynaptic: modulated
+
+
+def test_pepita_feedback_has_the_published_scale():
+    """F = 0.05 · U(±√(6/D)) as in the reference code: B's entries lie within ±√(6/D) and fill it."""
+    torch.manual_seed(0)
+    model = ResidualMLP(D_IN, 256, 2, 10)
+    method = method_class("pepita")(model, MethodSettings(epochs=1, trainable_blocks=(0, 1)))
+    bound = math.sqrt(6 / 256)
+    assert method.scale == 0.05
+    assert method.feedback.abs().max() <= bound and method.feedback.abs().max() > 0.99 * bound
+    assert abs(method.feedback.std().item() - bound / math.sqrt(3)) < 0.05 * bound
+
+
+def test_pepita_rule_refuses_blocks_it_is_not_written_for():
+    from creditaudit.errors import CreditAuditError
+    from creditaudit.model import build_model
+    model = build_model("vit-mini", input_shape=(3, 8, 8), n_classes=C, width=16, blocks=1)
+    with pytest.raises(CreditAuditError, match='rule = "backprop"'):
+        method_class("pepita")(model, MethodSettings(epochs=1, trainable_blocks=(0,)))
+    method_class("pepita")(model, MethodSettings(epochs=1, trainable_blocks=(0,), options={"rule": "backprop"}))
 
 
 # -- pc / iPC --------------------------------------------------------------------------------------
@@ -313,7 +393,7 @@ def test_pc_and_ep_agree_at_the_same_equilibrium():
 
 
 # -- controls, resume, seeds -----------------------------------------------------------------------
-@pytest.mark.parametrize("name, options", [("local-loss", {"sim": 0.01}), ("pc", {"incremental": 1, "steps": 2})])
+@pytest.mark.parametrize("name, options", [("local-loss", {"sim": 0.99}), ("pc", {"incremental": 1, "steps": 2})])
 def test_frozen_blocks_stay_bit_identical_under_the_non_default_variants(name, options):
     model, method = setup(name, options, trainable=(1,))
     frozen = [p.clone() for p in model.blocks[0].parameters()]
@@ -329,7 +409,7 @@ def synthetic():
     return load_dataset("synthetic")
 
 
-@pytest.mark.parametrize("name, options", [("local-loss", {"sim": 0.01}), ("pepita", {}), ("pc", {"steps": 3}),
+@pytest.mark.parametrize("name, options", [("local-loss", {"sim": 0.99}), ("pepita", {}), ("pc", {"steps": 3}),
                                            ("pc", {"steps": 2, "incremental": 1})])
 def test_resume_after_kill_equals_the_uninterrupted_run(name, options, tmp_path, synthetic, monkeypatch):
     """The killed run trains its first epochs afresh from the seed, the rest after resuming: its

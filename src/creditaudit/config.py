@@ -40,7 +40,7 @@ PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training
 # run now steps through baddbmm instead of plain matmuls, the same arithmetic up to rounding order
 # (≤ 5e-16 relative in float64, tests/test_members.py against the lone trainer's runs; ≤ 3e-7 in
 # float32 after 3 epochs with identical test accuracy).
-TRAINING_CODE_VERSION = 2
+TRAINING_CODE_VERSION = 3
 CODE_VERSION = f"{__version__}+train{TRAINING_CODE_VERSION}"
 
 # the thresholds the early-stop rule (verdict.stop_rule: flags (a), (a′), (b′)) reads; a run with

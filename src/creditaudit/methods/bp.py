@@ -5,6 +5,9 @@
 
 On the member axis (K runs of one ResMLP shape): one backward of Σ_k CE_k gives each member
 exactly ∂CE_k/∂θ_k, members sharing no parameter.
+Where it differs from the original (backpropagation, Rumelhart, Hinton & Williams 1986): nothing in
+the rule — autograd's gradient of the mean CE. The optimizer is this tool's (AdamW, cosine
+schedule to 0, weight decay 0.01), as for every method; no gradient clipping.
 """
 from __future__ import annotations
 

@@ -49,6 +49,13 @@ autograd definition in float64 (tests/test_ep_cb.py). CPU time per epoch against
 the shared local update (dfa costs the same), the rest V_φ's forward, input gradient and weight
 gradient over (L+1)·N rows plus V̄ over K·L·N. Test accuracy after 15 epochs (λ = 1e-2, seeds
 42 / 123 / 456): 0.666 / 0.653 / 0.642 before, 0.663 / 0.653 / 0.643 after; Γ unchanged.
+Where it differs from the original: sb and cb are the audited paper's own diagnostic probes
+(docs/PROTOCOL.md), not published learning rules, so there is no outside reference code; cb's value
+net is in the family of synthetic gradients (Jaderberg et al. 2017, "Decoupled neural interfaces"),
+but DNI regresses a module's gradient on the next module's synthetic gradient, while cb learns a
+scalar value V_φ whose input gradient is the credit, by the bridge consistency and terminal
+gradient matching above. The blocks learn from the credit as every local method here does
+(backprop of a_{l+1} through the block; per-block clip; AdamW).
 """
 from __future__ import annotations
 

@@ -4,6 +4,12 @@
     B_l     ~ N(0, 1/C), shape (d, C), l = 0 … max(L, 1) − 1     fixed, drawn once per seed
     a_{l+1} = rms_normalise(e · B_lᵀ)                            credit at block l's output
     a_0     = rms_normalise(e · B_0ᵀ)                            the embedding reuses B_0 (script)
+    (option normalise = 0: a = e · Bᵀ, Nøkland 2016's un-normalised signal)
+
+rms_normalise divides each sample's projected error by its own rms over the features (+1e-6), as
+the paper's script does: the credit keeps per-feature rms 1 however small the error gets, so the
+blocks' updates do not shrink as the loss falls (measured: ‖h_L‖ grew 33× in 5 epochs with it,
+9× without). Nøkland's DFA (normalise = 0) feeds e · Bᵀ itself, whose size falls with ‖e‖.
 
     block l (trainable):  (f_l(h_l.detach()) · a_{l+1}).sum(-1).mean()  [+ λ · mean_i ‖f_l(h_l)_i‖²]
     embed:                (embed(x) · a_0).sum(-1).mean()
@@ -19,6 +25,16 @@ settings.clip and one step: the parameter sets are disjoint, so the result is th
 
 The feedback matrices come from a generator derived from (seed, "method:dfa") for both variants, so
 dfa and dfa-penalty of one seed share their B (λ = 0 reproduces dfa exactly).
+Where it differs from the original (Nøkland 2016, "Direct feedback alignment provides learning in
+deep neural networks": hidden layer l of a plain MLP gets δ_l = (B_l e) ⊙ f'(a_l), ΔW_l = −δ_l h_{l−1}ᵀ):
+  * the projected error is rms-normalised per sample by default (the audited paper's script;
+    option normalise = 0 gives Nøkland's e·Bᵀ, tested equal to it).
+  * it is delivered at the output of each residual block (the stream h_{l+1}), and the block's
+    parameters (W2, W1 and its LayerNorm) learn by backpropagating that signal through the block
+    ((f_l(h_l) · a_{l+1}).sum(-1).mean()), not by a per-layer δ_l ⊙ f'; the embedding reuses B_0.
+  * B_l ~ N(0, 1/C); the readout (out_ln, out_head) trains on the true CE, as Nøkland's output layer
+    trains on e; per-block gradient clip at settings.clip; AdamW with a cosine schedule.
+  * dfa-penalty's λ‖f_l‖² is the audited paper's addition, not Nøkland's.
 """
 from __future__ import annotations
 
@@ -41,14 +57,19 @@ def draw_feedback(model, gen: torch.Generator) -> list[torch.Tensor]:
 
 
 def dfa_credit(e: torch.Tensor, feedback: list[torch.Tensor], n_blocks: int,
-               shape: tuple[int, ...]) -> list[torch.Tensor]:
-    """[a_0, …, a_L] with a_0 = rms(e·B_0ᵀ) and a_{l+1} = rms(e·B_lᵀ), each of the stream's shape.
-    Lone: e (N, C), B_l (D, C). On the member axis: e (K, N, C), B_l (K, D, C), member k's e
-    projected through member k's B."""
+               shape: tuple[int, ...], normalise: bool = True) -> list[torch.Tensor]:
+    """[a_0, …, a_L] with a_0 = rms(e·B_0ᵀ) and a_{l+1} = rms(e·B_lᵀ) (normalise=False: e·Bᵀ
+    itself), each of the stream's shape. Lone: e (N, C), B_l (D, C). On the member axis:
+    e (K, N, C), B_l (K, D, C), member k's e projected through member k's B."""
     lead = e.shape[:-1]
-    projected = [rms_normalise((e @ b.transpose(-1, -2)).view(lead + shape), batch_dims=len(lead))
-                 for b in feedback]                                           # a = e · Bᵀ / rms
+    projected = [(e @ b.transpose(-1, -2)).view(lead + shape) for b in feedback]     # a = e · Bᵀ
+    if normalise:
+        projected = [rms_normalise(a, batch_dims=len(lead)) for a in projected]   # a / rms(a)
     return [projected[0]] + projected[:n_blocks]
+
+
+NORMALISE_HELP = ("1 = each sample's projected error divided by its rms (the paper's script); "
+                  "0 = e·Bᵀ itself (Nøkland 2016)")
 
 
 class DFA(LocalMethod):
@@ -56,26 +77,31 @@ class DFA(LocalMethod):
     paper = True
     random_feedback = True
     member_archs = (ResidualMLP,)
+    option_defaults = {"normalise": 1}
+    option_ranges = {"normalise": (0, 1)}
+    option_help = {"normalise": NORMALISE_HELP}
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
         self.gen = derived_generator(settings.seed, "method:dfa")
         self.feedback = draw_feedback(model, self.gen)
         self.opt = self.add_optimizer(self.local_param_groups())
-        # the residual penalty λ: 0 for dfa, the `lam` option for dfa-penalty (a Python number,
-        # read once: the step branches on it, never on a tensor)
-        self.lam = float(self.resolve_options(settings.options).get("lam", 0.0))
+        options = self.resolve_options(settings.options)
+        # the residual penalty λ: 0 for dfa, the `lam` option for dfa-penalty, and the rms
+        # normalisation (Python values, read once: the step branches on them, never on a tensor)
+        self.lam = float(options.get("lam", 0.0))
+        self.normalise = bool(options["normalise"])
 
     def _credit(self, x, y, feedback):
         with torch.no_grad():
             logits, hidden = self.model(x, return_hidden=True)
             e = output_error(logits, y)                                    # e = softmax − onehot
-        return hidden, dfa_credit(e, feedback, self.model.n_blocks, self.model.stream_shape)
+        return hidden, dfa_credit(e, feedback, self.model.n_blocks, self.model.stream_shape, self.normalise)
 
     def gradients(self, x, y):
         fwd = self.local_forward(x)
         e = output_error(fwd.logits.detach(), y)                               # e = softmax − onehot
-        credit = dfa_credit(e, self.feedback, self.model.n_blocks, self.model.stream_shape)
+        credit = dfa_credit(e, self.feedback, self.model.n_blocks, self.model.stream_shape, self.normalise)
         return self.local_gradients(y, fwd, credit, lam=self.lam)
 
     def member_feedback(self):
@@ -87,7 +113,7 @@ class DFA(LocalMethod):
         fwd = self.member_local_forward(stack.net, x, stack.trained)
         e = output_error(fwd.logits.detach(), y)                               # (K, B, C)
         feedback = [stack.feedback[f"B{l}"] for l in range(len(self.feedback))]
-        credit = dfa_credit(e, feedback, stack.net.n_blocks, self.model.stream_shape)
+        credit = dfa_credit(e, feedback, stack.net.n_blocks, self.model.stream_shape, self.normalise)
         return self.member_local_gradients(stack.net, y, fwd, credit, stack.trains, lam=self.lam)
 
     def credit(self, x, y):
@@ -110,8 +136,9 @@ class DFAPenalty(DFA):
 
     name = "dfa-penalty"
     paper = True
-    option_defaults = {"lam": 1e-2}
-    option_ranges = {"lam": (0.0, math.inf)}
-    option_help = {"lam": "residual penalty λ in each block's local loss (λ = 0 is plain dfa)"}
+    option_defaults = {"lam": 1e-2, "normalise": 1}
+    option_ranges = {"lam": (0.0, math.inf), "normalise": (0, 1)}
+    option_help = {"lam": "residual penalty λ in each block's local loss (λ = 0 is plain dfa)",
+                   "normalise": NORMALISE_HELP}
     sweep = {"lam": (0.0, 1e-4, 1e-3, 1e-2, 1e-1)}
     trainable_only_options = {"lam": 0.0}      # λ‖f_l‖² enters only trainable blocks' local loss

@@ -16,6 +16,19 @@ the sign convention of `credit` is the protocol's. Γ's null redraws every B_l (
 distribution), as dfa's. The worked example of docs/WRITING_A_RULE.md:
 
     creditaudit audit --methods drtp dfa bp --dataset mnist1d --epochs 15 --out audits/drtp
+Where it differs from the original (Frenkel, Lefebvre & Bol 2021, "Learning without feedback", on
+plain MLPs/CNNs with saturating tanh (or sigmoid) hidden units: hidden layer k gets
+δ_k = (B_k y*) ⊙ f'(a_k), ΔW_k ∝ −δ_k h_{k−1}ᵀ, the output layer trains on e):
+  * the projected target does not pass through a saturating nonlinearity: it is delivered at each
+    residual block's output h_{l+1} and drives the linear residual branch f_l (W2 has no
+    activation), whose parameters learn by backprop of it through the block. In the original the
+    tanh derivative f' shrinks a unit's update as the unit saturates in the target's direction,
+    which is what bounds DRTP's layers; here nothing does, and the stream grows with training
+    (docs/RULES.md: ‖h_L‖ grows like dfa's).
+  * the projected target is rms-normalised per sample, as dfa's credit (a constant per class, so
+    only B's overall scale is lost); B_l ~ N(0, 1/C); the embedding reuses B_0 (dfa's mapping).
+  * the readout trains on the true CE (the original's output layer on e: the same for a linear
+    softmax head); per-block clip; AdamW with a cosine schedule.
 """
 from __future__ import annotations
 

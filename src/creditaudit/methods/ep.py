@@ -90,6 +90,17 @@ On the member axis (K runs of one ResMLP shape, `member_gradients`): the relaxat
 code (`_relax`) over a `_Chain` whose samples are indexed (K, N) instead of (N,): every per-sample
 quantity (F_i, the step length, the L-BFGS pairs and γ, the acceptance mask) is per member and
 sample, every batch-wide one (the scale, the tol test and its flag, the sweep count) per member.
+Where it differs from the original (Scellier & Bengio 2017: a Hopfield-like energy over layered units
+with symmetric weights and a hard-sigmoid ρ, a free phase relaxed to its fixed point, a nudged phase
+with the squared error at strength β, the update (1/β)(ρ(u_i^β)ρ(u_j^β) − ρ(u_i^0)ρ(u_j^0))):
+  * the energy is the residual network's own prediction errors, E = ½ Σ ‖h_{l+1} − h_l − f_l(h_l)‖²,
+    whose free minimum is the feed-forward pass (E = 0): the free phase needs no relaxation and its
+    term of the estimator vanishes, so only the nudged term is left.
+  * the cost is β·CE of the readout, not β·½‖y − ŷ‖²; β = 1 by default (a deterministic sign).
+  * the nudged equilibrium is solved by per-sample quasi-Newton sweeps in the residual coordinates
+    (one backward per sweep), not by the network's own leaky dynamics; its residual is logged.
+  * each block's parameters learn from −(1/β)∂E/∂θ at h^β, i.e. backprop of a_{l+1} through the
+    block's two layers, not a two-factor Hebbian product per weight.
 """
 from __future__ import annotations
 

@@ -34,6 +34,16 @@ Feedback layout: `self.feedback[l]` is a dict {qualified module name inside bloc
 {"conv1", "conv2"} for the ResNet; B is looked up at call time, so assigning
 `fa.feedback[l][name] = W` takes effect at the next step. B is drawn once from `self.gen` (derived
 from the seed) in module order, and saved in `extra_state`.
+Where it differs from the original (Lillicrap, Cownden, Tweed & Akerman 2016, feedback alignment on
+plain MLPs, every layer's error sent down through a fixed random B):
+  * only the Linear/Conv2d modules inside the residual blocks send their error through B; the
+    skips, LayerNorms, activations and the readout (out_ln, out_head) backpropagate exactly, so the
+    error entering the stream at h_L is the true ∂CE/∂h_L (a_L = g_L) and the skips carry it to
+    every block unchanged. In the original, the top layer's error already reaches the last hidden
+    layer through B, and there are no skips.
+  * B ~ U(±1/√fan_in), torch's init range for W (the paper draws B uniformly at a scale chosen per
+    task); the embedding has no B (its input error would go nowhere).
+  * the optimizer is AdamW with a cosine schedule and weight decay, not the paper's SGD.
 """
 from __future__ import annotations
 

@@ -8,13 +8,31 @@ h_0 for the embedding), on the flattened state of D = prod(stream_shape) values:
 
     z_l      = LN(h_l)                               parameter-free LayerNorm over the D values
     p_l      = A_l z_l + c_l                         Linear(D, C), its own parameters (aux head l)
-    ℓ_aux,l  = (1 − sim) · CE(p_l, y) + sim · L_sim(z_l, y)                         mean over the batch
-    L_sim    = mean_{i,j} (S(z)_{ij} − S(y)_{ij})²,  S(z)_{ij} = cos(z_i, z_j),  S(y)_{ij} = [y_i = y_j]
+    ℓ_aux,l  = (1 − β) · CE(p_l, y) + β · L_sim(z_l, y)                 β = option `sim`; mean over the batch
+    L_sim    = mean_{i,j} (S(z)_{ij} − S(Y)_{ij})²                       over all N² pairs (the reference's mse)
+    S(x)_{ij} = clamp(⟨x̂_i, x̂_j⟩, −1, 1),  x̂_i = (x_i − mean(x_i)) / (‖x_i − mean(x_i)‖ + 1e-8)
+              (Nøkland & Eidnes' `similarity_matrix`: each sample centred over its own features, then
+              unit-normalised — a cosine of centred vectors), Y = onehot(y)
 
-(predsim's similarity matrix is taken on the normalised state itself, not on the output of an extra
-learned layer as in Nøkland & Eidnes' convolutional nets: a choice, so that the similarity term
-shapes the block's output directly and the aux head stays one Linear.) At the top, h_L, the local
-classifier is the model's own readout, so block L−1 learns from the true CE.
+so S(Y)_{ij} = 1 for two samples of one class and −1/(C − 1) for two of different classes (the
+centred one-hots), not 0. β = 0 is plain local CE (Belilovsky et al.); β = 0.99 is predsim as
+published (anokland/local-loss: `--loss-sup predsim`, `--beta 0.99`); β = 1 is their "sim" loss
+alone. At the top, h_L, the local classifier is the model's own readout, so block L−1 learns from
+the true CE.
+
+Where it differs from the original, and why:
+  * Nøkland & Eidnes take the similarity matrix of a learned projection of the layer's output (a
+    bias-free Linear(D, D) in their MLPs, a 3×3 conv followed by the per-channel standard deviation
+    over space in their conv nets); here it is taken on the parameter-free normalised state z_l itself,
+    for every stream shape (a D × D projection is out of reach for a feature-map stream), so the
+    similarity term shapes the block's output directly and the aux head stays one Linear.
+  * the classifier reads LN(h_l) (the residual stream is unnormalised); theirs reads the layer's
+    output after its BatchNorm and ReLU, through a zero-initialised Linear (here torch's default init).
+  * "layer" is a residual block: block l learns from the classifier at its output h_{l+1} =
+    h_l + f_l(h_l), through the skip too; their layers are plain conv/linear layers.
+  * the optimizer is the run's (AdamW, cosine schedule, per-block clip) for the blocks and one AdamW
+    for all aux heads; theirs is Adam per layer with a step schedule, and dropout / label smoothing
+    options that are not used here.
 
 Credit, in per-sample units (N · ∂/∂h of the mean loss, the units of ∂ℓ_i/∂h_i; "direction of
 increasing loss", like every method):
@@ -40,8 +58,8 @@ All of it from one forward (`local_forward`), one input-and-aux-parameter gradie
 update's backward. The aux heads are initialised from the method's generator (not the global RNG)
 and saved in the checkpoint (`extra_state`), so a resumed run continues bit-identically.
 
-Options: "sim" ∈ [0, 1] (default 0: plain local CE as in Belilovsky et al.; 0.01 is predsim with
-Nøkland & Eidnes' β = 0.99 on the prediction loss).
+Options: "sim" = β ∈ [0, 1], the weight of the similarity-matching term (default 0: plain local CE as
+in Belilovsky et al.; 0.99: predsim as published; 1: sim alone).
 
 Measured (MNIST-1D, d = 256, L = 4, batch 128, seed 42, one thread, 5 epochs, sim = 0): test accuracy
 0.536 (bp 0.610), Γ per layer on test batch 0 0.13 / 0.22 / 0.18 / 0.13 / 1.00 (the top credit is
@@ -59,11 +77,19 @@ import torch.nn.functional as F
 from .local import LocalMethod
 
 
+def similarity_matrix(x: torch.Tensor) -> torch.Tensor:
+    """S_ij = clamp(⟨x̂_i, x̂_j⟩, −1, 1), x̂_i = x_i centred over its own features and unit-normalised,
+    x (N, D) → (N, N): Nøkland & Eidnes' adjusted cosine similarity."""
+    centred = x - x.mean(-1, keepdim=True)
+    unit = centred / (centred.norm(dim=-1, keepdim=True) + 1e-8)
+    return (unit @ unit.T).clamp(-1, 1)
+
+
 def similarity_loss(z: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
-    """L_sim = mean_{i,j} (cos(z_i, z_j) − [y_i = y_j])², z flattened per sample (N, D)."""
-    unit = z / z.norm(dim=-1, keepdim=True)
-    onehot = F.one_hot(y, n_classes).to(z.dtype)
-    return (unit @ unit.T - onehot @ onehot.T).pow(2).mean()
+    """L_sim = mean_{i,j} (S(z)_{ij} − S(onehot(y))_{ij})², z flattened per sample (N, D); S(onehot)
+    is 1 within a class and −1/(C − 1) across classes."""
+    target = similarity_matrix(F.one_hot(y, n_classes).to(z.dtype))
+    return (similarity_matrix(z) - target).pow(2).mean()
 
 
 class LocalLosses(LocalMethod):
@@ -72,8 +98,8 @@ class LocalLosses(LocalMethod):
                  "gradients with the end-to-end one")
     option_defaults = {"sim": 0.0}
     option_ranges = {"sim": (0.0, 1.0)}
-    option_help = {"sim": "weight of predsim's similarity-matching term: 0 = plain local CE "
-                          "(Belilovsky et al.), 0.01 = predsim (Nøkland & Eidnes)"}
+    option_help = {"sim": "β, the weight of the similarity-matching term against (1 − β) on the local "
+                          "CE: 0 = plain local CE (Belilovsky et al.), 0.99 = predsim (Nøkland & Eidnes)"}
 
     def __init__(self, model, settings):
         super().__init__(model, settings)

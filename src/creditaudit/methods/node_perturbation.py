@@ -11,9 +11,20 @@ every residual position, the embedding's output h_0 and each block's output h_{l
 To first order ΔL_i = Σ_k ⟨∂ℓ_i/∂h_k, ξ_k⟩, and the ξ_k are independent with E[ξ ξᵀ] = σ² I, so
 E[a_l] = ∂ℓ_i/∂h_l: an unbiased (to O(σ)) but noisy estimate of the per-sample BP gradient, in the
 direction of increasing loss. (Per-sample ∂ℓ_i, the scale `local_gradients` expects: its batch mean
-of ⟨f_l, a_{l+1}⟩ is then the mean CE's gradient.) Each sample's estimate is one draw, so its cosine
-with g_l is about √(2/π)/√D for a stream of D features per sample: Γ measures the credit the method
-trains with, not its expectation.
+of ⟨f_l, a_{l+1}⟩ is then the mean CE's gradient.)
+
+Γ's chance level. Each sample's estimate is one draw, so Γ measures the credit the method trains
+with, not its expectation. Write g_k = ∂ℓ_i/∂h_k and u_k = ⟨g_k, ξ_k⟩/σ ~ N(0, ‖g_k‖²), independent
+over k. To first order cos(a_l, g_l) = sign(Σ_k u_k) · u_l / (‖ξ_l‖/σ · ‖g_l‖), and ‖ξ_l‖/σ ≈ √D
+for D features per sample; for jointly Gaussian (u_l, S = Σ_k u_k), E[sign(S)·u_l] =
+√(2/π)·Cov(u_l, S)/std(S) = √(2/π)·‖g_l‖²/√(Σ_k ‖g_k‖²). So
+
+    E[Γ_l] ≈ √(2/π) · mean_i ‖g_l,i‖ / (√D · √(Σ_{k=0}^{L} ‖g_k,i‖²))        (`chance_gamma`)
+           ≈ √(2/π) / √(D·(L + 1))        when the L + 1 positions carry gradients of one size
+
+because the single loss change ΔL is shared by the noise of all L + 1 positions: the noise at the
+other positions is noise in every position's estimate. (MNIST-1D, D = 256, L = 4: 0.022, measured
+0.021; the earlier √(2/π)/√D = 0.050 left out the other positions.) Tested on a small model.
 
     block l:  (f_l(h_l.detach()) · a_{l+1}).sum(-1).mean()       (LocalMethod.local_gradients,
     embed:    (embed(x) · a_0).sum(-1).mean()                     per-block clip at settings.clip)
@@ -43,13 +54,24 @@ from ..seeding import draw_on_host
 from .local import LocalMethod
 
 
+def chance_gamma(grads: list[torch.Tensor]) -> list[float]:
+    """E[Γ_l] of the one-draw estimate, l = 0 … L, from the BP gradients g_0 … g_L (each (N, …)):
+    √(2/π) · mean_i ‖g_l,i‖ / (√D · √(Σ_k ‖g_k,i‖²)), D the features per sample (module docstring)."""
+    norms = torch.stack([g.detach().flatten(1).double().norm(dim=-1) for g in grads])   # (L + 1, N)
+    d = grads[0][0].numel()
+    total = norms.pow(2).sum(0).sqrt()
+    return ((2 / torch.pi) ** 0.5 * norms / (d ** 0.5 * total)).mean(-1).tolist()
+
+
 class NodePerturbation(LocalMethod):
     """Local losses on a_l = ΔL · ξ_l / σ², ΔL the per-sample loss change under noise ξ on every h_l."""
 
     name = "node-perturbation"
     summary = "node perturbation (Williams 1992): a_l = ΔL·ξ_l/σ² from a second forward with noise ξ"
     null_note = ("no feedback matrices, no null; Γ is the cosine of one noise draw's estimate per "
-                 "sample, not of its expectation, so even an unbiased estimate scores far below 1")
+                 "sample, not of its expectation: at chance it is ≈ √(2/π)/√(D·(L+1)) (D features per "
+                 "sample, one loss change shared by the L + 1 positions' noise), far below 1 even "
+                 "for an unbiased estimate")
     option_defaults = {"sigma": 1e-2}
     option_ranges = {"sigma": (1e-6, 1.0)}
     option_help = {"sigma": "std σ of the Gaussian noise ξ_l added at every residual position h_l"}

@@ -70,6 +70,17 @@ Measured (MNIST-1D, d = 256, L = 4, batch 128, seed 42, one thread, 5 epochs): p
 batch 0 at init 0.36 (steps 10), 0.14 (steps 30), 0.49 (steps 10, α = 0.25); logged over epoch 5
 0.88 — the truncated PC signal, yet Γ per layer 0.81 / 0.82 / 0.85 / 0.87 / 0.98; test accuracy
 0.557 (bp 0.610, iPC 0.528); CPU time per epoch 7.6 s (bp 0.79 s, iPC 9.2 s).
+Where it differs from the originals (Whittington & Bogacz 2017: value nodes x_l with errors
+ε_l = x_l − W_{l−1} f(x_{l−1}), the output clamped to the target, inference to convergence, then
+the Hebbian ΔW_l ∝ ε_{l+1} f(x_l)ᵀ; Salvatori et al.'s iPC updates the weights at every inference step):
+  * the prediction is the residual step h_l + f_l(h_l), and the output is nudged by β·CE of the
+    readout instead of being clamped to the label (β = 1 by default).
+  * each block's parameters learn by backprop of a_{l+1} = −ε_{l+1}/β through the block's two
+    layers (the error at the block's output times the block's input-to-parameter Jacobian), not a
+    Hebbian product per single weight matrix; every node's precision is 1.
+  * inference runs a fixed number of steps (10) with a per-sample step-halving safeguard (plain pc),
+    not to convergence; the embedding learns from the force on the clamped h_0.
+  * AdamW with a cosine schedule; no gradient clipping.
 """
 from __future__ import annotations
 

@@ -28,6 +28,13 @@ R (same distribution) and keeps sign(W_t), so Γ − null says how much the trai
 *their* magnitudes beyond the signs they share with B. uSF has nothing random, and brSF redraws R
 every step, so a fresh R is a draw from the very distribution in use (Γ − null ≈ 0 by
 construction): both have no null (`random_feedback` False for them).
+Where it differs from the originals (Liao, Leibo & Poggio 2016 trained sign-symmetric feedback with
+batch manipulation and batch normalisation on every layer; Moskovitz et al. 2018 scaled it for
+ImageNet; the three variants' magnitudes follow BioTorch):
+  * only the block Linear/Conv2d modules use sign-symmetric feedback; embedding, readout, skips,
+    LayerNorms and activations backpropagate exactly (fa's routing), so a_L = g_L.
+  * no batch manipulation; the magnitudes are Xavier-scaled per layer (BioTorch's choice).
+  * AdamW with a cosine schedule, not the papers' SGD with momentum.
 """
 from __future__ import annotations
 
