@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,8 @@ def _rules() -> str:
     lines = ["rules (--methods NAME; * = one of the paper's seven, trained by the quick and paper "
              "presets; the zoo preset trains all):"]
     for name, cls in METHODS.items():
-        lines.append(f"  {'*' if cls.paper else ' '} {name}: {summary_line(name, cls)}".rstrip())
+        lines += textwrap.wrap(f"{'*' if cls.paper else ' '} {name}: {summary_line(name, cls)}", 100,
+                               initial_indent="  ", subsequent_indent="      ")
     return "\n".join(lines) + "\n"
 
 

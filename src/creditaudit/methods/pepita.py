@@ -60,6 +60,7 @@ def draw_modulation(model, gen: torch.Generator) -> torch.Tensor:
 
 class PEPITA(LocalMethod):
     name = "pepita"
+    summary = "PEPITA (Dellaferrera & Kreiman 2022): a second forward from the input modulated by the output error; no backward pass"
     random_feedback = True
     option_defaults = {"scale": 0.05}
     option_ranges = {"scale": (1e-6, 10.0)}
