@@ -107,10 +107,14 @@ def _rules() -> str:
     return "\n".join(lines) + "\n"
 
 
-def source_digest() -> str:
-    """sha256 of every .py file of the package (path and bytes): the catalog's key."""
+def source_digest(skip: tuple[str, ...] = ()) -> str:
+    """sha256 of every .py file of the package (path and bytes), but those under the top-level
+    names in `skip`: the catalog's key (all of them), and part of a diagnosis' binding (all but
+    the views and the command line, which compute nothing a diagnosis holds)."""
     h = hashlib.sha256()
     for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] in skip:
+            continue
         h.update(str(path.relative_to(PACKAGE)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:32]
 

@@ -293,7 +293,9 @@ def diagnosis_binding(run_dir: Path) -> dict[str, Any]:
             "status": store.digest(store.json_safe(status)) if status else None}
 
 
-def write_diagnosis(run_dir: Path, report: dict) -> None:
-    """Seal `report` as <run_dir>/diagnosis.json, bound to the run as it stands now."""
+def write_diagnosis(run_dir: Path, report: dict, settings: str | None = None) -> None:
+    """Seal `report` as <run_dir>/diagnosis.json, bound to the run as it stands now and, from an
+    audit, to the digest of the settings it was made with (`experiments.common.diagnosis_settings`)."""
     store.write_sealed_json(Path(run_dir) / "diagnosis.json",
-                            {**report, "run_binding": diagnosis_binding(run_dir)})
+                            {**report, "run_binding": diagnosis_binding(run_dir),
+                             **({"settings_binding": settings} if settings else {})})
