@@ -8,8 +8,10 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -342,6 +344,16 @@ def _audit_raw(args) -> dict:
     return raw
 
 
+def _what_ran(args, config) -> str:
+    """The header's account of the settings: "preset quick", "preset quick + --methods, --seeds,
+    --epochs", "examples/my.toml + --seeds": what actually ran, not only where it started."""
+    preset = f"preset {config.preset}" if config.preset else ""
+    base = f"{args.config}{f' ({preset})' if preset else ''}" if args.config else preset or "defaults"
+    given = [f"--{key.replace('_', '-')}" for key in ("methods", "seeds", "epochs", "dataset", "arch",
+                                                      "eval_batches") if getattr(args, key, None)]
+    return " + ".join([base, *([", ".join(given)] if given else [])])
+
+
 def _require_schedule(args, raw: dict) -> None:
     """A config file without a preset must say how long to train (checked after its keys are
     validated): an empty one must not start the default schedule, 100 epochs per run, silently."""
@@ -354,6 +366,7 @@ def _cmd_audit(args) -> int:
     from .config import audit_config_from_dict
     from .experiments import audit
     from .report import compact_table, write_report
+    from .report.tables import work_done
     from .verdict import Thresholds, verdict_of
     raw = _audit_raw(args)
     config = audit_config_from_dict(raw, where=args.config or "the audit settings")
@@ -361,9 +374,12 @@ def _cmd_audit(args) -> int:
     if args.tensorboard is not None:          # refused now, not after the audit it would log
         from .trackers import check_log_dir
         check_log_dir(args.tensorboard)
+    from .report.tables import plural
     n_runs = len(config.run_configs())
-    print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
-          f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
+    width = max(60, shutil.get_terminal_size((120, 24)).columns)   # COLUMNS, else the terminal's
+    print(textwrap.fill(f"creditaudit audit ({_what_ran(args, config)}): {plural(len(config.methods), 'method')} "
+                        f"× {plural(len(config.seeds), 'seed')} → {plural(n_runs, 'run')} → {config.out}",
+                        width, subsequent_indent="    ", break_on_hyphens=False))
     with _locked_out(Path(config.out)):
         result = audit(config, progress=not args.quiet, compile_step=_compile_step(args))
         files = _write_report_together(write_report, result, Path(config.out))
@@ -371,12 +387,12 @@ def _cmd_audit(args) -> int:
         from .trackers import log_runs
         log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))
     print()
-    print(compact_table(result))
+    print(compact_table(result, width=width, out=str(config.out)))
     failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
     incomplete = [m["method"] for m in result["methods"] if verdict_of(m).outcome == "incomplete"]
     print(f"\nfull table, per-seed values and reasons: {Path(config.out) / 'audit.md'}")
-    print(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
-          f"{result['runs_trained_now']} runs trained now, {result['wall_time']:.0f} s")
+    print(textwrap.fill(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
+                        f"{work_done(result)}, {result['wall_time']:.0f} s", width, subsequent_indent="    "))
     parts = []
     if failed:
         parts.append(_failed_runs_advice(failed, "audit.md"))
@@ -561,7 +577,7 @@ def _cmd_report(args) -> int:
     audit_dir = Path(args.audit_dir)
     result = read_audit(audit_dir)
     files = _write_report_together(write_report, result, audit_dir)
-    print(compact_table(result))
+    print(compact_table(result, width=max(60, shutil.get_terminal_size((120, 24)).columns), out=str(audit_dir)))
     print(f"\nwritten from {audit_dir / 'audit.json'}: {', '.join(sorted(p.name for p in files.values()))}")
     return 0
 
