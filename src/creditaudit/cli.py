@@ -390,7 +390,8 @@ def _cmd_audit(args) -> int:
     print(compact_table(result, width=width, out=str(config.out)))
     failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
     incomplete = [m["method"] for m in result["methods"] if verdict_of(m).outcome == "incomplete"]
-    print(f"\nfull table, per-seed values and reasons: {Path(config.out) / 'audit.md'}")
+    print("\n" + textwrap.fill(f"full table, per-seed values and reasons: {Path(config.out) / 'audit.md'}",
+                               width, subsequent_indent="    ", break_long_words=False))
     print(textwrap.fill(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
                         f"{work_done(result)}, {result['wall_time']:.0f} s", width, subsequent_indent="    "))
     parts = []
