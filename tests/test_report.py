@@ -413,3 +413,17 @@ def digits_batches():
     from creditaudit.data import load_dataset
     data = load_dataset("digits")
     return [data.eval_batch(i, 45) for i in range(2)]
+
+
+def test_the_depth_margin_is_said_in_points_everywhere():
+    """(d)'s margin is "2 points" in the thresholds table and its legend, as in every verdict; its
+    interval too — never the fraction 0.02 beside "+2-point margin" elsewhere."""
+    from creditaudit.report.tables import _flag_lines, sensitivity_table
+    text = sensitivity_table({"depth_margin": {"current": 0.02, "fires_when": "upper bound < threshold",
+                                               "interval": [-0.0153, 0.0438], "interval_shape": "(lo, hi]",
+                                               "n_fired": 0, "n_spared": 1, "n_unmeasured": 0}})
+    row = next(l for l in text.splitlines() if l.startswith("| depth_margin"))
+    assert "2 points" in row and "(-1.53, 4.38] points" in row and "0.02" not in row
+    lines = _flag_lines({"thresholds": {"depth_margin": 0.02}, "flag_table": [
+        {"name": "(d)", "statistics": [{"name": "gap", "fires_when": "gap < threshold", "threshold": "depth_margin"}]}]})
+    assert "gap < 2 points (`depth_margin`)" in lines[0]

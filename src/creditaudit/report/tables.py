@@ -152,10 +152,25 @@ def _strategy_cells(audit: dict) -> tuple[list[str], list[list[str]]]:
     return ["method", *strategies], rows
 
 
-def _interval(entry: dict) -> str:
+# thresholds stored as fractions of accuracy but said in points everywhere a reader meets them
+_IN_POINTS = ("depth_margin",)
+
+
+def _threshold(name: str, value) -> str:
+    """A threshold's value as the report says it: (d)'s margin 0.02 → "2 points"; others as is."""
+    v = _f(value)
+    if name in _IN_POINTS and v is not None:
+        return f"{100 * v:g} points" if math.isfinite(v) else f"{v:g}"
+    return _g(value)
+
+
+def _interval(entry: dict, name: str = "") -> str:
     interval = list(entry.get("interval") or [])
     lo, hi = (interval + [None, None])[:2]
     shape = entry.get("interval_shape") or "[lo, hi]"
+    if name in _IN_POINTS:
+        point = lambda v: _g(None if _f(v) is None else round(100 * _f(v), 2))
+        return f"{shape[0]}{point(lo)}, {point(hi)}{shape[-1]} points"
     return f"{shape[0]}{_g(lo)}, {_g(hi)}{shape[-1]}"
 
 
@@ -166,9 +181,9 @@ def _sensitivity_cells(audit: dict) -> tuple[list[str], list[list[str]]]:
     for name, entry in (audit.get("sensitivity") or {}).items():
         if not isinstance(entry, dict):
             continue
-        rows.append([name, _g(entry.get("current")),
+        rows.append([name, _threshold(name, entry.get("current")),
                      str(entry.get("fires_when") or "—").replace("threshold", "T"),
-                     _interval(entry), *(str(entry.get(k, "—")) for k in ("n_fired", "n_spared",
+                     _interval(entry, name), *(str(entry.get(k, "—")) for k in ("n_fired", "n_spared",
                                                                            "n_unmeasured"))])
     return head, rows
 
@@ -208,7 +223,7 @@ def _flag_lines(audit: dict) -> list[str]:
         if not isinstance(flag, dict):
             continue
         stats = "; ".join(f"{st.get('name')} {str(st.get('fires_when', '')).split()[-2]} "
-                          f"{_g(t.get(st.get('threshold')))} (`{st.get('threshold')}`)"
+                          f"{_threshold(st.get('threshold'), t.get(st.get('threshold')))} (`{st.get('threshold')}`)"
                           for st in flag.get("statistics") or [])
         verdicts = flag.get("verdicts") or []
         uses = (f"used by the {' and '.join(verdicts)} verdict{'s' if len(verdicts) > 1 else ''}"
