@@ -312,3 +312,23 @@ def test_a_rerun_reuses_every_diagnosis_and_rediagnoses_what_changed(tmp_path, c
         result, printed = audit(**changed)
         assert (result["runs_trained_now"], result["diagnoses_reused"]) == (0, 0), changed
         assert "0 of 4 diagnoses reused" in " ".join(printed.split())
+
+
+def test_an_audit_of_zero_initialised_blocks_says_its_frozen_control_is_a_shallow_network(tmp_path, capsys):
+    """w2_std = 0: every residual branch starts at exactly 0, so the frozen control is the shallow
+    network. Measured on the control (not read from a setting), stated on every main run's
+    diagnosis, in audit.md and on the terminal; with the default init, not said."""
+    for w2, said in ((0.0, True), (0.01, False)):
+        toml = tmp_path / f"{w2}.toml"
+        toml.write_text(f'dataset = "digits"\nmethods = ["bp"]\nseeds = [1]\nepochs = 2\njobs = 1\n'
+                        f'eval_batches = 4\n[model]\nwidth = 16\nblocks = 2\nw2_std = {w2}\n')
+        out = tmp_path / f"a{w2}"
+        capsys.readouterr()
+        assert cli_main(["audit", "--config", str(toml), "--out", str(out), "--quiet"]) in (0, 1, 3)
+        printed = " ".join(capsys.readouterr().out.split())
+        result = json.loads((out / "audit.json").read_text())
+        main = next(r for r in result["runs"] if r["control"] == "none")
+        notes = " ".join(main["report"]["notes"])
+        assert ("exactly a shallow network" in notes) is said
+        assert ("exactly a shallow network" in printed) is said
+        assert ("beat no blocks at all" in (out / "audit.md").read_text()) is said

@@ -263,6 +263,8 @@ def _diagnose_user_model(args):
                       monitor_history=ev["history"], depth_unevaluated=admitted.depth_why,
                       rho=getattr(args, "rho", False), label=f"{args.model} ({Path(args.weights).name})")
     report.first_fire = None          # two snapshots (init, now) are no training-time monitor
+    if admitted.note:                 # what the control is, when it is not what (d) assumes
+        report.notes.append(admitted.note)
     return report
 
 

@@ -104,6 +104,7 @@ class DiagnoseJob(Job):
     n_eval: int = default(AuditConfig, "eval_batches")
     rho: bool = True
     control_binding: dict | None = None       # the frozen control as it stands (`diagnosis_binding`)
+    control_note: str | None = None           # the gate's note on what that control is
 
 
 def diagnosis_settings(job: DiagnoseJob) -> str:
@@ -117,6 +118,7 @@ def diagnosis_settings(job: DiagnoseJob) -> str:
         "null_k": inspect.signature(diagnose).parameters["null_k"].default,
         "frozen_acc": job.frozen_acc, "depth_why": job.depth_why,
         "missing_evidence": list(job.missing_evidence), "control": job.control_binding,
+        "control_note": job.control_note,
         "source": source_digest(skip=_NOT_DIAGNOSIS)}))
 
 
@@ -153,7 +155,7 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
         report = diagnose_run(run, eval_batches(data, job.n_eval), frozen_acc=job.frozen_acc,
                               depth_why=job.depth_why, missing_evidence=job.missing_evidence,
                               thresholds=Thresholds(**job.thresholds), rho=job.rho,
-                              run_data=data).to_dict()
+                              run_data=data, notes=[job.control_note] if job.control_note else []).to_dict()
         write_diagnosis(Path(job.run_dir), report, settings=diagnosis_settings(job))
         return report
     except Exception as err:  # noqa: BLE001
@@ -163,14 +165,16 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
 def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: float | None = None,
                  depth_why: str | None = None, missing_evidence: Sequence[str] = (),
                  thresholds: Thresholds = Thresholds(), rho: bool = False, null_k: int | None = None,
-                 run_data: ArrayDataset | None = None):
+                 run_data: ArrayDataset | None = None, notes: Sequence[str] = ()):
     """`protocol.diagnose` of a run read from its folder: its method, history and status, and
     (d)'s control: a `control` run folder goes through the evidence gate here (`evidence.gate`;
     a control that is not this run's, never trained, or non-finite is refused); or `frozen_acc`
-    (with `depth_why` when None) as the gate already admitted it (`run_all`). The run must have
+    (with `depth_why` when None, and the gate's `notes` on it) as the gate already admitted it
+    (`run_all`). The run must have
     trained on `run_data` (its data digest), else the diagnosis is refused."""
     if run_data is not None:       # measured on other data than it trained on, nothing it says holds
         run.config.bind_data(run_data.digest)
+    control_notes = list(notes)
     diverged = run.status.get("message") if run.status.get("status") == "diverged" else None
     training = {"status": run.status.get("status", "unfinished"),
                 "epochs_completed": run.epochs_completed, "epochs_planned": run.config.epochs}
@@ -178,11 +182,13 @@ def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: f
         admitted = evidence.gate(evidence.Evidence(
             run.config.label, training, control_evidence(run.config, control, batches[0][0])))
         frozen_acc, depth_why = admitted.frozen_acc, admitted.depth_why
+        control_notes += [admitted.note] if admitted.note else []
     report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
                       test_acc=run.test_acc, thresholds=thresholds, monitor_history=run.history,
                       rho=rho, label=run.config.label, diverged=diverged, training=training,
                       missing_evidence=missing_evidence, depth_unevaluated=depth_why,
                       **({} if null_k is None else {"null_k": null_k}))   # None: diagnose's own default
+    report.notes.extend(control_notes)     # what the control is, when it is not what (d) assumes
     recomputed = accuracy(run.model, run_data.eval_batches("test", 1000)) if run_data is not None else None
     if recomputed is not None and run.test_acc is not None and abs(recomputed - run.test_acc) > 0.005:
         report.notes.append(f"the recorded test accuracy {run.test_acc:.4f} and the one recomputed "
@@ -411,6 +417,7 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
                                      depth_why=admitted.depth_why if admitted else refused,
                                      missing_evidence=[refused] if refused else [], n_eval=n_eval,
                                      rho=rho and o.config.control == "none",
+                                     control_note=admitted.note if admitted else None,
                                      control_binding=(diagnosis_binding(control.run_dir)
                                                       if control is not None and control.status in DONE else None)))
         diag_index.append(i)
