@@ -349,8 +349,11 @@ def _audit_raw(args) -> dict:
 def _what_ran(args, config) -> str:
     """The header's account of the settings: "preset quick", "preset quick + --methods, --seeds,
     --epochs", "examples/my.toml + --seeds": what actually ran, not only where it started."""
-    preset = f"preset {config.preset}" if config.preset else ""
-    base = f"{args.config}{f' ({preset})' if preset else ''}" if args.config else preset or "defaults"
+    preset = f"preset {config.preset}" if config.preset else None
+    if args.config:
+        base = f"{args.config} ({preset})" if preset else str(args.config)
+    else:                 # without a file the preset is always named (quick by default)
+        base = str(preset)
     given = [f"--{key.replace('_', '-')}" for key in ("methods", "seeds", "epochs", "dataset", "arch",
                                                       "eval_batches") if getattr(args, key, None)]
     return " + ".join([base, *([", ".join(given)] if given else [])])
