@@ -427,3 +427,23 @@ def test_the_depth_margin_is_said_in_points_everywhere():
     lines = _flag_lines({"thresholds": {"depth_margin": 0.02}, "flag_table": [
         {"name": "(d)", "statistics": [{"name": "gap", "fires_when": "gap < threshold", "threshold": "depth_margin"}]}]})
     assert "gap < 2 points (`depth_margin`)" in lines[0]
+
+
+def test_the_terminal_ends_with_what_to_do_next_for_its_outcome(audited):
+    """One closing line per outcome: walk back → the report and `thresholds`; incomplete for want
+    of seeds → the seeds to add; all trustworthy → `check` for CI."""
+    from creditaudit.report import compact_table
+    result, _, _ = audited
+    audit = _three_verdicts(result)
+    last = lambda a: " ".join(compact_table(a, out="audits/x").split("\n\n")[-1].split())
+    assert last(audit).startswith("next: open audits/x/report.html") and "`creditaudit thresholds audits/x`" in last(audit)
+    trusted = store.json_safe(copy.deepcopy(audit))
+    trusted["methods"] = [_row(trusted, "bp")]
+    assert last(trusted).startswith("next: `creditaudit check audits/x`")
+    undecided = store.json_safe(copy.deepcopy(trusted))
+    row = undecided["methods"][0]
+    row.update(verdict="incomplete: (d) undetermined", missing=["(d) undetermined: about 9 seeds would likely decide it"],
+               verdicts={"project": Verdict("project", "incomplete", missing=("(d) undetermined",)).to_dict()})
+    undecided["config"] = {**(undecided.get("config") or {}), "seeds": [7]}
+    assert last(undecided) == ("next: add seeds to decide (d): --seeds 7 8 9 (runs of the seeds you have "
+                               "are reused).")
