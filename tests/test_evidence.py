@@ -641,3 +641,29 @@ def test_a_flag_at_epoch_0_names_the_adapter(tmp_path, digits):
                                   skip=False)
     with pytest.warns(creditaudit.FlagFired, match="epoch 0.*likely cause is the adapter"):
         creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "r", epochs=1, adapter=adapter)
+
+
+# -- a control whose blocks are the identity at init is a shallow network: the report says so -----
+def test_a_control_of_identity_blocks_is_named_a_shallow_network():
+    """Measured ‖f_l(h_l)‖ = 0 for every block of the admitted frozen control (zero-initialised
+    residual branches): the gate's note says the control equals a shallow network and what (d)
+    then asks; blocks that move the stream, an unmeasured ratio, or a control (d) cannot use, no note."""
+    from creditaudit.evidence import ControlEvidence, Evidence, gate
+    checked = dict(acc=0.5, blocks_at_init=True, rest_moved=True, finite=True)
+    note = gate(Evidence("r", None, ControlEvidence("ctl", branch_ratio=0.0, **checked))).note
+    assert "exactly a shallow network" in note and "beat no blocks at all" in note
+    for ratio in (0.03, None):
+        assert gate(Evidence("r", None, ControlEvidence("ctl", branch_ratio=ratio, **checked))).note is None
+    unfinished = gate(Evidence("r", None, ControlEvidence("ctl", branch_ratio=0.0, **{**checked, "acc": None})))
+    assert unfinished.frozen_acc is None and unfinished.note is None
+
+
+def test_branch_ratios_are_zero_exactly_for_zero_initialised_branches():
+    import torch
+    from creditaudit.metrics import branch_ratios
+    from creditaudit.model import build_model
+    x = torch.randn(8, 64)
+    for arch_shape in (("resmlp", (64,)),):
+        zero = build_model(arch_shape[0], arch_shape[1], 10, width=16, blocks=3, w2_std=0.0)
+        assert branch_ratios(zero, x) == [0.0, 0.0, 0.0]
+        assert min(branch_ratios(build_model(arch_shape[0], arch_shape[1], 10, width=16, blocks=3), x)) > 1e-3

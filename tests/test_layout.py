@@ -216,3 +216,58 @@ def test_a_method_added_to_the_registry_alone_is_everywhere(monkeypatch, capsys)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--help"])
     assert Extra.name in capsys.readouterr().out
+
+
+# -- fast where nothing is computed: --help and argument errors import no torch ------------------
+_NO_TORCH = r"""
+import contextlib, io, sys
+import creditaudit.cli as cli
+from creditaudit.catalog import PACKAGE
+outcomes = []
+for argv in [["--help"], *[[c[0], "--help"] for c in cli.COMMANDS], ["audit", "--epochs", "x"],
+             ["train", "--dataset", "no-such-data"], ["nonsense"]]:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            code = cli.main(argv)
+        except SystemExit as err:
+            code = err.code
+    outcomes.append(code)
+print(outcomes, sorted(m for m in ("torch", "numpy", "matplotlib") if m in sys.modules))
+"""
+
+
+def test_help_and_argument_errors_import_no_torch(tmp_path):
+    """Every --help and an argument error answer from the cached catalog: torch (seconds of CPU)
+    is never imported. The first command of a source tree computes the catalog; the second reads it."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": str(SRC.parent), "XDG_CACHE_HOME": str(tmp_path)}
+    run = lambda: subprocess.run([sys.executable, "-c", _NO_TORCH], env=env, capture_output=True,
+                                 text=True, check=True).stdout.strip()
+    run()                                   # computes (or finds) the catalog
+    from creditaudit.cli import COMMANDS
+    assert run() == f"{[0] * (1 + len(COMMANDS)) + [2, 2, 2]} []"
+
+
+def test_the_cached_catalog_is_the_live_one(tmp_path, monkeypatch):
+    """What --help reads from the cache equals what the registries say now; a cache file that is
+    not JSON of this source tree is recomputed, not trusted."""
+    import json
+    from creditaudit import catalog
+    live = json.loads(json.dumps(catalog.live().values))
+    monkeypatch.setattr(catalog, "_cache_files", lambda digest: [tmp_path / f"catalog.{digest}.json"])
+    assert catalog.load().values == live                 # computed, then written
+    (cached,) = tmp_path.glob("catalog.*.json")
+    assert catalog.load().values == live                 # read back
+    for broken in ("{not json", json.dumps({"digest": "other", **live}), json.dumps({"digest": catalog.source_digest()})):
+        cached.write_text(broken)
+        assert catalog.load().values == live
+
+
+def test_help_summaries_are_whole_sentences():
+    """`audit --help` gives each rule a whole line of its docstring, never one cut mid-sentence."""
+    from creditaudit.catalog import summary_line
+    for name, cls in METHODS.items():
+        line = summary_line(name, cls)
+        assert line and line.count("(") == line.count(")") and line.count('"') % 2 == 0, (name, line)

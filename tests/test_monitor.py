@@ -362,3 +362,27 @@ def test_a_control_that_is_not_this_runs_frozen_control_is_refused(tmp_path, dig
     with pytest.raises(CreditAuditError, match="already holds the report of another audit"):
         creditaudit.audit_own_runs([tmp_path / "a"], out=tmp_path / "audit", n_test=360)
     creditaudit.audit_own_runs([tmp_path / "b"], out=tmp_path / "audit", n_test=360)   # the same: fine
+
+
+def test_a_zero_initialised_model_is_told_its_frozen_control_is_shallow(tmp_path, digits):
+    """Your own loop, a model whose residual branches start at 0: its Monitor-trained frozen control
+    measures every block as the identity, and the run's diagnosis says the control equals a
+    shallow network and what (d) then asks."""
+    test = [digits.eval_batch(0, 360)]
+    batch = digits.eval_batch(0)
+
+    def train(model, mon):
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], 1e-2)
+        _bp_epoch(model, digits, mon, torch.Generator().manual_seed(0), opt)
+        mon.epoch_end()
+        mon.finish()
+    torch.manual_seed(0)
+    model = creditaudit.ResidualMLP(64, d=16, n_blocks=2, n_classes=10, w2_std=0.0)
+    mon = creditaudit.Monitor(model, batch, tmp_path / "run", epochs=1, seed=0, test_batches=test)
+    train(model, mon)
+    ctrl = creditaudit.Monitor(mon.frozen_control(), batch, tmp_path / "ctrl", epochs=1, seed=0,
+                               test_batches=test, control_of=mon)
+    train(ctrl.model, ctrl)
+    assert load_monitored(tmp_path / "ctrl").status["control_check"]["branch_ratio"] == 0.0
+    notes = " ".join(load_monitored(tmp_path / "run").diagnosis["notes"])
+    assert "exactly a shallow network" in notes and "beat no blocks at all" in notes

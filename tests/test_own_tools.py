@@ -145,7 +145,7 @@ def _verdict_lines(text: str) -> list[str]:
             lines[-1] += " " + line.strip()
         else:
             lines.append(line)
-    return [l for l in lines if re.match(r"(\d+ of \d+ methods? walks? back|my-\w+: |  paper's rule: )", l)]
+    return [l for l in lines if re.match(r"(Of \d+ methods?, |my-\w+: |  - paper's rule: )", l)]
 
 
 def test_doc_example_with_a_model_of_its_own(tmp_path, monkeypatch, capsys):

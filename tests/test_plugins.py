@@ -182,3 +182,42 @@ def test_writing_a_rule_example_trains_and_is_diagnosed_through_the_cli(tmp_path
     assert len(report["gamma"]) == 3 and report["null"] is not None      # Γ at l = 0…L and its null
     check = cli(["check", "run"], tmp_path, [])                           # diagnose saved diagnosis.json
     assert check.returncode == 3 and "incomplete" in check.stdout, check.stderr   # no frozen control
+
+
+def test_user_model_with_zero_initialised_branches_is_told_its_control_is_shallow(tmp_path):
+    """A model of your own whose residual branches start at exactly 0 (ResNet's zero-γ, many
+    transformers): its frozen control is exactly a shallow network. Measured on the control's
+    blocks, the diagnosis says so and what (d) then asks."""
+    from creditaudit.data import load_dataset
+    from creditaudit.methods import MethodSettings, method_class
+    from creditaudit.model import ResidualMLP
+    pkg = tmp_path / "models"
+    pkg.mkdir()
+    (pkg / "zeronets.py").write_text(textwrap.dedent('''
+        import torch
+        from creditaudit.model import ResidualMLP
+
+        def make():
+            torch.manual_seed(0)
+            return ResidualMLP(64, d=16, n_blocks=2, n_classes=10, w2_std=0.0)
+    '''))
+    torch.manual_seed(0)
+    init = ResidualMLP(64, d=16, n_blocks=2, n_classes=10, w2_std=0.0)
+    save_file(init.state_dict(), str(tmp_path / "init.safetensors"))
+    data = load_dataset("digits")
+    for name, blocks in (("trained", (0, 1)), ("frozen", ())):
+        model = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+        model.load_state_dict(init.state_dict())
+        bp = method_class("bp")(model, MethodSettings(epochs=3, trainable_blocks=blocks, lr=3e-3))
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(3):
+            for x, y in data.train_batches(128, gen):
+                bp.train_step(x, y)
+            bp.end_epoch()
+        save_file(model.state_dict(), str(tmp_path / f"{name}.safetensors"))
+    proc = cli(["diagnose", "--model", "zeronets:make", "--weights", "trained.safetensors", "--dataset",
+                "digits", "--eval-batches", "2", "--frozen-control", "frozen.safetensors",
+                "--init-weights", "init.safetensors", "--json"], tmp_path, [pkg])
+    assert proc.returncode == 0, proc.stderr
+    notes = " ".join(json.loads(proc.stdout)["notes"])
+    assert "exactly a shallow network" in notes and "beat no blocks at all" in notes

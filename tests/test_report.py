@@ -247,15 +247,15 @@ def html_escape(text):
 
 
 def test_compact_table_fits_a_terminal_and_names_each_method(audited):
-    """≤ 120 columns; the narrow verdict column may be cut, but each method's full verdicts — the
-    text that explains an "incomplete" — follow the table in full, wrapped, never cut."""
+    """≤ 120 columns; a verdict too long for its column wraps, never cut, and each method's full
+    verdicts — the text that explains an "incomplete" — follow the table in full, wrapped, never cut."""
     from creditaudit.report import compact_table
     result, _, _ = audited
     text = compact_table(result)
     lines = text.splitlines()
     assert all(len(line) <= 120 for line in lines)
     top = next(i for i, line in enumerate(lines) if line.startswith("method "))
-    assert lines[0].startswith(f"0 of {len(result['methods'])} methods walk back") or " of " in lines[0]
+    assert lines[0].startswith(f"Of {len(result['methods'])} methods, ")
     table = lines[top:top + 2 + len(result["methods"])]
     for row, line in zip(result["methods"], table[2:]):
         assert line.startswith(row["method"]) and f"{100 * row['acc']:.1f}" in line
@@ -268,7 +268,10 @@ def test_compact_table_fits_a_terminal_and_names_each_method(audited):
     assert "walk back: (a), (b′), (d)" in wide                  # flag names shortened to fit
     narrow = compact_table(_degenerate(result), width=80)
     assert all(len(line) <= 80 for line in narrow.splitlines())
-    assert next(l for l in narrow.splitlines() if l.startswith("dfa")).endswith("…")
+    assert "…" not in narrow
+    row = narrow.splitlines().index(next(l for l in narrow.splitlines() if l.startswith("dfa ")))
+    cell = " ".join(l.strip() for l in narrow.splitlines()[row:row + 3])
+    assert "walk back: (a), (b′), (d)" in cell                  # the verdict cell wraps onto its next lines
     assert "dfa: walk back: (a) EXPLODED, (b′) ATTENUATED, (d) UNDERCUT" in narrow.replace("\n    ", " ")
     assert compact_table({}) == "(no methods)"
 
@@ -335,7 +338,7 @@ def test_the_report_says_first_how_many_walk_back_and_what_the_verdicts_mean(aud
     from creditaudit.report import compact_table, report_html
     result, _, _ = audited
     audit = _three_verdicts(result)
-    summary = "1 of 3 methods walks back, 1 is trustworthy, 1 is incomplete (project verdict)."
+    summary = "Of 3 methods, 1 walks back, 1 is trustworthy, 1 is incomplete (project verdict)."
     md, text, page = audit_table(audit), compact_table(audit), report_html(audit, {})
     assert text.splitlines()[0] == summary
     assert f"**{summary}**" in md and f'<p class="summary">{summary}</p>' in page
@@ -349,7 +352,7 @@ def test_the_report_says_first_how_many_walk_back_and_what_the_verdicts_mean(aud
         assert "trustworthy" in head and "incomplete" in head
     one = store.json_safe(copy.deepcopy(audit))
     one["methods"] = one["methods"][1:2]
-    assert compact_table(one).splitlines()[0] == "1 of 1 method walks back, 0 are trustworthy, 0 are incomplete (project verdict)."
+    assert compact_table(one).splitlines()[0] == "Of 1 method, 1 walks back, 0 are trustworthy, 0 are incomplete (project verdict)."
 
 
 def test_a_gamma_marked_uninterpretable_shows_no_z(audited):
@@ -410,3 +413,37 @@ def digits_batches():
     from creditaudit.data import load_dataset
     data = load_dataset("digits")
     return [data.eval_batch(i, 45) for i in range(2)]
+
+
+def test_the_depth_margin_is_said_in_points_everywhere():
+    """(d)'s margin is "2 points" in the thresholds table and its legend, as in every verdict; its
+    interval too — never the fraction 0.02 beside "+2-point margin" elsewhere."""
+    from creditaudit.report.tables import _flag_lines, sensitivity_table
+    text = sensitivity_table({"depth_margin": {"current": 0.02, "fires_when": "upper bound < threshold",
+                                               "interval": [-0.0153, 0.0438], "interval_shape": "(lo, hi]",
+                                               "n_fired": 0, "n_spared": 1, "n_unmeasured": 0}})
+    row = next(l for l in text.splitlines() if l.startswith("| depth_margin"))
+    assert "2 points" in row and "(-1.53, 4.38] points" in row and "0.02" not in row
+    lines = _flag_lines({"thresholds": {"depth_margin": 0.02}, "flag_table": [
+        {"name": "(d)", "statistics": [{"name": "gap", "fires_when": "gap < threshold", "threshold": "depth_margin"}]}]})
+    assert "gap < 2 points (`depth_margin`)" in lines[0]
+
+
+def test_the_terminal_ends_with_what_to_do_next_for_its_outcome(audited):
+    """One closing line per outcome: walk back → the report and `thresholds`; incomplete for want
+    of seeds → the seeds to add; all trustworthy → `check` for CI."""
+    from creditaudit.report import compact_table
+    result, _, _ = audited
+    audit = _three_verdicts(result)
+    last = lambda a: " ".join(compact_table(a, out="audits/x").split("\n\n")[-1].split())
+    assert last(audit).startswith("next: open audits/x/report.html") and "`creditaudit thresholds audits/x`" in last(audit)
+    trusted = store.json_safe(copy.deepcopy(audit))
+    trusted["methods"] = [_row(trusted, "bp")]
+    assert last(trusted).startswith("next: `creditaudit check audits/x`")
+    undecided = store.json_safe(copy.deepcopy(trusted))
+    row = undecided["methods"][0]
+    row.update(verdict="incomplete: (d) undetermined", missing=["(d) undetermined: about 9 seeds would likely decide it"],
+               verdicts={"project": Verdict("project", "incomplete", missing=("(d) undetermined",)).to_dict()})
+    undecided["config"] = {**(undecided.get("config") or {}), "seeds": [7]}
+    assert last(undecided) == ("next: add seeds to decide (d): --seeds 7 8 9 (runs of the seeds you have "
+                               "are reused).")

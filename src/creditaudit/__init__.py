@@ -3,14 +3,14 @@ and audit whether their reported numbers (accuracy, gradient cosine Γ) mean any
 __version__ = "0.1.0"
 
 from .errors import CreditAuditError, CreditAuditWarning
-from .model import ResidualMLP, ResidualStream, as_stream
 
-# The monitor for a user's own loop (docs/YOUR_OWN_LOOP.md) and the protocol's `diagnose` (README,
-# "Auditing your own model"), imported on first use so that
-# `import creditaudit` stays light: name → module that defines it.
+# The model classes, the monitor for a user's own loop (docs/YOUR_OWN_LOOP.md) and the protocol's
+# `diagnose` (README, "Auditing your own model"), imported on first use so that `import creditaudit`
+# (and with it `creditaudit --help`) imports no torch: name → module that defines it.
 _LAZY = {"Monitor": "monitor", "StopRun": "monitor", "FlagFired": "monitor",
          "load_monitored": "monitor", "Adapter": "adapter",
-         "audit_own_runs": "api", "diagnose": "protocol"}
+         "audit_own_runs": "api", "diagnose": "protocol",
+         "ResidualMLP": "model", "ResidualStream": "model", "as_stream": "model"}
 
 
 def __getattr__(name: str):

@@ -30,6 +30,6 @@ def audit_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     audit = judge_own_runs(runs, controls, out=out, n_test=n_test, method=method, thresholds=thresholds)
     write_report(audit, Path(out))
     if not quiet:
-        print(compact_table(audit))
+        print(compact_table(audit, out=str(out)))
         print(f"\nfull table, per-seed values and reasons: {Path(out) / 'audit.md'}")
     return audit

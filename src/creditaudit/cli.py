@@ -8,8 +8,10 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -30,11 +32,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
-from .config import MAX_COUNT   # the upper bound of every count option: larger is a typo, not a plan
-
-
-def _count(low: int, high: int = MAX_COUNT):
-    """An argparse type: an integer in low … high (an out-of-range count is refused, never run)."""
+def _count(low: int, high: int):
+    """An argparse type: an integer in low … high (an out-of-range count is refused, never run;
+    the catalog's `max_count` bounds every count whose size is a plan, not a typo)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -84,58 +84,6 @@ def _set_threads(args) -> None:
 
 
 # -- train ----------------------------------------------------------------------------------------
-def _add_run_args(p: argparse.ArgumentParser) -> None:
-    from .config import PRECISIONS, RunConfig, default, field_help
-    from .data import DATASET_NAMES
-    from .methods import METHODS
-    from .model import ACTIVATIONS, ARCHITECTURES
-    d = lambda name: default(RunConfig, name)
-    h = lambda name, extra="": f"{field_help(RunConfig, name)}{extra} (default: {d(name)})"
-    p.add_argument("--method", default=d("method"), metavar="NAME",
-                   help=h("method", f"; one of {_choices(METHODS)}"))
-    p.add_argument("--dataset", default=d("dataset"), choices=DATASET_NAMES, metavar="NAME",
-                   help=h("dataset", f"; one of {_choices(DATASET_NAMES)}"))
-    p.add_argument("--arch", default=d("arch"), choices=ARCHITECTURES, metavar="NAME",
-                   help=h("arch", f"; one of {_choices(ARCHITECTURES)}"))
-    p.add_argument("--seed", type=int, default=d("seed"), help=h("seed"))
-    p.add_argument("--epochs", type=_count(1), default=d("epochs"), help=h("epochs"))
-    p.add_argument("--batch-size", type=_count(1, 10 ** 7), default=d("batch_size"), help=h("batch_size"))
-    p.add_argument("--lr", type=_finite_float, default=d("lr"), help=h("lr"))
-    p.add_argument("--weight-decay", type=_finite_float, default=d("weight_decay"), help=h("weight_decay"))
-    p.add_argument("--width", type=_count(1), default=d("width"), help=h("width"))
-    p.add_argument("--blocks", type=_count(0), default=d("blocks"), help=h("blocks"))
-    p.add_argument("--activation", default=d("activation"), choices=list(ACTIVATIONS), metavar="NAME",
-                   help=h("activation", f"; one of {_choices(ACTIVATIONS)}"))
-    p.add_argument("--w2-std", type=_finite_float, default=d("w2_std"), help=h("w2_std"))
-    p.add_argument("--clip", type=_finite_float, default=d("clip"), help=h("clip"))
-    p.add_argument("--lam", type=_finite_float, default=None,
-                   help="residual penalty λ, for the methods that declare it (default: the method's own)")
-    depth = p.add_mutually_exclusive_group()
-    depth.add_argument("--frozen", action="store_true", help="blocks frozen at init (the frozen-blocks control)")
-    depth.add_argument("--shallow", action="store_true", help="no blocks at all (the shallow control)")
-    depth.add_argument("--trainable-blocks", type=_count(0), metavar="K",
-                       help="only the last K blocks train (K=0 is the frozen control) (default: all)")
-    p.add_argument("--stop-when-flagged", type=_count(1), metavar="N",
-                   help="end the run once (a) or (b′) has held N epochs (default: train to the end)")
-    p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="method option, e.g. --option beta=10 (README, Methods) (default: none)")
-    p.add_argument("--arch-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="architecture option, e.g. --arch-option heads=4 (default: none)")
-    p.add_argument("--precision", choices=PRECISIONS, default=d("precision"), help=h("precision"))
-    p.add_argument("--no-compile", action="store_true",
-                   help="train the step eagerly (default: compiled into CUDA graphs on a GPU, eager on a CPU)")
-
-
-def _add_where_args(p: argparse.ArgumentParser, threads: bool = True) -> None:
-    from .config import AuditConfig, default, field_help
-    for name in ("data_dir", "device"):
-        p.add_argument(f"--{name.replace('_', '-')}", default=default(AuditConfig, name),
-                       help=f"{field_help(AuditConfig, name)} (default: {default(AuditConfig, name)})")
-    if threads:
-        p.add_argument("--threads", type=_count(1, 4096), metavar="N",
-                       help="CPU threads (default: the idle cores, 1 to 4)")
-
-
 def _run_config(args):
     from .config import PENALTY_OPTION, RunConfig
     if args.blocks < 1:
@@ -315,6 +263,8 @@ def _diagnose_user_model(args):
                       monitor_history=ev["history"], depth_unevaluated=admitted.depth_why,
                       rho=getattr(args, "rho", False), label=f"{args.model} ({Path(args.weights).name})")
     report.first_fire = None          # two snapshots (init, now) are no training-time monitor
+    if admitted.note:                 # what the control is, when it is not what (d) assumes
+        report.notes.append(admitted.note)
     return report
 
 
@@ -396,6 +346,19 @@ def _audit_raw(args) -> dict:
     return raw
 
 
+def _what_ran(args, config) -> str:
+    """The header's account of the settings: "preset quick", "preset quick + --methods, --seeds,
+    --epochs", "examples/my.toml + --seeds": what actually ran, not only where it started."""
+    preset = f"preset {config.preset}" if config.preset else None
+    if args.config:
+        base = f"{args.config} ({preset})" if preset else str(args.config)
+    else:                 # without a file the preset is always named (quick by default)
+        base = str(preset)
+    given = [f"--{key.replace('_', '-')}" for key in ("methods", "seeds", "epochs", "dataset", "arch",
+                                                      "eval_batches") if getattr(args, key, None)]
+    return " + ".join([base, *([", ".join(given)] if given else [])])
+
+
 def _require_schedule(args, raw: dict) -> None:
     """A config file without a preset must say how long to train (checked after its keys are
     validated): an empty one must not start the default schedule, 100 epochs per run, silently."""
@@ -408,6 +371,7 @@ def _cmd_audit(args) -> int:
     from .config import audit_config_from_dict
     from .experiments import audit
     from .report import compact_table, write_report
+    from .report.tables import work_done
     from .verdict import Thresholds, verdict_of
     raw = _audit_raw(args)
     config = audit_config_from_dict(raw, where=args.config or "the audit settings")
@@ -415,9 +379,12 @@ def _cmd_audit(args) -> int:
     if args.tensorboard is not None:          # refused now, not after the audit it would log
         from .trackers import check_log_dir
         check_log_dir(args.tensorboard)
+    from .report.tables import plural
     n_runs = len(config.run_configs())
-    print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
-          f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
+    width = max(60, shutil.get_terminal_size((120, 24)).columns)   # COLUMNS, else the terminal's
+    print(textwrap.fill(f"creditaudit audit ({_what_ran(args, config)}): {plural(len(config.methods), 'method')} "
+                        f"× {plural(len(config.seeds), 'seed')} → {plural(n_runs, 'run')} → {config.out}",
+                        width, subsequent_indent="    ", break_on_hyphens=False))
     with _locked_out(Path(config.out)):
         result = audit(config, progress=not args.quiet, compile_step=_compile_step(args))
         files = _write_report_together(write_report, result, Path(config.out))
@@ -425,12 +392,13 @@ def _cmd_audit(args) -> int:
         from .trackers import log_runs
         log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))
     print()
-    print(compact_table(result))
+    print(compact_table(result, width=width, out=str(config.out)))
     failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
     incomplete = [m["method"] for m in result["methods"] if verdict_of(m).outcome == "incomplete"]
-    print(f"\nfull table, per-seed values and reasons: {Path(config.out) / 'audit.md'}")
-    print(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
-          f"{result['runs_trained_now']} runs trained now, {result['wall_time']:.0f} s")
+    print("\n" + textwrap.fill(f"full table, per-seed values and reasons: {Path(config.out) / 'audit.md'}",
+                               width, subsequent_indent="    ", break_long_words=False))
+    print(textwrap.fill(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
+                        f"{work_done(result)}, {result['wall_time']:.0f} s", width, subsequent_indent="    "))
     parts = []
     if failed:
         parts.append(_failed_runs_advice(failed, "audit.md"))
@@ -615,7 +583,7 @@ def _cmd_report(args) -> int:
     audit_dir = Path(args.audit_dir)
     result = read_audit(audit_dir)
     files = _write_report_together(write_report, result, audit_dir)
-    print(compact_table(result))
+    print(compact_table(result, width=max(60, shutil.get_terminal_size((120, 24)).columns), out=str(audit_dir)))
     print(f"\nwritten from {audit_dir / 'audit.json'}: {', '.join(sorted(p.name for p in files.values()))}")
     return 0
 
@@ -625,8 +593,63 @@ def _cmd_lint(args) -> int:
     return run_lint(args.paths, sys.stdout)
 
 
-def _add_user_model_args(p: argparse.ArgumentParser) -> None:
-    from .data import DATASET_NAMES
+# -- the subcommands: each one's options in one function, its work in `_cmd_<name>` above --------
+# Options and defaults come from the catalog (catalog.py: the registries and config dataclasses),
+# so --help cannot drift from the code and needs no torch. A new option of a subcommand goes into
+# that subcommand's `_options_<name>` (or into the shared group it belongs to: `_run_options` for
+# what defines a run, `_audit_options` for audits, ladders and sweeps, `_where_options` for where
+# things run, `_user_model_options` for --model).
+def _run_options(p: argparse.ArgumentParser, cat) -> None:
+    """What defines one run (train): its RunConfig fields."""
+    d = cat.run_default
+    h = lambda name, extra="": f"{cat.run_help(name)}{extra} (default: {d(name)})"
+    p.add_argument("--method", default=d("method"), metavar="NAME",
+                   help=h("method", f"; one of {_choices(cat.methods)}"))
+    p.add_argument("--dataset", default=d("dataset"), choices=cat.datasets, metavar="NAME",
+                   help=h("dataset", f"; one of {_choices(cat.datasets)}"))
+    p.add_argument("--arch", default=d("arch"), choices=cat.archs, metavar="NAME",
+                   help=h("arch", f"; one of {_choices(cat.archs)}"))
+    p.add_argument("--seed", type=int, default=d("seed"), help=h("seed"))
+    p.add_argument("--epochs", type=_count(1, cat.max_count), default=d("epochs"), help=h("epochs"))
+    p.add_argument("--batch-size", type=_count(1, 10 ** 7), default=d("batch_size"), help=h("batch_size"))
+    p.add_argument("--lr", type=_finite_float, default=d("lr"), help=h("lr"))
+    p.add_argument("--weight-decay", type=_finite_float, default=d("weight_decay"), help=h("weight_decay"))
+    p.add_argument("--width", type=_count(1, cat.max_count), default=d("width"), help=h("width"))
+    p.add_argument("--blocks", type=_count(0, cat.max_count), default=d("blocks"), help=h("blocks"))
+    p.add_argument("--activation", default=d("activation"), choices=cat.activations, metavar="NAME",
+                   help=h("activation", f"; one of {_choices(cat.activations)}"))
+    p.add_argument("--w2-std", type=_finite_float, default=d("w2_std"), help=h("w2_std"))
+    p.add_argument("--clip", type=_finite_float, default=d("clip"), help=h("clip"))
+    p.add_argument("--lam", type=_finite_float, default=None,
+                   help="residual penalty λ, for the methods that declare it (default: the method's own)")
+    depth = p.add_mutually_exclusive_group()
+    depth.add_argument("--frozen", action="store_true", help="blocks frozen at init (the frozen-blocks control)")
+    depth.add_argument("--shallow", action="store_true", help="no blocks at all (the shallow control)")
+    depth.add_argument("--trainable-blocks", type=_count(0, cat.max_count), metavar="K",
+                       help="only the last K blocks train (K=0 is the frozen control) (default: all)")
+    p.add_argument("--stop-when-flagged", type=_count(1, cat.max_count), metavar="N",
+                   help="end the run once (a) or (b′) has held N epochs (default: train to the end)")
+    p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="method option, e.g. --option beta=10 (README, Methods) (default: none)")
+    p.add_argument("--arch-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="architecture option, e.g. --arch-option heads=4 (default: none)")
+    p.add_argument("--precision", choices=cat.precisions, default=d("precision"), help=h("precision"))
+    p.add_argument("--no-compile", action="store_true",
+                   help="train the step eagerly (default: compiled into CUDA graphs on a GPU, eager on a CPU)")
+
+
+def _where_options(p: argparse.ArgumentParser, cat, threads: bool = True) -> None:
+    """Where a single-run command reads data and runs: --data-dir, --device, --threads."""
+    for name in ("data_dir", "device"):
+        p.add_argument(f"--{name.replace('_', '-')}", default=cat.audit_default(name),
+                       help=f"{cat.audit_help(name)} (default: {cat.audit_default(name)})")
+    if threads:
+        p.add_argument("--threads", type=_count(1, 4096), metavar="N",
+                       help="CPU threads (default: the idle cores, 1 to 4)")
+
+
+def _user_model_options(p: argparse.ArgumentParser, cat) -> None:
+    """--model and what goes with it: a model trained elsewhere (diagnose, check)."""
     p.add_argument("--model", metavar="PKG.MODULE:FACTORY",
                    help="audit your own model: FACTORY() returns an nn.Module exposing its residual "
                         "stream (docs/ADD_A_METHOD.md) (default: none)")
@@ -634,108 +657,195 @@ def _add_user_model_args(p: argparse.ArgumentParser) -> None:
                    help="with --model: its trained weights (.safetensors) (default: none)")
     p.add_argument("--init-weights", metavar="FILE",
                    help="with --model: its weights at initialisation, for (a′) (default: none)")
-    p.add_argument("--dataset", choices=DATASET_NAMES, metavar="NAME",
-                   help=f"with --model: the data to measure on; one of {_choices(DATASET_NAMES)} "
+    p.add_argument("--dataset", choices=cat.datasets, metavar="NAME",
+                   help=f"with --model: the data to measure on; one of {_choices(cat.datasets)} "
                         "(default: none)")
 
 
-def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
-    from .config import AuditConfig, EXECUTORS, PRESET_NAMES, RunConfig, default, field_help
-    from .data import DATASET_NAMES
-    from .methods import METHODS
-    from .model import ARCHITECTURES
-    from .train import stackable
-    h = lambda name: f"{field_help(AuditConfig, name)} (default: from the preset or config file)"
-    p.add_argument("--preset", choices=PRESET_NAMES,
+def _audit_options(p: argparse.ArgumentParser, cat, methods: bool = True) -> None:
+    """An audit's settings (audit, ladder, penalty-sweep): preset or TOML file, then overrides."""
+    h = lambda name: f"{cat.audit_help(name)} (default: from the preset or config file)"
+    p.add_argument("--preset", choices=cat.presets,
                    help="quick: MNIST-1D, no download, 15 epochs; paper: CIFAR-10, 100 epochs "
                         "(both: the paper's seven methods); zoo: every built-in rule, as quick "
                         "(default: quick, unless --config is given)")
     p.add_argument("--config", metavar="FILE",
                    help="audit TOML file, e.g. examples/quick.toml (default: none, the preset alone)")
-    p.add_argument("--dataset", choices=DATASET_NAMES, metavar="NAME",
-                   help=f"{h('dataset')}; one of {_choices(DATASET_NAMES)}")
-    p.add_argument("--arch", choices=ARCHITECTURES, metavar="NAME",
-                   help=f"architecture, one of {_choices(ARCHITECTURES)} (default: {default(RunConfig, 'arch')})")
+    p.add_argument("--dataset", choices=cat.datasets, metavar="NAME",
+                   help=f"{h('dataset')}; one of {_choices(cat.datasets)}")
+    p.add_argument("--arch", choices=cat.archs, metavar="NAME",
+                   help=f"architecture, one of {_choices(cat.archs)} (default: {cat.run_default('arch')})")
     if methods:
         p.add_argument("--methods", nargs="+", metavar="NAME",
-                       help=f"methods to audit: some of {_choices(METHODS)}, or PKG.MODULE:CLASS "
+                       help=f"methods to audit: some of {_choices(cat.methods)}, or PKG.MODULE:CLASS "
                             "(default: from the preset)")
     p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help=h("seeds"))
-    p.add_argument("--epochs", type=_count(1), help=h("epochs"))
+    p.add_argument("--epochs", type=_count(1, cat.max_count), help=h("epochs"))
     p.add_argument("--out", metavar="DIR", help="output folder (default: audits/<preset>, or as named below)")
-    p.add_argument("--device", help=f"{field_help(AuditConfig, 'device')} (default: {default(AuditConfig, 'device')})")
+    p.add_argument("--device", help=f"{cat.audit_help('device')} (default: {cat.audit_default('device')})")
     p.add_argument("--no-compile", action="store_true",
                    help="train every step eagerly (default: compiled into CUDA graphs on a GPU, eager on a CPU)")
     p.add_argument("--data-dir", dest="data_dir", metavar="DIR",
-                   help=f"{field_help(AuditConfig, 'data_dir')} (default: {default(AuditConfig, 'data_dir')})")
-    p.add_argument("--jobs", type=_count(0, 4096), help=f"{field_help(AuditConfig, 'jobs')} (default: 0)")
-    p.add_argument("--eval-batches", dest="eval_batches", type=_count(1),
-                   help=f"{field_help(AuditConfig, 'eval_batches')} (default: {default(AuditConfig, 'eval_batches')})")
-    p.add_argument("--executor", choices=EXECUTORS,
-                   help=f"{field_help(AuditConfig, 'executor')}: {_choices(EXECUTORS)} (default: local)")
-    p.add_argument("--address", help=f"{field_help(AuditConfig, 'address')} (default: start a local Ray)")
+                   help=f"{cat.audit_help('data_dir')} (default: {cat.audit_default('data_dir')})")
+    p.add_argument("--jobs", type=_count(0, 4096), help=f"{cat.audit_help('jobs')} (default: 0)")
+    p.add_argument("--eval-batches", dest="eval_batches", type=_count(1, cat.max_count),
+                   help=f"{cat.audit_help('eval_batches')} (default: {cat.audit_default('eval_batches')})")
+    p.add_argument("--executor", choices=cat.executors,
+                   help=f"{cat.audit_help('executor')}: {_choices(cat.executors)} (default: local)")
+    p.add_argument("--address", help=f"{cat.audit_help('address')} (default: start a local Ray)")
     p.add_argument("--max-retries", dest="max_retries", type=_count(0, 1000),
-                   help=f"{field_help(AuditConfig, 'max_retries')} (default: {default(AuditConfig, 'max_retries')})")
+                   help=f"{cat.audit_help('max_retries')} (default: {cat.audit_default('max_retries')})")
     stacking = p.add_mutually_exclusive_group()
     stacking.add_argument("--stack", dest="stack", action="store_const", const=True,
                           help=f"train runs of one model shape as one batched stack "
-                               f"({stackable()}) "
+                               f"({cat.stackable}) "
                                "(default: on CUDA only, where it pays)")
     stacking.add_argument("--no-stack", dest="stack", action="store_const", const=False,
                           help="train every run on its own, to compare (default: on CUDA only)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _knobs() -> str:
-    """The --option and --arch-option knobs of every built-in method and architecture, with their
-    defaults and one-line help (`Method.option_help`, `model.ARCH_OPTION_HELP`)."""
-    from .methods import METHODS
-    from .model import ARCH_OPTION_HELP, ARCH_OPTIONS
-    lines = ["method options (--option KEY=VALUE):"]
-    for name, cls in METHODS.items():
-        for key, value in cls.option_defaults.items():
-            lines.append(f"  {name}: {key}={value!r}  {cls.option_help.get(key, '')}".rstrip())
-    lines.append("architecture options (--arch-option KEY=VALUE):")
-    for arch, options in ARCH_OPTIONS.items():
-        for key, value in options.items():
-            lines.append(f"  {arch}: {key}={value!r}  {ARCH_OPTION_HELP[arch].get(key, '')}".rstrip())
-    return "\n".join(lines) + "\n"
+def _eval_batches_option(p: argparse.ArgumentParser, cat, prefix: str = "") -> None:
+    p.add_argument("--eval-batches", type=_count(1, cat.max_count), default=cat.audit_default("eval_batches"),
+                   help=f"{prefix}{cat.audit_help('eval_batches')} "
+                        f"(default: {cat.audit_default('eval_batches')})")
 
 
-def _rules() -> str:
-    """Every built-in rule with one line (`Method.summary`, else the first line of its class's or
-    module's docstring), for `audit --help`; the paper's seven are marked."""
-    import sys
-    from .methods import METHODS
-    lines = ["rules (--methods NAME; * = one of the paper's seven, trained by the quick and paper "
-             "presets; the zoo preset trains all):"]
-    for name, cls in METHODS.items():
-        doc = cls.summary or cls.__dict__.get("__doc__") or sys.modules[cls.__module__].__doc__ or ""
-        line = doc.strip().splitlines()[0] if doc.strip() else ""
-        line = line.split(" — ", 1)[1] if line.startswith(f"{name} — ") else line
-        lines.append(f"  {'*' if cls.paper else ' '} {name}: {line}".rstrip())
-    return "\n".join(lines) + "\n"
+def _options_train(p: argparse.ArgumentParser, cat) -> None:
+    p.epilog = cat.knobs + "\n" + p.epilog
+    _run_options(p, cat)
+    _where_options(p, cat)
+    p.add_argument("--out", metavar="DIR", help="run folder (default: runs/METHOD-DATASET-sSEED-KEY)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="also log every monitor scalar and flag to TensorBoard in DIR (the "
+                        "[tensorboard] extra) (default: none)")
 
 
-def _sub(sub, name: str, helptext: str, examples: str, func) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=helptext, description=helptext,
-                       epilog="examples:\n" + examples, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.set_defaults(func=func)
-    return p
+def _options_diagnose(p: argparse.ArgumentParser, cat) -> None:
+    p.add_argument("run_dir", nargs="?", help="a run folder written by `creditaudit train`")
+    _user_model_options(p, cat)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _eval_batches_option(p, cat)
+    _where_options(p, cat)
+    p.add_argument("--frozen-control", metavar="RUN_DIR|FILE",
+                   help="the frozen-blocks control of the same method, seed and settings "
+                        "(a run folder; with --model, its .safetensors weights), for (d) "
+                        "(default: none, so the verdict is at best incomplete)")
+    p.add_argument("--rho", action="store_true", help="also measure ρ at layers 1…L")
 
 
-def _param_default(fn, name: str):
-    """The default of keyword `name` of `fn`: a measurement's knob has its one default where it is
-    measured (e.g. protocol.diagnose's null_k), and --help shows that one."""
-    import inspect
-    return inspect.signature(fn).parameters[name].default
+def _options_calibrate(p: argparse.ArgumentParser, cat) -> None:
+    p.add_argument("run_dir", nargs="?", help="a run folder written by `creditaudit train`")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _eval_batches_option(p, cat)
+    _where_options(p, cat)
+    p.add_argument("--null-draws", type=_count(1, cat.max_count), default=cat.null_k,
+                   help=f"fresh feedback draws of Γ's null, 1 … {cat.max_count} (default: {cat.null_k})")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .config import AuditConfig, RunConfig, default, field_help
-    from .data import DATASET_NAMES
-    from .model import ARCHITECTURES
-    from .protocol import diagnose
+def _options_check(p: argparse.ArgumentParser, cat) -> None:
+    p.add_argument("path", nargs="?", help="an audit folder (with audit.json) or a diagnosed run folder")
+    p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    _user_model_options(p, cat)
+    p.add_argument("--frozen-control", metavar="FILE",
+                   help="with --model: the frozen control's weights (default: none)")
+    _eval_batches_option(p, cat, prefix="with --model: ")
+    _where_options(p, cat)
+    p.set_defaults(run_dir=None)
+
+
+def _options_audit(p: argparse.ArgumentParser, cat) -> None:
+    p.epilog = cat.rules + "\n" + p.epilog
+    _audit_options(p, cat)
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="also log every run's monitor scalars and flags to TensorBoard, one "
+                        "subfolder of DIR per run (the [tensorboard] extra) (default: none)")
+
+
+def _options_ladder(p: argparse.ArgumentParser, cat) -> None:
+    _audit_options(p, cat)
+
+
+def _options_penalty(p: argparse.ArgumentParser, cat) -> None:
+    _audit_options(p, cat, methods=False)
+    p.add_argument("--method", help="the method to sweep (default: the first that declares a sweep)")
+    p.add_argument("--lambdas", nargs="+", type=_finite_float, metavar="λ",
+                   help="λ values (default: the method's own sweep, 0 1e-4 1e-3 1e-2 1e-1)")
+
+
+def _options_identity(p: argparse.ArgumentParser, cat) -> None:
+    r = cat.run_default
+    p.add_argument("--dataset", default=r("dataset"), choices=cat.datasets, metavar="NAME",
+                   help=f"inputs to measure on; one of {_choices(cat.datasets)} (default: {r('dataset')})")
+    p.add_argument("--arch", default=r("arch"), choices=cat.archs, metavar="NAME",
+                   help=f"one of {_choices(cat.archs)} (default: {r('arch')})")
+    seeds = list(cat.audit_default("seeds"))
+    p.add_argument("--seeds", nargs="+", type=int, default=seeds,
+                   help=f"(default: {' '.join(map(str, seeds))})")
+    p.add_argument("--width", type=_count(1, cat.max_count), default=r("width"), help=f"(default: {r('width')})")
+    p.add_argument("--blocks", type=_count(0, cat.max_count), default=r("blocks"), help=f"(default: {r('blocks')})")
+    p.add_argument("--activation", default=r("activation"), choices=cat.activations, metavar="NAME",
+                   help=f"one of {_choices(cat.activations)} (default: {r('activation')})")
+    p.add_argument("--w2-std", type=_finite_float, default=r("w2_std"), help=f"(default: {r('w2_std')})")
+    out = cat.experiment_out["identity-check"]
+    p.add_argument("--out", default=out, help=f"(default: {out})")
+    _where_options(p, cat)
+
+
+def _options_thresholds(p: argparse.ArgumentParser, cat) -> None:
+    p.add_argument("audit_dir", help="an audit folder (with audit.json)")
+
+
+def _options_report(p: argparse.ArgumentParser, cat) -> None:
+    p.add_argument("audit_dir", help="an audit folder (with audit.json)")
+
+
+def _options_lint(p: argparse.ArgumentParser, cat) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders to check")
+
+
+# name, one line of help, example command lines, its options, what runs it
+COMMANDS = (
+    ("train", "train one run into a run folder (resumes if interrupted)",
+     "  creditaudit train --method dfa --dataset mnist1d --epochs 15\n"
+     "  creditaudit train --method dfa --dataset mnist1d --epochs 15 --frozen", _options_train, _cmd_train),
+    ("diagnose", "audit one run: diagnostics (a)–(d), Γ, verdict",
+     "  creditaudit diagnose runs/dfa-RUN --frozen-control runs/dfa-FROZEN\n"
+     "  creditaudit diagnose --model mypkg.nets:make --weights trained.safetensors "
+     "--dataset cifar10 --frozen-control frozen.safetensors", _options_diagnose, _cmd_diagnose),
+    ("calibrate", "ρ per layer beside its BP/random controls, Γ beside its null",
+     "  creditaudit calibrate runs/dfa-RUN", _options_calibrate, _cmd_calibrate),
+    ("check", "verdict gate for CI: exit 0 trustworthy, 1 walk back, 3 incomplete, 2 error",
+     "  creditaudit check audits/quick\n"
+     "  creditaudit check --model mypkg.nets:make --weights trained.safetensors --dataset digits "
+     "--frozen-control frozen.safetensors", _options_check, _cmd_check),
+    ("audit", "train + diagnose methods × seeds with controls; write the report",
+     "  creditaudit audit --preset quick\n"
+     "  creditaudit audit --config examples/quick.toml --methods bp dfa --seeds 42", _options_audit, _cmd_audit),
+    ("ladder", "accuracy vs number of trainable blocks k = 0…L (default out: audits/ladder)",
+     "  creditaudit ladder --methods bp dfa --seeds 42 --epochs 15", _options_ladder, _cmd_ladder),
+    ("penalty-sweep", "a penalised method over λ, with frozen controls, Γ, its null and ρ "
+                      "(default out: audits/penalty_sweep)",
+     "  creditaudit penalty-sweep --seeds 42 --epochs 15\n"
+     "  creditaudit penalty-sweep --lambdas 0 0.01 --seeds 42 123", _options_penalty, _cmd_penalty),
+    ("identity-check", "how close a fresh residual stack is to the identity, over seeds",
+     "  creditaudit identity-check --dataset mnist1d --seeds 42 123 456", _options_identity, _cmd_identity),
+    ("thresholds", "threshold sensitivity over an audit's runs",
+     "  creditaudit thresholds audits/quick", _options_thresholds, _cmd_thresholds),
+    ("report", "rewrite audit.md, report.html and the PNGs from audit.json alone",
+     "  creditaudit report audits/quick", _options_report, _cmd_report),
+    ("lint", "check your own training/eval code for the protocol's pitfalls (never runs it)",
+     "  creditaudit lint train.py eval/", _options_lint, _cmd_lint),
+)
+
+
+def build_parser(cat=None) -> argparse.ArgumentParser:
+    """The whole command line from `COMMANDS`; `cat` the catalog (default: computed now from the
+    registries, so a method added to the registry is in --help at once; `main` reads the cached one)."""
+    if cat is None:
+        from .catalog import live
+        cat = live()
     p = _Parser(
         prog="creditaudit",
         description="Train non-backprop credit-assignment methods and audit whether their accuracy "
@@ -744,115 +854,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"creditaudit {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    t = _sub(sub, "train", "train one run into a run folder (resumes if interrupted)",
-             "  creditaudit train --method dfa --dataset mnist1d --epochs 15\n"
-             "  creditaudit train --method dfa --dataset mnist1d --epochs 15 --frozen", _cmd_train)
-    t.epilog = _knobs() + "\n" + t.epilog
-    _add_run_args(t)
-    _add_where_args(t)
-    t.add_argument("--out", metavar="DIR", help="run folder (default: runs/METHOD-DATASET-sSEED-KEY)")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.add_argument("--tensorboard", metavar="DIR",
-                   help="also log every monitor scalar and flag to TensorBoard in DIR (the "
-                        "[tensorboard] extra) (default: none)")
-
-    for name, func, helptext, example in (
-            ("diagnose", _cmd_diagnose, "audit one run: diagnostics (a)–(d), Γ, verdict",
-             "  creditaudit diagnose runs/dfa-RUN --frozen-control runs/dfa-FROZEN\n"
-             "  creditaudit diagnose --model mypkg.nets:make --weights trained.safetensors "
-             "--dataset cifar10 --frozen-control frozen.safetensors"),
-            ("calibrate", _cmd_calibrate, "ρ per layer beside its BP/random controls, Γ beside its null",
-             "  creditaudit calibrate runs/dfa-RUN")):
-        d = _sub(sub, name, helptext, example, func)
-        d.add_argument("run_dir", nargs="?", help="a run folder written by `creditaudit train`")
-        if name == "diagnose":
-            _add_user_model_args(d)
-        d.add_argument("--json", action="store_true", help="print the report as JSON")
-        d.add_argument("--eval-batches", type=_count(1), default=default(AuditConfig, "eval_batches"),
-                       help=f"{field_help(AuditConfig, 'eval_batches')} "
-                            f"(default: {default(AuditConfig, 'eval_batches')})")
-        _add_where_args(d)
-        if name == "diagnose":
-            d.add_argument("--frozen-control", metavar="RUN_DIR|FILE",
-                           help="the frozen-blocks control of the same method, seed and settings "
-                                "(a run folder; with --model, its .safetensors weights), for (d) "
-                                "(default: none, so the verdict is at best incomplete)")
-            d.add_argument("--rho", action="store_true", help="also measure ρ at layers 1…L")
-        else:
-            null_k = _param_default(diagnose, "null_k")
-            d.add_argument("--null-draws", type=_count(1), default=null_k,
-                           help=f"fresh feedback draws of Γ's null, 1 … {MAX_COUNT} (default: {null_k})")
-
-    c = _sub(sub, "check", "verdict gate for CI: exit 0 trustworthy, 1 walk back, 3 incomplete, 2 error",
-             "  creditaudit check audits/quick\n"
-             "  creditaudit check --model mypkg.nets:make --weights trained.safetensors --dataset digits "
-             "--frozen-control frozen.safetensors", _cmd_check)
-    c.add_argument("path", nargs="?", help="an audit folder (with audit.json) or a diagnosed run folder")
-    c.add_argument("--json", action="store_true", help="print the verdicts as JSON")
-    _add_user_model_args(c)
-    c.add_argument("--frozen-control", metavar="FILE",
-                   help="with --model: the frozen control's weights (default: none)")
-    c.add_argument("--eval-batches", type=_count(1), default=default(AuditConfig, "eval_batches"),
-                   help=f"with --model: eval batches (default: {default(AuditConfig, 'eval_batches')})")
-    _add_where_args(c)
-    c.set_defaults(run_dir=None)
-
-    a = _sub(sub, "audit", "train + diagnose methods × seeds with controls; write the report",
-             "  creditaudit audit --preset quick\n"
-             "  creditaudit audit --config examples/quick.toml --methods bp dfa --seeds 42", _cmd_audit)
-    a.epilog = _rules() + "\n" + a.epilog
-    _add_audit_args(a)
-    a.add_argument("--tensorboard", metavar="DIR",
-                   help="also log every run's monitor scalars and flags to TensorBoard, one "
-                        "subfolder of DIR per run (the [tensorboard] extra) (default: none)")
-
-    lad = _sub(sub, "ladder", "accuracy vs number of trainable blocks k = 0…L (default out: audits/ladder)",
-               "  creditaudit ladder --methods bp dfa --seeds 42 --epochs 15", _cmd_ladder)
-    _add_audit_args(lad)
-
-    pen = _sub(sub, "penalty-sweep",
-               "a penalised method over λ, with frozen controls, Γ, its null and ρ "
-               "(default out: audits/penalty_sweep)",
-               "  creditaudit penalty-sweep --seeds 42 --epochs 15\n"
-               "  creditaudit penalty-sweep --lambdas 0 0.01 --seeds 42 123", _cmd_penalty)
-    _add_audit_args(pen, methods=False)
-    pen.add_argument("--method", help="the method to sweep (default: the first that declares a sweep)")
-    pen.add_argument("--lambdas", nargs="+", type=_finite_float, metavar="λ",
-                     help="λ values (default: the method's own sweep, 0 1e-4 1e-3 1e-2 1e-1)")
-
-    from .config import EXPERIMENT_OUT
-    from .model import ACTIVATIONS
-    ident = _sub(sub, "identity-check", "how close a fresh residual stack is to the identity, over seeds",
-                 "  creditaudit identity-check --dataset mnist1d --seeds 42 123 456", _cmd_identity)
-    r = lambda name: default(RunConfig, name)
-    ident.add_argument("--dataset", default=r("dataset"), choices=DATASET_NAMES, metavar="NAME",
-                       help=f"inputs to measure on; one of {_choices(DATASET_NAMES)} (default: {r('dataset')})")
-    ident.add_argument("--arch", default=r("arch"), choices=ARCHITECTURES, metavar="NAME",
-                       help=f"one of {_choices(ARCHITECTURES)} (default: {r('arch')})")
-    seeds = list(default(AuditConfig, "seeds"))
-    ident.add_argument("--seeds", nargs="+", type=int, default=seeds,
-                       help=f"(default: {' '.join(map(str, seeds))})")
-    ident.add_argument("--width", type=_count(1), default=r("width"), help=f"(default: {r('width')})")
-    ident.add_argument("--blocks", type=_count(0), default=r("blocks"), help=f"(default: {r('blocks')})")
-    ident.add_argument("--activation", default=r("activation"), choices=list(ACTIVATIONS), metavar="NAME",
-                       help=f"one of {_choices(ACTIVATIONS)} (default: {r('activation')})")
-    ident.add_argument("--w2-std", type=_finite_float, default=r("w2_std"), help=f"(default: {r('w2_std')})")
-    ident.add_argument("--out", default=EXPERIMENT_OUT["identity-check"],
-                       help=f"(default: {EXPERIMENT_OUT['identity-check']})")
-    _add_where_args(ident)
-
-    th = _sub(sub, "thresholds", "threshold sensitivity over an audit's runs",
-              "  creditaudit thresholds audits/quick", _cmd_thresholds)
-    th.add_argument("audit_dir", help="an audit folder (with audit.json)")
-
-    rep = _sub(sub, "report", "rewrite audit.md, report.html and the PNGs from audit.json alone",
-               "  creditaudit report audits/quick", _cmd_report)
-    rep.add_argument("audit_dir", help="an audit folder (with audit.json)")
-
-    lint = _sub(sub, "lint", "check your own training/eval code for the protocol's pitfalls (never runs it)",
-                "  creditaudit lint train.py eval/", _cmd_lint)
-    lint.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders to check")
+    for name, helptext, examples, options, func in COMMANDS:
+        s = sub.add_parser(name, help=helptext, description=helptext, epilog="examples:\n" + examples,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        s.set_defaults(func=func)
+        options(s, cat)
     return p
 
 
@@ -903,7 +909,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _interrupt)     # SIGTERM stops like Ctrl-C: workers stopped, exit 130
     _printable_console()
     try:
-        args = build_parser().parse_args(argv)     # --help ends here with its own SystemExit(0)
+        from .catalog import load
+        args = build_parser(load()).parse_args(argv)     # --help ends here with its own SystemExit(0)
         try:
             return args.func(args)
         except SystemExit as err:

@@ -48,6 +48,8 @@ class ControlEvidence:
     finite:         every weight, and its outputs on the eval batch, are finite (None: not checked).
     unverified:     why blocks/rest could not be checked (e.g. no initial weights were given).
     kind:           "frozen" (the (d) yardstick) or "shallow" (no blocks at all; reported only).
+    branch_ratio:   max over its blocks and the eval batch of ‖f_l(h_l)‖ / ‖h_l‖
+                    (`metrics.branch_ratios`; None: not measured). 0: every block is the identity.
     """
 
     where: str
@@ -59,6 +61,7 @@ class ControlEvidence:
     finite: bool | None = None
     unverified: str | None = None
     kind: str = "frozen"                # or "shallow": the audit's no-block control (no (d))
+    branch_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,24 @@ class Admission:
 
     frozen_acc: float | None = None
     depth_why: str | None = None
+    note: str | None = None            # what the admitted control is, when it is not what (d) assumes
+
+
+# a block whose branch moves no sample's stream by more than this (relative) is the identity
+IDENTITY_RATIO = 1e-6
+
+
+def control_note(c: ControlEvidence) -> str | None:
+    """What (d) asks of a control whose blocks are all the identity at initialisation (measured:
+    `branch_ratio` ≤ IDENTITY_RATIO, e.g. zero-initialised residual branches): such a frozen
+    control is exactly a shallow network, so (d) compares the trained blocks with no blocks at all."""
+    if c.kind != "frozen" or c.branch_ratio is None or not c.branch_ratio <= IDENTITY_RATIO:
+        return None
+    return (f"the frozen control {c.where} is exactly a shallow network (embedding → readout): every "
+            f"block is the identity at initialisation (max ‖f_l(h_l)‖/‖h_l‖ = {c.branch_ratio:.1g} on "
+            "the eval batch, as with zero-initialised residual branches), so its frozen blocks add "
+            "nothing; (d) here asks whether the trained blocks beat no blocks at all, not whether "
+            "training beats random blocks")
 
 
 def _control(c: ControlEvidence) -> tuple[float | None, str | None]:
@@ -141,7 +162,8 @@ def gate(evidence: Evidence) -> Admission:
         _binding(evidence.diagnosis_binding, evidence.run_binding, evidence.label)
     if evidence.control is None:
         return Admission()
-    return Admission(*_control(evidence.control))
+    frozen_acc, depth_why = _control(evidence.control)
+    return Admission(frozen_acc, depth_why, control_note(evidence.control) if frozen_acc is not None else None)
 
 
 def check_depth(n_blocks: int) -> None:

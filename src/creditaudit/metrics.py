@@ -109,6 +109,18 @@ def residual_norms(model, x: torch.Tensor) -> list[float]:
     return medians([per_sample_norm(h) for h in as_stream(model).hidden(x)])
 
 
+@torch.no_grad()
+def branch_ratios(model, x: torch.Tensor) -> list[float]:
+    """Per block l, max_i ‖f_l(h_l,i)‖ / ‖h_l,i‖ on the batch: how far the residual branch alone
+    moves the stream. All 0 when every block is the identity (a zero-initialised residual branch,
+    as ResNets' zero-γ and many transformers start): a frozen control of such a model is then
+    exactly the shallow network embed → readout."""
+    stream = as_stream(model)
+    hidden = stream.hidden(x)
+    return [float((per_sample_norm(stream.branch(l, h)) / per_sample_norm(h).clamp_min(1e-30)).max())
+            for l, h in enumerate(hidden[:-1])]
+
+
 def max_block_growth(norms: list[float]) -> float:
     """(a) statistic: max_l ‖h_{l+1}‖ / ‖h_l‖, the largest single-block amplification.
 

@@ -47,7 +47,7 @@ from . import __version__, evidence, store
 from .adapter import Adapter, block_modules, check_reproduces, check_residual, stream_of
 from .errors import CreditAuditError, CreditAuditWarning
 from .evidence import ControlEvidence
-from .metrics import MonitorSnapshot, accuracy, monitor_snapshot
+from .metrics import MonitorSnapshot, accuracy, branch_ratios, monitor_snapshot
 from .runs import diagnosis_binding, read_status, write_diagnosis
 from .verdict import FLAG_NAMES, Thresholds, first_fire_epochs, stop_rule
 
@@ -536,8 +536,9 @@ class Monitor:
     def _control_check(self) -> dict[str, bool]:
         """What this control shows the evidence gate (evidence.py judges it): whether its block
         parameters still equal the snapshot init, whether the parameters outside the blocks
-        (embedding, readout) moved, and whether its weights and its logits on the eval batch are
-        finite."""
+        (embedding, readout) moved, whether its weights and its logits on the eval batch are
+        finite, and how far its blocks move the stream (`metrics.branch_ratios`, max over blocks:
+        0 when every block is the identity)."""
         in_blocks = {id(p) for b in block_modules(self.model, self.adapter) for p in b.parameters()}
         same = {n: torch.equal(p.detach().cpu(), self.init[n].cpu())
                 for n, p in self.model.named_parameters() if n in self.init}
@@ -548,11 +549,15 @@ class Monitor:
         self.model.eval()
         try:
             with torch.no_grad():
-                logits = self.stream.forward_from(0, self.stream.embed(self.x.to(_device_of(self.model))))
+                x = self.x.to(_device_of(self.model))
+                logits = self.stream.forward_from(0, self.stream.embed(x))
+            finite = all(bool(p.isfinite().all()) for p in self.model.parameters()) and bool(logits.isfinite().all())
+            # whether its blocks are the identity (zero-initialised branches): then it is the shallow network
+            ratio = max(branch_ratios(self.stream, x), default=None) if finite else None
         finally:
             self.model.train(was)
-        finite = all(bool(p.isfinite().all()) for p in self.model.parameters()) and bool(logits.isfinite().all())
-        return {"blocks_at_init": all(blocks), "rest_moved": bool(rest) and not all(rest), "finite": finite}
+        return {"blocks_at_init": all(blocks), "rest_moved": bool(rest) and not all(rest), "finite": finite,
+                "branch_ratio": ratio}
 
     def _diagnose(self, from_checkpoint: bool = False):
         from .protocol import diagnose
@@ -583,6 +588,8 @@ class Monitor:
                               training=training)
         finally:
             model.train(was)
+        if admitted.note:                 # what the control is, when it is not what (d) assumes
+            report.notes.append(admitted.note)
         write_diagnosis(self.out, report.to_dict())
         return report
 
@@ -666,7 +673,8 @@ def control_evidence(control_dir: str | Path, main_info: dict) -> ControlEvidenc
     elif info.get("epochs") != main_info.get("epochs"):
         mismatch = f"it plans {info.get('epochs')} epochs, the run {main_info.get('epochs')}"
     return ControlEvidence(str(control_dir), mismatch, run.finished, run.test_acc,
-                           check.get("blocks_at_init"), check.get("rest_moved"), check.get("finite"))
+                           check.get("blocks_at_init"), check.get("rest_moved"), check.get("finite"),
+                           branch_ratio=check.get("branch_ratio"))
 
 
 def control_accuracy(control_dir: str | Path, main_info: dict) -> float | None:

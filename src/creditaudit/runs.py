@@ -27,6 +27,7 @@ from .data import ArrayDataset
 from .errors import CreditAuditError
 from .evidence import ControlEvidence
 from .methods import Method, MethodSettings, method_class
+from .metrics import branch_ratios
 from .model import ResidualModel, build_model as build_architecture
 from .seeding import seed_everything
 
@@ -251,11 +252,15 @@ def control_evidence(config: RunConfig | None, control: Run, x: torch.Tensor | N
     blocks = {names[id(p)] for b in model.blocks for p in b.parameters()}
     rest = [names[id(p)] for p in (*model.embed_parameters(), *model.head_parameters())]
     finite = all(bool(p.isfinite().all()) for p in now.values())
+    ratio = None
     if finite and x is not None:
+        x = x.to(next(model.parameters()).device)
         with torch.no_grad():
-            finite = bool(model(x.to(next(model.parameters()).device)).isfinite().all())
+            finite = bool(model(x).isfinite().all())
+        if finite and len(model.blocks):     # are its blocks the identity (zero-initialised branches)?
+            ratio = max(branch_ratios(model, x))
     return ControlEvidence(
-        where, finished=control.finished, acc=control.test_acc, finite=finite,
+        where, finished=control.finished, acc=control.test_acc, finite=finite, branch_ratio=ratio,
         kind="frozen" if config is not None else control.config.control,
         blocks_at_init=all(torch.equal(now[n], start[n]) for n in blocks),
         rest_moved=bool(rest) and not all(torch.equal(now[n], start[n]) for n in rest))
@@ -293,7 +298,9 @@ def diagnosis_binding(run_dir: Path) -> dict[str, Any]:
             "status": store.digest(store.json_safe(status)) if status else None}
 
 
-def write_diagnosis(run_dir: Path, report: dict) -> None:
-    """Seal `report` as <run_dir>/diagnosis.json, bound to the run as it stands now."""
+def write_diagnosis(run_dir: Path, report: dict, settings: str | None = None) -> None:
+    """Seal `report` as <run_dir>/diagnosis.json, bound to the run as it stands now and, from an
+    audit, to the digest of the settings it was made with (`experiments.common.diagnosis_settings`)."""
     store.write_sealed_json(Path(run_dir) / "diagnosis.json",
-                            {**report, "run_binding": diagnosis_binding(run_dir)})
+                            {**report, "run_binding": diagnosis_binding(run_dir),
+                             **({"settings_binding": settings} if settings else {})})

@@ -31,7 +31,7 @@ import torch
 
 from .errors import CreditAuditError
 from .evidence import ControlEvidence
-from .metrics import accuracy, monitor_snapshot
+from .metrics import accuracy, branch_ratios, monitor_snapshot
 from .model import ResidualStream
 
 
@@ -183,7 +183,7 @@ def control_evidence(model: torch.nn.Module, control: torch.nn.Module, init: tor
     start = dict(init.named_parameters())
     rest = [names for part, names in groups.items() if part != "blocks" and names]
     return ControlEvidence(
-        control_path, finite=finite,
+        control_path, finite=finite, branch_ratio=max(branch_ratios(control, x), default=None) if finite else None,
         blocks_at_init=all(torch.equal(theirs[n], start[n]) for n in groups["blocks"]),
         # each of the embedding and the head must have moved (one group when they cannot be told apart)
         rest_moved=bool(rest) and all(not all(torch.equal(theirs[n], start[n]) for n in names)

@@ -7,6 +7,7 @@ call reuses finished runs and resumes interrupted ones. A run that raises is rec
 """
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import statistics
@@ -19,13 +20,15 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import evidence, store
+from ..catalog import source_digest
 from ..config import AuditConfig, RunConfig, default
 from ..data import ArrayDataset, load_dataset
 from ..errors import CreditAuditError
 from ..metrics import accuracy
 from ..protocol import diagnose
 from ..runner import make_executor
-from ..runs import (DONE, Run, as_device, control_evidence, existing_run_is_done, failure_record,
+from ..runs import (DONE, Run, as_device, control_evidence, diagnosis_binding, existing_run_is_done,
+                    failure_record,
                     load_run, read_status, run_dir_for, write_diagnosis)
 from ..store import json_number as _num
 from ..train import group_stacks, train_run, train_runs
@@ -100,10 +103,51 @@ class DiagnoseJob(Job):
     missing_evidence: list = field(default_factory=list)
     n_eval: int = default(AuditConfig, "eval_batches")
     rho: bool = True
+    control_binding: dict | None = None       # the frozen control as it stands (`diagnosis_binding`)
+    control_note: str | None = None           # the gate's note on what that control is
+
+
+def diagnosis_settings(job: DiagnoseJob) -> str:
+    """A digest of everything a run's diagnosis depends on besides the run itself (which
+    `runs.diagnosis_binding` binds): the run's config, thresholds, eval batches, Γ's null draws,
+    ρ or not, what the evidence gate admitted of the frozen control and the control's own identity,
+    checkpoint and status, and the package's source (a changed measurement is a changed diagnosis).
+    Where it runs (device, threads, data folder) is not part of it: a diagnosis is device-independent."""
+    return store.digest(store.json_safe({
+        "config": job.config, "thresholds": job.thresholds, "n_eval": job.n_eval, "rho": job.rho,
+        "null_k": inspect.signature(diagnose).parameters["null_k"].default,
+        "frozen_acc": job.frozen_acc, "depth_why": job.depth_why,
+        "missing_evidence": list(job.missing_evidence), "control": job.control_binding,
+        "control_note": job.control_note,
+        "source": source_digest(skip=_NOT_DIAGNOSIS)}))
+
+
+# the modules no diagnosis is computed by: editing them leaves every sealed diagnosis reusable
+_NOT_DIAGNOSIS = ("cli.py", "__main__.py", "catalog.py", "check.py", "lint.py", "api.py", "report",
+                  "runner", "trackers.py", "lightning.py")
+
+
+def reusable_diagnosis(job: DiagnoseJob) -> dict | None:
+    """The sealed diagnosis.json beside the job's run when it was made of this run as it stands now
+    (`diagnosis_binding`) and of these settings (`diagnosis_settings`): the report as `diagnose_job`
+    would give it again. None when any of that differs, or the file is missing, unsealed or damaged."""
+    path = Path(job.run_dir) / "diagnosis.json"
+    if not path.exists():
+        return None
+    try:
+        stored = store.read_sealed_json(path, "a diagnosis")
+        if stored.get("settings_binding") != diagnosis_settings(job) or \
+                stored.get("run_binding") != store.json_safe(diagnosis_binding(Path(job.run_dir))):
+            return None
+    except (CreditAuditError, OSError, ValueError):
+        return None
+    return {k: v for k, v in stored.items() if k not in ("run_binding", "settings_binding")}
 
 
 def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
-    """Diagnose one trained run from its checkpoint; the report dict is also saved beside it."""
+    """Diagnose one trained run from its checkpoint; the report dict is also saved beside it, bound
+    to the run and to the settings it was made with (`diagnosis_settings`), so an audit run again
+    reuses it (`reusable_diagnosis`)."""
     torch.set_num_threads(job.threads)
     try:
         run = load_run(job.run_dir, job.device)
@@ -111,8 +155,8 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
         report = diagnose_run(run, eval_batches(data, job.n_eval), frozen_acc=job.frozen_acc,
                               depth_why=job.depth_why, missing_evidence=job.missing_evidence,
                               thresholds=Thresholds(**job.thresholds), rho=job.rho,
-                              run_data=data).to_dict()
-        write_diagnosis(Path(job.run_dir), report)
+                              run_data=data, notes=[job.control_note] if job.control_note else []).to_dict()
+        write_diagnosis(Path(job.run_dir), report, settings=diagnosis_settings(job))
         return report
     except Exception as err:  # noqa: BLE001
         return {"error": f"{type(err).__name__}: {err}"}
@@ -121,14 +165,16 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
 def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: float | None = None,
                  depth_why: str | None = None, missing_evidence: Sequence[str] = (),
                  thresholds: Thresholds = Thresholds(), rho: bool = False, null_k: int | None = None,
-                 run_data: ArrayDataset | None = None):
+                 run_data: ArrayDataset | None = None, notes: Sequence[str] = ()):
     """`protocol.diagnose` of a run read from its folder: its method, history and status, and
     (d)'s control: a `control` run folder goes through the evidence gate here (`evidence.gate`;
     a control that is not this run's, never trained, or non-finite is refused); or `frozen_acc`
-    (with `depth_why` when None) as the gate already admitted it (`run_all`). The run must have
+    (with `depth_why` when None, and the gate's `notes` on it) as the gate already admitted it
+    (`run_all`). The run must have
     trained on `run_data` (its data digest), else the diagnosis is refused."""
     if run_data is not None:       # measured on other data than it trained on, nothing it says holds
         run.config.bind_data(run_data.digest)
+    control_notes = list(notes)
     diverged = run.status.get("message") if run.status.get("status") == "diverged" else None
     training = {"status": run.status.get("status", "unfinished"),
                 "epochs_completed": run.epochs_completed, "epochs_planned": run.config.epochs}
@@ -136,11 +182,13 @@ def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: f
         admitted = evidence.gate(evidence.Evidence(
             run.config.label, training, control_evidence(run.config, control, batches[0][0])))
         frozen_acc, depth_why = admitted.frozen_acc, admitted.depth_why
+        control_notes += [admitted.note] if admitted.note else []
     report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
                       test_acc=run.test_acc, thresholds=thresholds, monitor_history=run.history,
                       rho=rho, label=run.config.label, diverged=diverged, training=training,
                       missing_evidence=missing_evidence, depth_unevaluated=depth_why,
                       **({} if null_k is None else {"null_k": null_k}))   # None: diagnose's own default
+    report.notes.extend(control_notes)     # what the control is, when it is not what (d) assumes
     recomputed = accuracy(run.model, run_data.eval_batches("test", 1000)) if run_data is not None else None
     if recomputed is not None and run.test_acc is not None and abs(recomputed - run.test_acc) > 0.005:
         report.notes.append(f"the recorded test accuracy {run.test_acc:.4f} and the one recomputed "
@@ -235,6 +283,7 @@ class Outcome:
     history: list[dict] = field(default_factory=list)
     report: dict | None = None
     epochs_planned: int = 0
+    diagnosis_reused: bool = False     # its sealed diagnosis of the same run and settings was reused
 
     @property
     def epochs_completed(self) -> int:
@@ -244,7 +293,8 @@ class Outcome:
         return {"label": self.config.label, "key": self.config.run_key, "method": self.config.method,
                 "seed": self.config.seed, "control": self.config.control, "lam": self.config.lam,
                 "trainable_blocks": self.config.trainable_blocks, "status": self.status,
-                "message": self.message, "trained_now": self.trained, "test_acc": self.test_acc,
+                "message": self.message, "trained_now": self.trained,
+                "diagnosis_reused": self.diagnosis_reused, "test_acc": self.test_acc,
                 "epochs_completed": self.epochs_completed, "epochs_planned": self.config.epochs,
                 "run_dir": str(self.run_dir), "config": self.config.to_dict(),
                 "monitor": [{k: r.get(k) for k in ("epoch", "test_acc", "train_loss", "h_norms",
@@ -366,15 +416,23 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
                                      frozen_acc=admitted.frozen_acc if admitted else None,
                                      depth_why=admitted.depth_why if admitted else refused,
                                      missing_evidence=[refused] if refused else [], n_eval=n_eval,
-                                     rho=rho and o.config.control == "none"))
+                                     rho=rho and o.config.control == "none",
+                                     control_note=admitted.note if admitted else None,
+                                     control_binding=(diagnosis_binding(control.run_dir)
+                                                      if control is not None and control.status in DONE else None)))
         diag_index.append(i)
-    bar = tqdm(total=len(diag_jobs), desc="diagnoses", unit="run", disable=not progress,
+    # a sealed diagnosis of the same run and settings is reused, not measured again
+    for i, job in zip(diag_index, diag_jobs):
+        outcomes[i].report = reusable_diagnosis(job)
+        outcomes[i].diagnosis_reused = outcomes[i].report is not None
+    todo = [(i, job) for i, job in zip(diag_index, diag_jobs) if outcomes[i].report is None]
+    bar = tqdm(total=len(todo), desc="diagnoses", unit="run", disable=not progress or not todo,
                dynamic_ncols=True)
     try:
-        reports = executor.map(diagnose_job, diag_jobs, lambda i, r: bar.update(1))
+        reports = executor.map(diagnose_job, [job for _, job in todo], lambda i, r: bar.update(1)) if todo else []
     finally:
         bar.close()
-    for i, rep in zip(diag_index, reports):
+    for (i, _), rep in zip(todo, reports):
         if "error" in rep:
             outcomes[i].message += f"; diagnosis failed: {rep['error']}"
         else:

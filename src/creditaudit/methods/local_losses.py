@@ -94,6 +94,7 @@ def similarity_loss(z: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.T
 
 class LocalLosses(LocalMethod):
     name = "local-loss"
+    summary = "local (layer-wise) classifiers (Belilovsky et al. 2019; Nøkland & Eidnes 2019): every block learns from an auxiliary classifier on its own output; option sim > 0 adds predsim"
     null_note = ("nothing random in its credit, no null; Γ compares the auxiliary classifiers' "
                  "gradients with the end-to-end one")
     option_defaults = {"sim": 0.0}

@@ -87,6 +87,7 @@ def hidden_units(block: Block, h: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 class PEPITA(LocalMethod):
     name = "pepita"
+    summary = "PEPITA (Dellaferrera & Kreiman 2022): a second forward from the input modulated by the output error; no backward pass"
     random_feedback = True
     option_defaults = {"scale": 0.05, "rule": "pepita"}
     option_ranges = {"scale": (1e-6, 10.0)}

@@ -95,6 +95,7 @@ from .base import Method
 
 class PredictiveCoding(Method):
     name = "pc"
+    summary = "predictive coding (Whittington & Bogacz 2017): inference relaxes the states, then the weights step at them (the default); option incremental = 1 gives iPC"
     null_note = ("nothing random in its credit, no null; Γ compares the prediction errors after a "
                  "finite inference with the true gradient, which they equal only as β → 0 at "
                  "convergence")

@@ -57,7 +57,7 @@ def _outcome(row: dict) -> str | None:
 
 def verdict_summary(audit: dict) -> str:
     """The report's first line: how many methods walk back, are trustworthy, are incomplete
-    (project verdict), e.g. "1 of 7 methods walks back, 5 are trustworthy, 1 is incomplete"."""
+    (project verdict), e.g. "Of 7 methods, 1 walks back, 5 are trustworthy, 1 is incomplete"."""
     outcomes = [_outcome(r) for r in audit.get("methods") or []]
     n = len(outcomes)
     if not n:
@@ -65,7 +65,7 @@ def verdict_summary(audit: dict) -> str:
     count = lambda outcome: sum(o == outcome for o in outcomes)
     be = lambda k: f"{k} {'is' if k == 1 else 'are'}"
     wb = count("walk back")
-    text = (f"{wb} of {n} method{'s' if n != 1 else ''} walk{'s' if wb == 1 else ''} back, "
+    text = (f"Of {plural(n, 'method')}, {wb} walk{'s' if wb == 1 else ''} back, "
             f"{be(count('trustworthy'))} trustworthy, {be(count('incomplete'))} incomplete")
     unknown = n - wb - count("trustworthy") - count("incomplete")
     return text + (f", {unknown} without a structured verdict" if unknown else "") + " (project verdict)."
@@ -152,10 +152,25 @@ def _strategy_cells(audit: dict) -> tuple[list[str], list[list[str]]]:
     return ["method", *strategies], rows
 
 
-def _interval(entry: dict) -> str:
+# thresholds stored as fractions of accuracy but said in points everywhere a reader meets them
+_IN_POINTS = ("depth_margin",)
+
+
+def _threshold(name: str, value) -> str:
+    """A threshold's value as the report says it: (d)'s margin 0.02 → "2 points"; others as is."""
+    v = _f(value)
+    if name in _IN_POINTS and v is not None:
+        return f"{100 * v:g} points" if math.isfinite(v) else f"{v:g}"
+    return _g(value)
+
+
+def _interval(entry: dict, name: str = "") -> str:
     interval = list(entry.get("interval") or [])
     lo, hi = (interval + [None, None])[:2]
     shape = entry.get("interval_shape") or "[lo, hi]"
+    if name in _IN_POINTS:
+        point = lambda v: _g(None if _f(v) is None else round(100 * _f(v), 2))
+        return f"{shape[0]}{point(lo)}, {point(hi)}{shape[-1]} points"
     return f"{shape[0]}{_g(lo)}, {_g(hi)}{shape[-1]}"
 
 
@@ -166,9 +181,9 @@ def _sensitivity_cells(audit: dict) -> tuple[list[str], list[list[str]]]:
     for name, entry in (audit.get("sensitivity") or {}).items():
         if not isinstance(entry, dict):
             continue
-        rows.append([name, _g(entry.get("current")),
+        rows.append([name, _threshold(name, entry.get("current")),
                      str(entry.get("fires_when") or "—").replace("threshold", "T"),
-                     _interval(entry), *(str(entry.get(k, "—")) for k in ("n_fired", "n_spared",
+                     _interval(entry, name), *(str(entry.get(k, "—")) for k in ("n_fired", "n_spared",
                                                                            "n_unmeasured"))])
     return head, rows
 
@@ -208,7 +223,7 @@ def _flag_lines(audit: dict) -> list[str]:
         if not isinstance(flag, dict):
             continue
         stats = "; ".join(f"{st.get('name')} {str(st.get('fires_when', '')).split()[-2]} "
-                          f"{_g(t.get(st.get('threshold')))} (`{st.get('threshold')}`)"
+                          f"{_threshold(st.get('threshold'), t.get(st.get('threshold')))} (`{st.get('threshold')}`)"
                           for st in flag.get("statistics") or [])
         verdicts = flag.get("verdicts") or []
         uses = (f"used by the {' and '.join(verdicts)} verdict{'s' if len(verdicts) > 1 else ''}"
@@ -291,8 +306,23 @@ def _meta(audit: dict) -> str:
     if audit.get("source") == "user-loop":          # audit_own_runs: judged here, trained elsewhere
         bits.append("runs trained in your own loop")
     elif wall is not None:
-        bits.append(f"wall time {wall:.0f} s ({audit.get('runs_trained_now', '?')} runs trained now)")
+        bits.append(f"wall time {wall:.0f} s ({work_done(audit)})")
     return "; ".join(bits)
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """"1 seed", "2 seeds", "0 seeds"."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def work_done(audit: dict) -> str:
+    """What this invocation computed and what it reused: "3 runs trained now, 2 of 5 diagnoses
+    reused" (an audit.json written before diagnoses were reused says runs only)."""
+    trained = audit.get("runs_trained_now")
+    text = f"{'?' if trained is None else trained} {'run' if trained == 1 else 'runs'} trained now"
+    if audit.get("diagnoses") is not None:
+        text += f", {audit.get('diagnoses_reused', 0)} of {plural(audit['diagnoses'], 'diagnosis', 'diagnoses')} reused"
+    return text
 
 
 def audit_table(audit: dict) -> str:
@@ -452,9 +482,11 @@ def rules_table(audit: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def compact_table(audit: dict, width: int = 120) -> str:
-    """The audit for a terminal: one line per method, at most `width` columns, then each method's
-    full verdicts (wrapped to `width`); the full table and the per-seed values are in audit.md."""
+def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
+    """The audit for a terminal: one row per method, at most `width` columns (a verdict too long for
+    its column wraps onto the next lines, never cut), then each method's whole verdict as audit.md
+    gives it — reasons, the paper's rule, what is missing, every note — wrapped to `width`, and one
+    line on what to do next (`next_step`, with the audit folder `out`)."""
     head = ["method", "acc %", "frozen %", "(d) gap", "‖h_L‖", "gain", "growth", "deep Γ", "verdict"]
     rows = []
     for row in audit.get("methods") or []:
@@ -470,26 +502,67 @@ def compact_table(audit: dict, width: int = 120) -> str:
     # a narrow terminal drops the least needed columns first; the verdict column stays
     for drop in ("growth", "gain", "‖h_L‖", "frozen %"):
         widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
-        if sum(widths[:-1]) + 2 * (len(head) - 1) + 10 <= width:
+        if sum(widths[:-1]) + 2 * (len(head) - 1) + 20 <= width:
             break
         j = head.index(drop)
         head, rows = head[:j] + head[j + 1:], [r[:j] + r[j + 1:] for r in rows]
     widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
     room = width - sum(widths[:-1]) - 2 * (len(head) - 1)
     widths[-1] = max(10, min(widths[-1], room))
-    fit = lambda text, w: text if len(text) <= w else text[:w - 1] + "…"
-    line = lambda cells: "  ".join(fit(str(c), w).ljust(w) for c, w in zip(cells, widths)).rstrip()
-    wrap = lambda text: textwrap.wrap(text, width, subsequent_indent="    ", break_on_hyphens=False)
-    out = [*wrap(verdict_summary(audit)),
-           *(l for name, meaning in VERDICT_MEANINGS for l in wrap(f"{name}: {meaning}")), "",
-           line(head), "  ".join("-" * w for w in widths), *(line(r) for r in rows), ""]
-    out += wrap("acc, frozen: mean ± std over seeds; (d) gap: mean paired gap, points; ‖h_L‖, gain, "
-                "growth: median over seeds (a reason quotes one named seed's value).")
-    out.append("")
+    indent = " " * (sum(widths[:-1]) + 2 * (len(head) - 1))
+
+    def line(cells) -> list[str]:
+        first, *rest = textwrap.wrap(str(cells[-1]), widths[-1], break_on_hyphens=False) or [""]
+        lead = "  ".join(str(c).ljust(w) for c, w in zip(cells[:-1], widths))
+        return [f"{lead}  {first}".rstrip(), *(indent + more for more in rest)]
+    wrap = lambda text, lead="", more="    ": textwrap.wrap(text, width, initial_indent=lead,
+                                                          subsequent_indent=more, break_on_hyphens=False)
+    out_lines = [*wrap(verdict_summary(audit)),
+                 *(l for name, meaning in VERDICT_MEANINGS for l in wrap(f"{name}: {meaning}")), "",
+                 *line(head), "  ".join("-" * w for w in widths), *(l for r in rows for l in line(r)), ""]
+    out_lines += wrap("acc, frozen: mean ± std over seeds; (d) gap: mean paired gap, points; ‖h_L‖, "
+                      "gain, growth: median over seeds (a reason quotes one named seed's value).")
+    notes = _notes(audit)
     for row in audit.get("methods") or []:
-        out += wrap(f"{_method_name(row)}: {row.get('verdict') or '—'}")
-        out += wrap(f"  paper's rule: {row.get('paper_verdict') or '—'}")
-    return "\n".join(out)
+        out_lines += ["", *wrap(f"{_method_name(row)}: {row.get('verdict') or '—'}")]
+        for label, items in (("", row.get("reasons")), ("paper's rule: ", [row.get("paper_verdict") or "—"]),
+                             ("missing: ", row.get("missing")),
+                             ("note: ", list(row.get("notes") or []) + notes.get(str(row.get("method")), []))):
+            for item in items or []:
+                out_lines += wrap(f"{label}{item}", "  - ", "      ")
+    out_lines += ["", *wrap(next_step(audit, out), "", "  ")]
+    return "\n".join(out_lines)
+
+
+def next_step(audit: dict, out: str | None = None) -> str:
+    """One line: what to do next for this audit's outcome (walk back: read the report and how robust
+    the flags are; incomplete for want of seeds: add seeds; a run unfinished: run it again;
+    trustworthy: gate CI on it)."""
+    where = out or "AUDIT_DIR"
+    outcomes = [_outcome(r) for r in audit.get("methods") or []]
+    runs = audit.get("runs") or []
+    parts = []
+    if "walk back" in outcomes:
+        parts.append(f"open {where}/report.html for the figures behind each flag; `creditaudit "
+                     f"thresholds {where}` shows how far each threshold may move before a verdict changes")
+    if "incomplete" in outcomes:
+        missing = " ".join(str(m) for r in audit.get("methods") or [] for m in r.get("missing") or [])
+        if any(r.get("status") not in ("finished", "stopped", "diverged") for r in runs):
+            parts.append("run the same command again to finish the unfinished runs (finished runs and "
+                         "diagnoses are reused)")
+        if "seeds would likely decide" in missing:
+            seeds = [int(s) for s in (audit.get("config") or {}).get("seeds") or []]
+            more = seeds + [max(seeds or [0]) + 1 + i for i in range(max(2, 3 - len(seeds)))]
+            parts.append("add seeds to decide (d): train more seeds in your loop and pass them to "
+                         "audit_own_runs" if audit.get("source") == "user-loop" else
+                         f"add seeds to decide (d): --seeds {' '.join(map(str, more))} (runs of the "
+                         "seeds you have are reused)")
+        if len(parts) == ("walk back" in outcomes):
+            parts.append(f"read 'missing' under each incomplete method above (and in {where}/audit.md)")
+    if not parts:
+        parts.append(f"`creditaudit check {where}` gives these verdicts as an exit status for CI; "
+                     f"{where}/report.html has the figures")
+    return "next: " + "; ".join(parts) + "."
 
 
 def sensitivity_table(sensitivity: dict) -> str:
