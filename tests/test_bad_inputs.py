@@ -1,0 +1,96 @@
+"""Issue 28: inputs that still got through — a measured accuracy overruled by a claimed one, data
+that cannot carry a verdict, and single faults (two spellings of λ, another rule's knob, a second
+process in a locked folder, the wrong advice, tracebacks). Each test fails on the code before it."""
+import threading
+
+import pytest
+import torch
+
+from creditaudit import CreditAuditError
+from creditaudit.cli import main as cli_main
+
+TINY = ["--dataset", "digits", "--width", "16", "--blocks", "2", "--quiet", "--threads", "1",
+        "--device", "cpu", "--epochs", "1"]
+
+
+def refused(argv, capsys, match: str) -> str:
+    import re
+    code = cli_main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("creditaudit: error:"), (code, err)
+    assert re.search(match, lines[0]), lines[0]
+    return lines[0]
+
+
+# -- single faults ----------------------------------------------------------------------------------
+def test_lam_given_twice_with_different_values_is_refused(tmp_path, capsys):
+    from creditaudit.methods.dfa import DFAPenalty
+    refused(["train", *TINY, "--method", DFAPenalty.name, "--lam", "0.1", "--option", "lam=0.2",
+             "--out", tmp_path / "r"], capsys, r"--lam 0.1 and --option lam=0.2 give λ twice")
+
+
+def test_sb_refuses_the_knobs_only_cb_reads():
+    from creditaudit.config import RunConfig
+    from creditaudit.methods.bridges import CreditBridge, StateBridge
+    for knob in ("draws", "noise", "tau", "ema"):
+        with pytest.raises(CreditAuditError, match=rf"method 'sb' has no option\(s\) {knob}"):
+            RunConfig(method=StateBridge.name, options={knob: CreditBridge.option_defaults[knob]})
+    assert RunConfig(method=CreditBridge.name, options={"draws": 8}).options["draws"] == 8
+
+
+def test_check_on_a_control_advises_what_judges_it(tmp_path, capsys):
+    for flag, match in (("--shallow", r"is a shallow control .* no verdict of its own"),
+                        ("--frozen", r"is a frozen-blocks control: .*diagnose RUN_DIR --frozen-control")):
+        out = tmp_path / flag.strip("-")
+        assert cli_main(["train", *TINY, flag, "--out", str(out)]) == 0
+        capsys.readouterr()
+        line = refused(["check", out], capsys, match)
+        assert "--frozen-control CONTROL_DIR" not in line
+
+
+def test_two_processes_started_at_once_on_one_folder_one_is_refused(tmp_path, monkeypatch):
+    """The race of issue 28: B looked at the folder before A made it (so B counted it as its own
+    debris), then lost the lock to A. B must be refused, must not remove A's lock or folder, and a
+    third command while A works must be refused too. Two threads stand for the two processes: flock
+    locks of two open() calls exclude each other within one process as across processes."""
+    from creditaudit import cli
+    from creditaudit.experiments import lock
+    out = tmp_path / "a" / "audit"
+    real = lock.audit_lock
+    b_looked, a_holds, b_done = threading.Event(), threading.Event(), threading.Event()
+    results = {}
+
+    def ordered(*args, **kwargs):          # B has computed what it made; let A take the lock first
+        if threading.current_thread().name == "B":
+            b_looked.set()
+            a_holds.wait(10)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(lock, "audit_lock", ordered)
+
+    def a():
+        b_looked.wait(10)
+        with cli._locked_out(out):        # A has written nothing yet: the folder holds the lock only
+            a_holds.set()
+            b_done.wait(10)
+            results["a_lock_there"] = (out / lock.LOCK_FILE).exists()
+            try:                           # a third command while A works
+                with real(out):
+                    results["third"] = "not refused"
+            except CreditAuditError:
+                results["third"] = "refused"
+            (out / "work").write_text("A's files")
+
+    def b():
+        try:
+            with cli._locked_out(out):
+                results["b"] = "not refused"
+        except CreditAuditError as err:
+            results["b"] = f"refused: {err}"
+        b_done.set()
+    ta, tb = threading.Thread(target=a, name="A"), threading.Thread(target=b, name="B")
+    tb.start(), ta.start()
+    ta.join(20), tb.join(20)
+    assert results["b"].startswith("refused: another creditaudit process"), results
+    assert results["a_lock_there"] and results["third"] == "refused", results
+    assert (out / "work").read_text() == "A's files"
