@@ -203,6 +203,7 @@ def _cmd_train(args) -> int:
           f"max block growth {last['max_growth']:.3g} | {run.status['wall_time']:.1f} s")
     print("  monitor first fired: " + ", ".join(
         f"({k.replace('_prime', '′')}) {'never' if v is None else f'epoch {v}'}" for k, v in fired.items()))
+    print(f"  data: {data.describe()}")
     print(f"  run folder: {out}")
     return 0
 
