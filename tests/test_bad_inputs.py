@@ -3,6 +3,8 @@ that cannot carry a verdict, and single faults (two spellings of λ, another rul
 process in a locked folder, the wrong advice, tracebacks). Each test fails on the code before it."""
 import threading
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -94,3 +96,52 @@ def test_two_processes_started_at_once_on_one_folder_one_is_refused(tmp_path, mo
     assert results["b"].startswith("refused: another creditaudit process"), results
     assert results["a_lock_there"] and results["third"] == "refused", results
     assert (out / "work").read_text() == "A's files"
+
+
+# -- the Monitor: measured beats claimed, numbers in any form, one line each ------------------------
+from creditaudit import Monitor, ResidualMLP  # noqa: E402
+
+X, Y = torch.randn(32, 10, generator=torch.Generator().manual_seed(1)), torch.arange(32) % 3
+
+
+def _model():
+    torch.manual_seed(0)
+    return ResidualMLP(10, 16, 2, 3)
+
+
+def _stepped(tmp_path, **kw):
+    mon = Monitor(_model(), (X, Y), tmp_path / "run", epochs=2, **kw)
+    mon.step(torch.tensor(1.0), 32)
+    return mon
+
+
+def test_a_claimed_accuracy_that_disagrees_with_the_measured_one_is_refused(tmp_path):
+    mon = _stepped(tmp_path, test_batches=[(X, Y)])
+    with pytest.raises(CreditAuditError, match=r"epoch_end\(test_acc=0.99\), but the Monitor measured 0\.\d{4} on its test_batches"):
+        mon.epoch_end(test_acc=0.99)
+    measured = mon._measure_test_acc()
+    record = mon.epoch_end(test_acc=round(measured, 2))      # rounding is no disagreement
+    assert record["test_acc"] == measured                    # and what is recorded is measured
+
+
+@pytest.mark.parametrize("value", [np.float32(0.5), np.float64(0.5), torch.tensor(0.5), np.array(0.5),
+                                   torch.tensor([0.5]), 1])
+def test_numpy_and_torch_scalars_are_accuracies(tmp_path, value):
+    assert _stepped(tmp_path).epoch_end(test_acc=value)["test_acc"] == float(value)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(test_acc=torch.tensor([0.5, 0.6])), r"test_acc must be one number, got a Tensor of shape \(2,\)"),
+    (dict(test_acc=0.5, note="hello"), r"epoch_end\(note=...\) must be a number, got str 'hello'"),
+    (dict(test_acc=0.5, grad=torch.ones(3)), r"epoch_end\(grad=...\) must be one number"),
+    (dict(test_acc=True), "test_acc must be a number, got bool"),
+])
+def test_epoch_end_refuses_what_is_not_one_number_in_one_line(tmp_path, kwargs, match):
+    with pytest.raises(CreditAuditError, match=match):
+        _stepped(tmp_path).epoch_end(**kwargs)
+
+
+def test_a_non_finite_eval_batch_is_refused_not_sealed_as_diverged(tmp_path):
+    with pytest.raises(CreditAuditError, match="eval_batch: x holds NaN"):
+        Monitor(_model(), (torch.full_like(X, float("nan")), Y), tmp_path / "run", epochs=1)
+    assert not (tmp_path / "run" / "status.json").exists()

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 
 from . import __version__, evidence, store
@@ -111,6 +112,9 @@ def _batch(batch, what: str) -> tuple[torch.Tensor, torch.Tensor]:
                                f"{tuple(y.shape)} and dtype {y.dtype} (e.g. y.long() for float labels)")
     if x.is_meta or y.is_meta:
         raise CreditAuditError(f"{what} is on the meta device (shapes without values); pass real tensors")
+    if (x.is_floating_point() or x.is_complex()) and not bool(torch.isfinite(x).all()):
+        raise CreditAuditError(f"{what}: x holds NaN or ±inf; the monitor measures on it, so a "
+                               "non-finite input would read as a diverged run — give finite inputs")
     return x, y
 
 
@@ -131,6 +135,24 @@ def _check_model(model) -> None:
         raise CreditAuditError(f"the model's weights are {', '.join(low)}; the Monitor measures in "
                                "float32 or float64 — keep float32 weights and train in mixed "
                                "precision with torch.autocast")
+
+
+# a claimed accuracy may differ from the measured one by rounding to two decimals (0.69 for 0.686)
+ACC_ROUNDING = 0.005
+
+
+def real_number(value, what: str) -> float:
+    """A plain float from a number the user hands in — a Python int/float, a numpy scalar, or a
+    one-element numpy array or tensor (e.g. a torchmetrics result) — or one line naming `what`."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        size = value.numel() if isinstance(value, torch.Tensor) else value.size
+        if size != 1:
+            raise CreditAuditError(f"{what} must be one number, got a {type(value).__name__} of "
+                                   f"shape {tuple(value.shape)} (reduce it, e.g. .mean())")
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise CreditAuditError(f"{what} must be a number, got {type(value).__name__} {value!r}")
+    return float(value)
 
 
 def _loss_value(loss) -> torch.Tensor:
@@ -157,7 +179,8 @@ class Monitor:
     adapter:          how to reach the residual stream of a model that is not a creditaudit class;
                       its stream must reproduce model(eval x) to 1e-5 + 1e-4·|logit| (float32;
                       adapter.check_reproduces), else the Monitor refuses in one line.
-    test_batches:     iterable of (x, y) for the test accuracy when `epoch_end` is not given one.
+    test_batches:     iterable of (x, y): the Monitor measures the test accuracy on them and records
+                      what it measured (a claimed `epoch_end(test_acc=)` must agree to rounding).
     diagnose_batches: eval batches of the final diagnosis (the protocol wants K ≥ 8 disjoint
                       batches of 128); default [eval_batch].
     seed, label:      recorded; the label names the run in reports.
@@ -363,11 +386,14 @@ class Monitor:
         """Record the monitor line of the epoch that just ended; returns it.
 
         epoch:    your loop's epoch index, 0- or 1-based (checked for skips and repeats); None =
-                  counted here. test_acc: the headline accuracy as a fraction (or computed on
-                  `test_batches`). logs: extra numbers for the line (plain floats).
+                  counted here. test_acc: the headline accuracy as a fraction (a number, numpy
+                  scalar or one-element tensor); with `test_batches` the Monitor measures it
+                  itself and records that, refusing a test_acc that disagrees beyond rounding
+                  (±0.005). logs: extra numbers for the line (each one number).
         Raises StopRun when the run ended here (diverged, or a flag held `stop_when_flagged`).
         """
         self._check_open()
+        logs = {k: real_number(v, f"epoch_end({k}=...)") for k, v in logs.items()}
         clash = sorted(set(logs) & set(MEASURED_FIELDS))
         if clash:
             raise CreditAuditError(f"epoch_end() logs {', '.join(clash)}, which the monitor measures "
@@ -443,29 +469,39 @@ class Monitor:
                                    "start a new Monitor with another out= to train further")
 
     def _test_acc(self, test_acc) -> float:
-        if test_acc is None:
-            if self.test_batches is None:
+        """The epoch's test accuracy: measured on `test_batches` when the Monitor has them (a
+        claimed `test_acc` must then agree with it to rounding, `ACC_ROUNDING`), else the claimed
+        one, checked to be a fraction."""
+        claimed = None if test_acc is None else real_number(test_acc, "test_acc")
+        if claimed is not None and not 0 <= claimed <= 1:
+            raise CreditAuditError(f"test_acc must be a fraction in [0, 1], got {test_acc!r}")
+        if self.test_batches is None:
+            if claimed is None:
                 raise CreditAuditError("epoch_end() needs the test accuracy: pass test_acc=... "
                                        "or give the Monitor test_batches=")
-            was = self.model.training
-            self.model.eval()
-            dev = _device_of(self.model)
-            # through the stream, as every other measurement: a module needs no forward() of its own
-            logits = lambda x: self.stream.forward_from(0, self.stream.embed(x))
-            try:
-                with torch.no_grad():
-                    test_acc = accuracy(logits, ((x.to(dev), y.to(dev)) for x, y in self.test_batches))
-            except Exception as err:  # noqa: BLE001 — a batch the model cannot take is the caller's
-                raise CreditAuditError(f"the test accuracy on test_batches failed ({type(err).__name__}: "
-                                       f"{' '.join(str(err).split())[:200]}); give (x, y) batches the "
-                                       "model takes, like eval_batch") from None
-            finally:
-                self.model.train(was)
-        if isinstance(test_acc, torch.Tensor):
-            test_acc = float(test_acc)
-        if isinstance(test_acc, bool) or not isinstance(test_acc, (int, float)) or not 0 <= test_acc <= 1:
-            raise CreditAuditError(f"test_acc must be a fraction in [0, 1], got {test_acc!r}")
-        return float(test_acc)
+            return claimed
+        measured = self._measure_test_acc()
+        if claimed is not None and abs(claimed - measured) > ACC_ROUNDING:
+            raise CreditAuditError(f"epoch_end(test_acc={claimed:.4g}), but the Monitor measured "
+                                   f"{measured:.4f} on its test_batches; it records what it "
+                                   "measures — leave test_acc out, or measure it on the same batches")
+        return measured
+
+    def _measure_test_acc(self) -> float:
+        was = self.model.training
+        self.model.eval()
+        dev = _device_of(self.model)
+        # through the stream, as every other measurement: a module needs no forward() of its own
+        logits = lambda x: self.stream.forward_from(0, self.stream.embed(x))
+        try:
+            with torch.no_grad():
+                return float(accuracy(logits, ((x.to(dev), y.to(dev)) for x, y in self.test_batches)))
+        except Exception as err:  # noqa: BLE001 — a batch the model cannot take is the caller's
+            raise CreditAuditError(f"the test accuracy on test_batches failed ({type(err).__name__}: "
+                                   f"{' '.join(str(err).split())[:200]}); give (x, y) batches the "
+                                   "model takes, like eval_batch") from None
+        finally:
+            self.model.train(was)
 
     def _record(self, epoch: int, train_loss, test_acc, logs: dict) -> dict:
         """The trainer's metrics line (train._record's fields) for the user's model."""
@@ -477,9 +513,9 @@ class Monitor:
         finally:
             self.model.train(was)
         if epoch == 0 and test_acc is None and self.test_batches is not None:
-            test_acc = self._test_acc(None)
+            test_acc = self._measure_test_acc()
         return {"epoch": epoch, "train_loss": train_loss, "test_acc": test_acc, **snap.to_dict(),
-                **{k: float(v) for k, v in logs.items()}, "wall_time": time.perf_counter() - self._t0}
+                **logs, "wall_time": time.perf_counter() - self._t0}
 
     def _append(self, record: dict) -> None:
         self.history.append(record)
