@@ -145,3 +145,51 @@ def test_a_non_finite_eval_batch_is_refused_not_sealed_as_diverged(tmp_path):
     with pytest.raises(CreditAuditError, match="eval_batch: x holds NaN"):
         Monitor(_model(), (torch.full_like(X, float("nan")), Y), tmp_path / "run", epochs=1)
     assert not (tmp_path / "run" / "status.json").exists()
+
+
+# -- --model factories that used to raise tracebacks ------------------------------------------------
+USER_MODELS = '''
+import torch
+from creditaudit.model import ResidualMLP
+
+class AlwaysTraining(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.bn, self.lin = torch.nn.BatchNorm1d(d), torch.nn.Linear(d, d)
+    def forward(self, h):
+        return self.lin(self.bn(h))
+    def train(self, mode=True):          # forced into training mode
+        return super().train(True)
+
+def bn_training():
+    torch.manual_seed(0)
+    m = ResidualMLP(64, 16, 2, 10)
+    m.blocks[0] = AlwaysTraining(16)
+    return m
+
+def on_meta():
+    with torch.device("meta"):
+        return ResidualMLP(64, 16, 2, 10)
+
+def good():
+    torch.manual_seed(0)
+    return ResidualMLP(64, 16, 2, 10)
+'''
+
+
+@pytest.mark.parametrize("factory, weights_of, match", [
+    ("bn_training", "bn_training", r"bn_training\(\): blocks.0, .* stay in training mode after model.eval\(\)"),
+    ("on_meta", "good", r"on_meta\(\) returned a model on the meta device"),
+])
+def test_user_model_factories_are_refused_in_one_line(factory, weights_of, match, tmp_path, capsys, monkeypatch):
+    import importlib
+    import sys
+    from safetensors.torch import save_file
+    (tmp_path / "bad_user_models.py").write_text(USER_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("bad_user_models", None)
+    mod = importlib.import_module("bad_user_models")
+    weights = tmp_path / f"{weights_of}.safetensors"
+    save_file({k: v.contiguous() for k, v in getattr(mod, weights_of)().state_dict().items()}, str(weights))
+    refused(["diagnose", "--model", f"bad_user_models:{factory}", "--weights", weights,
+             "--dataset", "digits", "--threads", "1"], capsys, match)
