@@ -193,3 +193,17 @@ def test_user_model_factories_are_refused_in_one_line(factory, weights_of, match
     save_file({k: v.contiguous() for k, v in getattr(mod, weights_of)().state_dict().items()}, str(weights))
     refused(["diagnose", "--model", f"bad_user_models:{factory}", "--weights", weights,
              "--dataset", "digits", "--threads", "1"], capsys, match)
+
+
+def test_train_prints_a_run_whose_numbers_could_not_be_measured(tmp_path, capsys, monkeypatch):
+    """Inputs of 1e38 (refused at load now) once crashed `train` formatting a None metric: the
+    summary prints what it has, whatever the data — here with the data check switched off."""
+    import creditaudit.data
+    monkeypatch.setattr(creditaudit.data, "check_learnable", lambda data, where: None)
+    y = np.arange(5000) % 10
+    np.savez(tmp_path / "mnist1d.npz", x=np.full((4000, 40), 1e38, np.float32), y=y[:4000],
+             x_test=np.full((1000, 40), 1e38, np.float32), y_test=y[4000:])
+    code = cli_main(["train", "--dataset", "mnist1d", "--data-dir", str(tmp_path), *TINY[2:],
+                     "--out", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert code == 0 and "diverged" in out and "median ‖h_L‖ —" in out, out

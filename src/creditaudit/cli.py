@@ -198,9 +198,11 @@ def _cmd_train(args) -> int:
     fired = first_fire_epochs(run.history, Thresholds())
     print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
           f"— {run.status['message']}")
-    print(f"  test acc {last['test_acc']:.4f} | median ‖h_L‖ {last['h_norms'][-1]:.3g} | "
-          f"‖g_L‖ {last['g_norms'][-1]:.3g} | readout gain {last['gain']:.3g} | "
-          f"max block growth {last['max_growth']:.3g} | {run.status['wall_time']:.1f} s")
+    # a value the monitor could not measure is None, a non-finite one a string ("inf")
+    num = lambda v, spec: "—" if v is None else v if isinstance(v, str) else format(v, spec)
+    print(f"  test acc {num(last['test_acc'], '.4f')} | median ‖h_L‖ {num(last['h_norms'][-1], '.3g')} | "
+          f"‖g_L‖ {num(last['g_norms'][-1], '.3g')} | readout gain {num(last['gain'], '.3g')} | "
+          f"max block growth {num(last['max_growth'], '.3g')} | {run.status['wall_time']:.1f} s")
     print("  monitor first fired: " + ", ".join(
         f"({k.replace('_prime', '′')}) {'never' if v is None else f'epoch {v}'}" for k, v in fired.items()))
     print(f"  data: {data.describe()}")
