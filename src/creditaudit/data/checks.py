@@ -38,6 +38,7 @@ PROBE_N = 1000               # samples per split the probe reads
 PROBE_ALPHA = 1e-3           # the largest chance that labels independent of the inputs pass
 PROBE_RIDGE = 1e-2           # ridge strength, relative to the kernel's mean diagonal
 OVERFLOW_NORM = 1e16         # refuse samples of this norm or more (√(float32 max) ≈ 1.8e19)
+CHUNK = 4096                 # samples per pass of the checks that read every sample
 
 _passed: set[str] = set()    # digests already checked in this process
 
@@ -77,6 +78,13 @@ def probe_accuracy(data: ArrayDataset) -> tuple[int, int, float]:
     return int((pred == yt).sum()), len(yt), p0
 
 
+def _max_norm(data: ArrayDataset, raw: torch.Tensor) -> float:
+    """The largest ‖x_i‖ of the prepared inputs (normalised as the network sees them), in float64,
+    a chunk at a time (a CIFAR split prepared at once would be gigabytes)."""
+    return max(float(data.prepare(raw[i:i + CHUNK]).flatten(1).double().norm(dim=1).max())
+               for i in range(0, len(raw), CHUNK))
+
+
 def check_learnable(data: ArrayDataset, where: str) -> None:
     """Refuse (one line, naming `where` the data came from) data that cannot carry a verdict."""
     if data.digest in _passed:
@@ -93,13 +101,13 @@ def check_learnable(data: ArrayDataset, where: str) -> None:
             raise CreditAuditError(f"{where}: the {split} inputs hold NaN or ±inf; fix or regenerate "
                                    "the data")
     for split, raw in (("training", data.x_train), ("test", data.x_test)):
-        norms = data.prepare(raw.cpu()).flatten(1).double().norm(dim=1)
-        if float(norms.max()) >= OVERFLOW_NORM:
-            raise CreditAuditError(f"{where}: a {split} input has norm {float(norms.max()):.3g}; a "
-                                   f"forward in float32 squares it and overflows (limit {OVERFLOW_NORM:.0e}); "
+        norm = _max_norm(data, raw.cpu())
+        if norm >= OVERFLOW_NORM:
+            raise CreditAuditError(f"{where}: a {split} input has norm {norm:.3g}; a forward in "
+                                   f"float32 squares it and overflows (limit {OVERFLOW_NORM:.0e}); "
                                    "rescale the inputs (standardise them)")
     x = data.x_train.cpu().flatten(1)
-    if bool((x == x[:1]).all()):
+    if all(bool((x[i:i + CHUNK] == x[:1]).all()) for i in range(0, len(x), CHUNK)):
         raise CreditAuditError(f"{where}: every training input is the same sample (constant "
                                "inputs): nothing can be learned from them; fix or regenerate the data")
     correct, n, p0 = probe_accuracy(data)
