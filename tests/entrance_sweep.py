@@ -1134,6 +1134,7 @@ def issue28_cases(w: World) -> list[Case]:
         add(f"train on a mnist1d cache with {name}", "refusal",
             cli("train", "--dataset", "mnist1d", "--data-dir", d, *small, "--out", run, check=run))
         toml = o / "toml" / f"i28-{re.sub(r'[^a-z0-9]', '-', name)}.toml"
+        toml.parent.mkdir(exist_ok=True)
         toml.write_text(f'dataset = "mnist1d"\ndata_dir = "{d}"\nmethods = ["bp"]\nseeds = [1]\n'
                         "epochs = 1\njobs = 1\n[model]\nwidth = 16\nblocks = 2\n")
         out = w.fresh("bad-data-audit")
