@@ -295,7 +295,7 @@ class CreditBridge(_Bridge):
     member_archs = (ResidualMLP,)
     summary = "credit bridge: a_l = ∇_{h_l} V_φ, V_φ a value net trained by bridge consistency"
     option_defaults = {**_Bridge.option_defaults, **{k: DEFAULTS[k] for k in ("draws", "noise", "tau", "ema")}}
-    # draws: each is one probe pass over the batch per block and step; the paper uses 4, and
+    # draws: each is one probe pass over the batch per block and step; the default is 4, and
     # 1024 (256× that) already makes a step cost more than a thousand forwards: larger is a typo
     option_ranges = {**_Bridge.option_ranges, "draws": (1, 1024), "noise": (0.0, math.inf),
                      "tau": (1e-12, math.inf), "ema": (0.0, 1.0)}
