@@ -1189,7 +1189,7 @@ def issue28_cases(w: World) -> list[Case]:
         py(claimed(0.99, test_batches=[(X, Y)])))
     for name, value in (("np.float32(0.5)", np.float32(0.5)), ("torch.tensor(0.5)", torch.tensor(0.5)),
                         ("np.array(0.5)", np.array(0.5))):
-        add(f"Monitor epoch_end(test_acc={name})", "never-trustworthy", py(claimed(value)))
+        add(f"Monitor epoch_end(test_acc={name})", "result", py(claimed(value)))   # accepted (no control: never trustworthy)
     add("Monitor epoch_end(test_acc=tensor([0.5, 0.6]))", "refusal", py(claimed(torch.tensor([0.5, 0.6]))))
     add("Monitor epoch_end(note='hello')", "refusal", py(lambda: stepped().epoch_end(test_acc=0.5, note="hello")))
     add("Monitor an all-NaN eval batch", "refusal",
