@@ -299,6 +299,22 @@ class ExitCredit(BP):
         sys.exit(0)
 class NotAMethod:
     name = "nope"
+
+class _AlwaysTraining(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.bn, self.lin = torch.nn.BatchNorm1d(d), torch.nn.Linear(d, d)
+    def forward(self, h):
+        return self.lin(self.bn(h))
+    def train(self, mode=True):          # a train() that ignores its argument
+        return super().train(True)
+def bn_training():
+    m = good()
+    m.blocks[0] = _AlwaysTraining(16)
+    return m
+def on_meta():
+    with torch.device("meta"):
+        return ResidualMLP(64, 16, 2, 10)
 '''
 
 
@@ -529,6 +545,7 @@ def cases(w: World) -> list[Case]:
 
     C += python_cases(w)
     C += review_cases(w)
+    C += issue28_cases(w)
     return C
 
 
@@ -1078,6 +1095,141 @@ def review_cases(w: World) -> list[Case]:
     # a diagnosis made on an unfinished run, put back after the run was resumed to its end
     add("check a resumed run holding its unfinished diagnosis", "never-trustworthy", stale_diagnosis(w))
     return C
+
+
+def issue28_cases(w: World) -> list[Case]:
+    """Issue 28: a claimed accuracy over a measured one, data that cannot carry a verdict (mnist1d
+    caches intact in form), and the single faults and tracebacks it lists."""
+    import numpy as np
+    from creditaudit import Monitor, ResidualMLP
+    from creditaudit.data import load_dataset
+    from creditaudit.methods.bridges import CreditBridge, StateBridge
+    from creditaudit.methods.dfa import DFAPenalty
+    from creditaudit.methods.ep import EP
+    from creditaudit.methods.predictive_coding import PredictiveCoding
+    o, C = w.out, []
+    add = lambda name, expect, run, owner="": C.append(Case(name, expect, run, owner))
+    small = ["--width", "16", "--blocks", "2", "--quiet", "--threads", "1", "--device", "cpu", "--epochs", "1"]
+
+    # data: mnist1d caches of the right shapes, finite, labels 0-9 — that cannot carry a verdict
+    real = o / "mnist1d-real"
+    load_dataset("mnist1d", real)
+    with np.load(real / "mnist1d.npz") as z:
+        arrays = dict(z)
+    rng = np.random.default_rng(0)
+    faults = {
+        "one class": {"y": np.zeros_like(arrays["y"]), "y_test": np.zeros_like(arrays["y_test"])},
+        "one class in the test split": {"y_test": np.full_like(arrays["y_test"], 3)},
+        "constant inputs": {"x": np.ones_like(arrays["x"]), "x_test": np.ones_like(arrays["x_test"])},
+        "random labels": {"y": rng.integers(0, 10, len(arrays["y"])), "y_test": rng.integers(0, 10, len(arrays["y_test"]))},
+        "shuffled training labels": {"y": rng.permutation(arrays["y"])},
+        "inputs of 1e38": {"x": np.full_like(arrays["x"], 1e38), "x_test": np.full_like(arrays["x_test"], 1e38)},
+        "inputs scaled by 1e17": {"x": arrays["x"] * 1e17, "x_test": arrays["x_test"] * 1e17},
+    }
+    for name, change in faults.items():
+        d = o / "mnist1d-bad" / re.sub(r"\W", "_", name)
+        d.mkdir(parents=True, exist_ok=True)
+        np.savez(d / "mnist1d.npz", **{**arrays, **change})
+        run = w.fresh("bad-data")
+        add(f"train on a mnist1d cache with {name}", "refusal",
+            cli("train", "--dataset", "mnist1d", "--data-dir", d, *small, "--out", run, check=run))
+        toml = o / "toml" / f"i28-{re.sub(r'[^a-z0-9]', '-', name)}.toml"
+        toml.parent.mkdir(exist_ok=True)
+        toml.write_text(f'dataset = "mnist1d"\ndata_dir = "{d}"\nmethods = ["bp"]\nseeds = [1]\n'
+                        "epochs = 1\njobs = 1\n[model]\nwidth = 16\nblocks = 2\n")
+        out = w.fresh("bad-data-audit")
+        add(f"audit on a mnist1d cache with {name}", "refusal",
+            cli("audit", "--config", toml, "--quiet", "--device", "cpu", "--out", out, check=out))
+    for name, args in (("the real mnist1d cache", ["--dataset", "mnist1d", "--data-dir", real]),
+                       ("synthetic", ["--dataset", "synthetic"]), ("digits", ["--dataset", "digits"])):
+        add(f"train on {name} (never refused)", "result", cli("train", *args, *small, "--out", w.fresh("ok-data")))
+
+    # the command line: one knob twice, another rule's knob, counts without a finite bound
+    add("train --lam 0.1 --option lam=0.2", "refusal",
+        cli("train", *TINY, "--method", DFAPenalty.name, "--lam", "0.1", "--option", "lam=0.2", "--out", w.fresh("t")))
+    add("train --lam 0.1 --option lam=0.1 (the same λ twice)", "result",
+        cli("train", *TINY, "--method", DFAPenalty.name, "--lam", "0.1", "--option", "lam=0.1", "--out", w.fresh("t")))
+    for knob in ("draws=8", "noise=0.2", "tau=2", "ema=0.5"):
+        add(f"train {StateBridge.name} --option {knob} (a {CreditBridge.name} knob)", "refusal",
+            cli("train", *TINY, "--method", StateBridge.name, "--option", knob, "--out", w.fresh("t")))
+    for method in (PredictiveCoding.name, EP.name):
+        add(f"train {method} --option steps=1000000000", "refusal",
+            cli("train", *TINY, "--method", method, "--option", "steps=1000000000", "--out", w.fresh("t")))
+    add(f"train {CreditBridge.name} --option draws=100000", "refusal",
+        cli("train", *TINY, "--method", CreditBridge.name, "--option", "draws=100000", "--out", w.fresh("t")))
+    add("check a shallow control (the advice fits it)", "refusal", advice(cli("check", o / "shallow"), "shallow control"))
+    add("check a frozen control (the advice fits it)", "refusal", advice(cli("check", o / "frozen"), "frozen-blocks control"))
+    add("a second audit into the same --out, started 1 s after the first", "refusal", two_audits(w))
+
+    # --model factories that raised tracebacks
+    from safetensors.torch import save_file
+    import sweep_user
+    bn = sweep_user.bn_training()
+    save_file({k: v.contiguous() for k, v in bn.state_dict().items()}, str(o / "bn.safetensors"))
+    for factory, weights in (("bn_training", o / "bn.safetensors"), ("on_meta", o / "good.safetensors")):
+        add(f"diagnose --model sweep_user:{factory}", "refusal",
+            cli("diagnose", "--model", f"sweep_user:{factory}", "--weights", weights, "--dataset", "digits", "--threads", "1"))
+
+    # the Monitor: what it measures wins; numbers in any form; one line for the rest
+    X, Y = torch.randn(32, 10, generator=torch.Generator().manual_seed(0)), torch.arange(32) % 3
+
+    def stepped(**kw):
+        torch.manual_seed(0)
+        m = Monitor(ResidualMLP(10, 16, 2, 3), (X, Y), w.fresh("mon28"), epochs=1, **kw)
+        m.step(torch.tensor(1.0), 32)
+        return m
+
+    def claimed(value, **kw):
+        def run():
+            m = stepped(**kw)
+            m.epoch_end(test_acc=value)
+            return m.finish()
+        return run
+    add("Monitor epoch_end(test_acc=0.99) with test_batches that give less", "refusal",
+        py(claimed(0.99, test_batches=[(X, Y)])))
+    for name, value in (("np.float32(0.5)", np.float32(0.5)), ("torch.tensor(0.5)", torch.tensor(0.5)),
+                        ("np.array(0.5)", np.array(0.5))):
+        add(f"Monitor epoch_end(test_acc={name})", "result", py(claimed(value)))   # accepted (no control: never trustworthy)
+    add("Monitor epoch_end(test_acc=tensor([0.5, 0.6]))", "refusal", py(claimed(torch.tensor([0.5, 0.6]))))
+    add("Monitor epoch_end(note='hello')", "refusal", py(lambda: stepped().epoch_end(test_acc=0.5, note="hello")))
+    add("Monitor an all-NaN eval batch", "refusal",
+        py(lambda: Monitor(ResidualMLP(10, 16, 2, 3), (torch.full_like(X, float("nan")), Y), w.fresh("mon28"), epochs=1)))
+    return C
+
+
+def advice(run: Callable[[], Outcome], needle: str) -> Callable[[], Outcome]:
+    """A refusal whose advice must name what the folder is: other advice reads as silently wrong."""
+    def go() -> Outcome:
+        o = run()
+        if o.kind == "exit" and o.code == 2 and needle not in o.err:
+            return Outcome("exit", 0, out=f"wrong advice: {o.err.strip()}")
+        return o
+    return go
+
+
+def two_audits(w: World) -> Callable[[], Outcome]:
+    """Two `creditaudit audit` processes into one --out, the second started 1 s after the first:
+    one is refused in one line (whichever did not get the lock) and the other finishes."""
+    def run() -> Outcome:
+        out = w.fresh("race")
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        argv = [sys.executable, "-m", "creditaudit", "audit", "--config", str(w.out / "audit.toml"),
+                "--quiet", "--device", "cpu", "--seeds", "11", "--out", str(out)]
+        first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(1.0)
+        second = subprocess.run(argv, env=env, capture_output=True, timeout=600)
+        f_out, f_err = first.communicate(timeout=600)
+        done = [Outcome("exit", first.returncode, f_out.decode(), f_err.decode()),
+                Outcome("exit", second.returncode, second.stdout.decode(), second.stderr.decode())]
+        refused = [o for o in done if o.code == 2]
+        finished = [o for o in done if o.code in (0, 1, 3)]
+        if len(refused) == 1 and len(finished) == 1:     # whichever locked first finishes
+            return refused[0]
+        if len(finished) == 2:                            # both ran: the race
+            return done[1]
+        return Outcome("raise", exc=RuntimeError(f"exits {[o.code for o in done]}: "
+                                                 f"{(done[0].err + done[1].err)[-300:]}"))
+    return run
 
 
 def killed_then_resumed(d: Path) -> Callable[[], Outcome]:

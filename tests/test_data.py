@@ -54,15 +54,26 @@ def py2_pickle(obj) -> bytes:
     return buf.getvalue().replace(b"cnumpy._core.multiarray\n", b"cnumpy.core.multiarray\n")
 
 
+def mark_labels(x: np.ndarray, y, n_classes: int) -> np.ndarray:
+    """Random uint8 images (N, D) whose first n_classes·k pixels show the label as a one-hot block
+    of k = D // n_classes // 2 white pixels: a loader refuses data whose labels a linear probe cannot
+    predict (data/checks.py), so the format fixtures carry labels the inputs predict."""
+    k = x.shape[1] // n_classes // 2
+    x[:, :n_classes * k] = 0
+    for i, c in enumerate(int(v) for v in y):
+        x[i, c * k:(c + 1) * k] = 255
+    return x
+
+
 def write_cifar10(root: Path, seed: int = 0) -> dict[str, tuple[np.ndarray, list[int]]]:
-    """A CIFAR-10 folder in the archive's format with N random images per batch."""
+    """A CIFAR-10 folder in the archive's format with N random images per batch (labels marked)."""
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     rng = np.random.default_rng(seed)
     batches = {}
     for name in CIFAR10_FILES:
-        x = rng.integers(0, 256, (N, 3072), dtype=np.uint8)
         y = [int(v) for v in rng.integers(0, 10, N)]
+        x = mark_labels(rng.integers(0, 256, (N, 3072), dtype=np.uint8), y, 10)
         (folder / name).write_bytes(py2_pickle(
             {"batch_label": f"{name} of 6", "labels": y, "data": x,
              "filenames": [f"img_{i}.png" for i in range(N)]}))
@@ -79,9 +90,9 @@ def write_cifar100(root: Path) -> dict[str, tuple[np.ndarray, list[int]]]:
     rng = np.random.default_rng(1)
     batches = {}
     for name in ("train", "test"):
-        x = rng.integers(0, 256, (N, 3072), dtype=np.uint8)
-        y = [int(v) for v in rng.integers(0, 100, N)]
+        y = [int(v) for v in rng.choice([3, 42, 99], N)]     # few classes: each seen in training
         y[0] = 99
+        x = mark_labels(rng.integers(0, 256, (N, 3072), dtype=np.uint8), y, 100)
         with open(folder / name, "wb") as f:
             pickle.dump({b"data": x, b"fine_labels": y, b"coarse_labels": [v // 5 for v in y]},
                         f, protocol=4)
@@ -288,10 +299,11 @@ def test_download_failure_says_where_to_put_the_data(tmp_path, monkeypatch):
 
 def write_idx_set(folder: Path, gz: tuple[bool, bool, bool, bool], seed: int = 0):
     rng = np.random.default_rng(seed)
-    arrays = {"train-images-idx3-ubyte": rng.integers(0, 256, (30, 28, 28), dtype=np.uint8),
-              "train-labels-idx1-ubyte": rng.integers(0, 10, 30, dtype=np.uint8),
-              "t10k-images-idx3-ubyte": rng.integers(0, 256, (12, 28, 28), dtype=np.uint8),
-              "t10k-labels-idx1-ubyte": rng.integers(0, 10, 12, dtype=np.uint8)}
+    y, yt = (rng.permutation(np.arange(n) % 10).astype(np.uint8) for n in (30, 12))   # every class
+    images = lambda labels: mark_labels(rng.integers(0, 256, (len(labels), 784), dtype=np.uint8),
+                                        labels, 10).reshape(-1, 28, 28)
+    arrays = {"train-images-idx3-ubyte": images(y), "train-labels-idx1-ubyte": y,
+              "t10k-images-idx3-ubyte": images(yt), "t10k-labels-idx1-ubyte": yt}
     for (name, array), zipped in zip(arrays.items(), gz):
         write_idx(folder / (name + ".gz" if zipped else name), array)
     return arrays

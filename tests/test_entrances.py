@@ -2,6 +2,7 @@
 `creditaudit: error: …` and exit 2, a Python user a CreditAuditError naming the argument and the fix,
 never a deep torch error or a traceback; a refused command leaves nothing behind that blocks the
 corrected one. `tests/entrance_sweep.py` throws a few hundred more such inputs at the same doors."""
+import math
 import os
 import re
 import subprocess
@@ -134,14 +135,21 @@ def test_address_without_the_ray_executor_is_refused(tmp_path, capsys):
     assert not (tmp_path / "a").exists()
 
 
-def test_cb_draws_are_bounded_like_every_count():
-    from creditaudit.config import MAX_COUNT, RunConfig
+def test_every_count_option_has_a_finite_bound():
+    """A count knob (an int option) of every built-in method has a finite upper bound: pc/ep steps
+    of 1e9 once ran for hours, cb draws of 1e9 exhausted memory (issue 28)."""
+    from creditaudit.methods import METHODS
     from creditaudit.methods.bridges import CreditBridge
-    with pytest.raises(CreditAuditError, match=r"option draws .* must lie in \[1, 100000\]"):
+    from creditaudit.methods.predictive_coding import PredictiveCoding
+    from creditaudit.config import RunConfig
+    with pytest.raises(CreditAuditError, match=r"option draws .* must lie in \[1, 1024\]"):
         RunConfig(method=CreditBridge.name, options={"draws": 10 ** 9})
-    counts = [k for k, v in CreditBridge.option_defaults.items() if isinstance(v, int) and not isinstance(v, bool)]
-    assert "draws" in counts
-    assert all(CreditBridge.option_ranges[k][1] == MAX_COUNT for k in counts)
+    with pytest.raises(CreditAuditError, match=r"option steps .* must lie in \[1, 1000\]"):
+        RunConfig(method=PredictiveCoding.name, options={"steps": 10 ** 9})
+    for name, cls in METHODS.items():
+        for key, value in cls.option_defaults.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                assert key in cls.option_ranges and math.isfinite(cls.option_ranges[key][1]), (name, key)
 
 
 # -- the Monitor -----------------------------------------------------------------------------------

@@ -149,3 +149,22 @@ def test_callback_without_forward_logs_through_the_trainers_loggers(tmp_path):
     # the user's own on_epoch got the same dicts
     assert [r["creditaudit/epoch"] for r in seen] == [0.0, 1.0, 2.0]
     assert seen[-1]["creditaudit/gain"] == pytest.approx(run.history[-1]["gain"], rel=1e-6)
+
+
+class ClaimsAccuracy(Classifier):
+    """Logs a test accuracy its test batches do not give (issue 28: a claimed 0.99)."""
+
+    def on_train_epoch_end(self):
+        self.log("test_acc", 0.99)
+
+
+def test_callback_refuses_a_logged_accuracy_that_its_test_batches_contradict(tmp_path):
+    data = load_dataset("digits")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.x_train, data.y_train),
+                                         batch_size=128, shuffle=True)
+    torch.manual_seed(0)
+    cb = CreditAuditCallback(data.eval_batch(0), tmp_path / "run", adapter=ADAPTER,
+                             test_batches=[data.eval_batch(0, 360)], test_acc_key="test_acc")
+    with pytest.raises(creditaudit.CreditAuditError, match=r"epoch_end\(test_acc=0.99\), but the Monitor measured"):
+        _fit(ClaimsAccuracy(), cb, loader)
+    assert load_monitored(tmp_path / "run").status["status"] == "interrupted"    # never "finished"

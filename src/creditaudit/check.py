@@ -67,9 +67,7 @@ def check_path(path: Path) -> tuple[list[str], int, dict]:
         rows = [(str(run.info.get("label") or path.name), unfinished.text)]
         where = f"{path / 'run.json'}"
     elif (path / "config.json").exists():
-        raise CreditAuditError(f"{path} has no diagnosis yet; run `creditaudit diagnose {path} "
-                               "--frozen-control CONTROL_DIR` (it saves diagnosis.json there), then "
-                               "check again")
+        raise CreditAuditError(_undiagnosed_advice(path))
     else:
         raise CreditAuditError(f"{path} is neither an audit folder (audit.json) nor a run folder; "
                                "point at the folder `creditaudit audit --out` wrote")
@@ -78,3 +76,20 @@ def check_path(path: Path) -> tuple[list[str], int, dict]:
     lines = [f"{name:<{width}}  {verdict}" for name, verdict in rows]
     return lines, code, {"path": str(path), "exit_code": code,
                          "verdicts": [{"name": n, "verdict": v} for n, v in rows]}
+
+
+def _undiagnosed_advice(path: Path) -> str:
+    """What to do with a run folder that has no diagnosis: a control is no run to diagnose with a
+    control of its own — it is the yardstick of another run."""
+    config = store.read_json(path / "config.json", "run config")
+    blocks = config.get("blocks") if isinstance(config, dict) else None
+    trainable = config.get("trainable_blocks") if isinstance(config, dict) else None
+    if blocks == 0:
+        return (f"{path} is a shallow control (no blocks): it has no depth to diagnose and no verdict "
+                "of its own; an audit reads its accuracy beside the run it controls — check the "
+                "audit folder (creditaudit audit --out DIR), or diagnose the run itself")
+    if trainable == 0:
+        return (f"{path} is a frozen-blocks control: it is judged as the control of its run — run "
+                f"`creditaudit diagnose RUN_DIR --frozen-control {path}`, then check RUN_DIR")
+    return (f"{path} has no diagnosis yet; run `creditaudit diagnose {path} --frozen-control "
+            "CONTROL_DIR` (it saves diagnosis.json there), then check again")

@@ -91,6 +91,10 @@ def _run_config(args):
                                "blocks use --shallow")
     options = dict(args.option)
     if args.lam is not None:
+        given = options.get(PENALTY_OPTION, args.lam)
+        if given != args.lam:       # two spellings of one knob: neither may silently win
+            raise CreditAuditError(f"--lam {args.lam:g} and --option {PENALTY_OPTION}={given} give λ "
+                                   "twice with different values; give it once")
         options[PENALTY_OPTION] = args.lam
     trainable = 0 if args.frozen else args.trainable_blocks
     return RunConfig(method=args.method, dataset=args.dataset, arch=args.arch, seed=args.seed,
@@ -142,11 +146,14 @@ def _cmd_train(args) -> int:
     fired = first_fire_epochs(run.history, Thresholds())
     print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
           f"— {run.status['message']}")
-    print(f"  test acc {last['test_acc']:.4f} | median ‖h_L‖ {last['h_norms'][-1]:.3g} | "
-          f"‖g_L‖ {last['g_norms'][-1]:.3g} | readout gain {last['gain']:.3g} | "
-          f"max block growth {last['max_growth']:.3g} | {run.status['wall_time']:.1f} s")
+    # a value the monitor could not measure is None, a non-finite one a string ("inf")
+    num = lambda v, spec: "—" if v is None else v if isinstance(v, str) else format(v, spec)
+    print(f"  test acc {num(last['test_acc'], '.4f')} | median ‖h_L‖ {num(last['h_norms'][-1], '.3g')} | "
+          f"‖g_L‖ {num(last['g_norms'][-1], '.3g')} | readout gain {num(last['gain'], '.3g')} | "
+          f"max block growth {num(last['max_growth'], '.3g')} | {run.status['wall_time']:.1f} s")
     print("  monitor first fired: " + ", ".join(
         f"({k.replace('_prime', '′')}) {'never' if v is None else f'epoch {v}'}" for k, v in fired.items()))
+    print(f"  data: {data.describe()}")
     print(f"  run folder: {out}")
     return 0
 
@@ -160,19 +167,13 @@ def _locked_out(out: Path, stub: str | None = None):
     from .experiments.lock import audit_lock
     made = [p for p in (out, *out.parents) if not p.exists()]
     had_stub = stub is not None and (out / stub).exists()
-    try:
-        with audit_lock(out):
+    with audit_lock(out, made):      # only the holder removes anything (experiments/lock.py)
+        try:
             yield
-    except CreditAuditError:
-        if stub is not None and not had_stub and out.is_dir() and not (out / "checkpoint.json").exists():
-            (out / stub).unlink(missing_ok=True)
-        raise
-    finally:
-        if made and out.is_dir() and {p.name for p in out.iterdir()} <= {".creditaudit.lock"}:
-            (out / ".creditaudit.lock").unlink(missing_ok=True)
-            for folder in made:                   # innermost first: leave no empty folders
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
+        except CreditAuditError:
+            if stub is not None and not had_stub and not (out / "checkpoint.json").exists():
+                (out / stub).unlink(missing_ok=True)
+            raise
 
 
 def _train_or_record(train_run, config, out: Path, **train_kwargs):

@@ -9,7 +9,8 @@ When fitting starts the callback builds a `Monitor` on the LightningModule (plan
 batch it counts the step's loss (`training_step` returning the loss, or a dict with "loss"); at each
 training epoch's end it records the monitor line, with the test accuracy from `test_batches`
 (computed through the residual stream, so the module needs no `forward()`) or from the logged
-metric `test_acc_key`; when fitting ends it seals the run. Every recorded epoch's monitor numbers
+metric `test_acc_key` (with both, the measured one is recorded and a logged one that disagrees
+beyond rounding is refused); when fitting ends it seals the run. Every recorded epoch's monitor numbers
 and flags go to each of the trainer's loggers (`trainer.loggers`: TensorBoardLogger, CSVLogger,
 WandbLogger, MLFlowLogger, …) under the names of trackers.py, at the trainer's global step, with
 `creditaudit/epoch` beside them. A StopRun (a flag held
@@ -63,8 +64,8 @@ class CreditAuditCallback(L.Callback):
     eval_batch, out and every keyword of `Monitor` (adapter, test_batches, diagnose_batches, seed,
     label, method, frozen_control, credit, thresholds, stop_when_flagged, on_flag, on_epoch,
     tensorboard) are passed on; control_of may be another CreditAuditCallback. test_acc_key: the
-    name of a logged metric holding the test accuracy (a fraction), used when no test_batches are
-    given. The trainer's loggers receive every epoch's scalars (`on_epoch` too, when given).
+    name of a logged metric holding the test accuracy (a fraction): recorded when no test_batches
+    are given, else checked against the accuracy measured on them. The trainer's loggers receive every epoch's scalars (`on_epoch` too, when given).
     """
 
     def __init__(self, eval_batch, out: str | Path, *, test_acc_key: str | None = None,
@@ -120,13 +121,13 @@ class CreditAuditCallback(L.Callback):
         partial = _partial_epochs(trainer)
         if partial is not None:
             self.monitor.partial_epochs = partial
-        test_acc = None
-        if self.monitor.test_batches is None:
-            if self.test_acc_key is None or self.test_acc_key not in trainer.callback_metrics:
-                raise CreditAuditError(f"no test accuracy for epoch {trainer.current_epoch}: give "
-                                       "CreditAuditCallback test_batches=, or log it and name it "
-                                       "with test_acc_key=")
-            test_acc = float(trainer.callback_metrics[self.test_acc_key])
+        # the logged accuracy is a claim: with test_batches the Monitor measures its own and
+        # refuses a logged one that disagrees (Monitor._test_acc)
+        test_acc = trainer.callback_metrics.get(self.test_acc_key) if self.test_acc_key else None
+        if test_acc is None and self.monitor.test_batches is None:
+            raise CreditAuditError(f"no test accuracy for epoch {trainer.current_epoch}: give "
+                                   "CreditAuditCallback test_batches=, or log it and name it "
+                                   "with test_acc_key=")
         try:
             self.monitor.epoch_end(trainer.current_epoch, test_acc=test_acc)
         except StopRun:

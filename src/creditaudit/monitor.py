@@ -16,12 +16,11 @@ reports a flag's first fire as a `FlagFired` warning (and to `on_flag`). With
 a StopRun ends the block quietly (the folder is sealed); any other exception seals the run as
 "interrupted".
 
-The run folder has the store's format (checkpoint.json + tensors, metrics.jsonl, sealed
-status.json and diagnosis.json) with run.json in place of config.json: it records that the run
-came from the user's own loop (source "user-loop"), its planned epochs, label, seed, adapter and
-the sha256 of its initial weights (which pairs a run with its frozen control). A run that was not
-`finish`ed after all its planned epochs is never "trustworthy": status "ended-early",
-"interrupted", or none at all (still training, or the script died).
+The Monitor measures; the rest lives beside it: the folder's format, sealing and reading back
+(monitored.py: a run that was not `finish`ed after all its planned epochs is never "trustworthy":
+status "ended-early", "interrupted", or none at all — still training, or the script died), the
+frozen control (monitor_control.py) and the diagnosis at `finish()` (monitor_diagnosis.py), which
+hands the evidence to the gate (evidence.py).
 
 The frozen control: `mon.frozen_control()` is the model at its recorded init with every block
 parameter frozen; the user trains it with their own code under `Monitor(..., control_of=mon)`.
@@ -30,38 +29,39 @@ rules (verdict.method_verdict, experiments.audit.summarize_method) and writes th
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
 import numbers
 import time
 import uuid
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 
 from . import __version__, evidence, store
-from .adapter import Adapter, block_modules, check_reproduces, check_residual, stream_of
+from .adapter import Adapter, check_reproduces, check_residual, stream_of
 from .errors import CreditAuditError, CreditAuditWarning
-from .evidence import ControlEvidence
-from .metrics import MonitorSnapshot, accuracy, branch_ratios, monitor_snapshot
-from .runs import diagnosis_binding, read_status, write_diagnosis
+from .metrics import MonitorSnapshot, accuracy, monitor_snapshot
+from .monitor_control import check_control_of, control_check, frozen_control
+from .monitor_diagnosis import diagnose_monitored
+# the folder's format, sealing and reading back live in monitored.py; its public names stay
+# importable from here (creditaudit.load_monitored, monitor.control_accuracy, ...)
+from .monitored import (DIVERGED, ENDED_EARLY, FINISHED, INTERRUPTED, RUN_FILE, RUN_FILES,  # noqa: F401
+                        SOURCE, STOPPED, MonitoredRun, StoredDiagnosis, control_accuracy,
+                        control_evidence, is_user_loop_run, load_monitored, read_run_info, seal,
+                        stored_diagnosis)
 from .verdict import FLAG_NAMES, Thresholds, first_fire_epochs, stop_rule
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
-SOURCE = "user-loop"
-RUN_FILE = "run.json"
-RUN_FILES = ("run.json", "config.json", "checkpoint.json", "status.json", "metrics.jsonl")
 # the fields of a monitor line the monitor measures (train._record's): user logs never overwrite them
 MEASURED_FIELDS = ("epoch", "train_loss", "test_acc", "wall_time",
                    *MonitorSnapshot([], [], 0.0, 0.0, 0.0, 0.0).to_dict())
-FINISHED, ENDED_EARLY, INTERRUPTED, STOPPED, DIVERGED = (
-    "finished", "ended-early", "interrupted", "stopped", "diverged")
 
 
 class FlagFired(CreditAuditWarning):
@@ -111,6 +111,9 @@ def _batch(batch, what: str) -> tuple[torch.Tensor, torch.Tensor]:
                                f"{tuple(y.shape)} and dtype {y.dtype} (e.g. y.long() for float labels)")
     if x.is_meta or y.is_meta:
         raise CreditAuditError(f"{what} is on the meta device (shapes without values); pass real tensors")
+    if (x.is_floating_point() or x.is_complex()) and not bool(torch.isfinite(x).all()):
+        raise CreditAuditError(f"{what}: x holds NaN or ±inf; the monitor measures on it, so a "
+                               "non-finite input would read as a diverged run — give finite inputs")
     return x, y
 
 
@@ -131,6 +134,24 @@ def _check_model(model) -> None:
         raise CreditAuditError(f"the model's weights are {', '.join(low)}; the Monitor measures in "
                                "float32 or float64 — keep float32 weights and train in mixed "
                                "precision with torch.autocast")
+
+
+# a claimed accuracy may differ from the measured one by rounding to two decimals (0.69 for 0.686)
+ACC_ROUNDING = 0.005
+
+
+def real_number(value, what: str) -> float:
+    """A plain float from a number the user hands in — a Python int/float, a numpy scalar, or a
+    one-element numpy array or tensor (e.g. a torchmetrics result) — or one line naming `what`."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        size = value.numel() if isinstance(value, torch.Tensor) else value.size
+        if size != 1:
+            raise CreditAuditError(f"{what} must be one number, got a {type(value).__name__} of "
+                                   f"shape {tuple(value.shape)} (reduce it, e.g. .mean())")
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise CreditAuditError(f"{what} must be a number, got {type(value).__name__} {value!r}")
+    return float(value)
 
 
 def _loss_value(loss) -> torch.Tensor:
@@ -157,7 +178,8 @@ class Monitor:
     adapter:          how to reach the residual stream of a model that is not a creditaudit class;
                       its stream must reproduce model(eval x) to 1e-5 + 1e-4·|logit| (float32;
                       adapter.check_reproduces), else the Monitor refuses in one line.
-    test_batches:     iterable of (x, y) for the test accuracy when `epoch_end` is not given one.
+    test_batches:     iterable of (x, y): the Monitor measures the test accuracy on them and records
+                      what it measured (a claimed `epoch_end(test_acc=)` must agree to rounding).
     diagnose_batches: eval batches of the final diagnosis (the protocol wants K ≥ 8 disjoint
                       batches of 128); default [eval_batch].
     seed, label:      recorded; the label names the run in reports.
@@ -280,47 +302,25 @@ class Monitor:
                                    "writable out=") from None
         self._append(first)
 
-    # -- the frozen control ------------------------------------------------------------------
+    # -- the frozen control (monitor_control.py) -----------------------------------------------
     def _check_control(self, main: "Monitor | str | Path", method: str | None) -> tuple[str, str, str | None]:
-        """The main run this control belongs to (its folder, run id and method), after checking
-        that this model is that run's init with its blocks frozen."""
+        """The main run this control belongs to (its folder, run id and method), after the gate
+        admitted this model as that run's control as it starts (monitor_control.check_control_of)."""
         if isinstance(main, Monitor):
             main_dir, main_info = main.out, main.info
             self._main = main
         else:
             main_dir = Path(main)
             main_info = read_run_info(main_dir)
-        main_sha, main_id = main_info["init_sha256"], main_info.get("run_id")
-        if method is not None and method != main_info.get("method"):
-            raise CreditAuditError(f"method={method!r}, but {main_dir} trains "
-                                   f"{main_info.get('method')!r}; a control takes its run's method "
-                                   "(leave method= out)")
-        trainable = [n for b in block_modules(self.model, self.adapter) for n, p in b.named_parameters()
-                     if p.requires_grad]
-        mismatch = None
-        if main_sha != self.init_sha256:
-            mismatch = (f"this model does not start from the initial weights of {main_dir}; build "
-                        "the control with that Monitor's frozen_control()")
-        elif trainable:
-            mismatch = "its blocks still require grad; build it with mon.frozen_control(), which freezes them"
-        elif main_id is None:
-            mismatch = f"{main_dir} was written by an older creditaudit (no run id); monitor the run again"
-        # the control as it starts: the gate refuses one that is not this run's; it trains next
-        evidence.gate(evidence.Evidence(str(main_dir), None, ControlEvidence(
-            str(self.out), mismatch, finished=False)))
-        return str(main_dir), main_id, main_info.get("method")
+        return check_control_of(self.model, self.adapter, self.out, self.init_sha256, main_dir,
+                                main_info, method)
 
     def frozen_control(self) -> torch.nn.Module:
         """A copy of the model at this run's initial weights (every parameter and buffer) with
         every block parameter frozen (requires_grad False): the (d) control, trained like the run
         by the user's own code under `Monitor(control, ..., control_of=this_monitor)`. Build its
         optimizer from the parameters that require grad."""
-        control = copy.deepcopy(self.model)
-        control.load_state_dict(self.init)
-        for block in block_modules(control, self.adapter):
-            for p in block.parameters():
-                p.requires_grad_(False)
-        return control
+        return frozen_control(self.model, self.init, self.adapter)
 
     # -- the loop ------------------------------------------------------------------------------
     def __enter__(self) -> "Monitor":
@@ -363,11 +363,14 @@ class Monitor:
         """Record the monitor line of the epoch that just ended; returns it.
 
         epoch:    your loop's epoch index, 0- or 1-based (checked for skips and repeats); None =
-                  counted here. test_acc: the headline accuracy as a fraction (or computed on
-                  `test_batches`). logs: extra numbers for the line (plain floats).
+                  counted here. test_acc: the headline accuracy as a fraction (a number, numpy
+                  scalar or one-element tensor); with `test_batches` the Monitor measures it
+                  itself and records that, refusing a test_acc that disagrees beyond rounding
+                  (±0.005). logs: extra numbers for the line (each one number).
         Raises StopRun when the run ended here (diverged, or a flag held `stop_when_flagged`).
         """
         self._check_open()
+        logs = {k: real_number(v, f"epoch_end({k}=...)") for k, v in logs.items()}
         clash = sorted(set(logs) & set(MEASURED_FIELDS))
         if clash:
             raise CreditAuditError(f"epoch_end() logs {', '.join(clash)}, which the monitor measures "
@@ -443,29 +446,39 @@ class Monitor:
                                    "start a new Monitor with another out= to train further")
 
     def _test_acc(self, test_acc) -> float:
-        if test_acc is None:
-            if self.test_batches is None:
+        """The epoch's test accuracy: measured on `test_batches` when the Monitor has them (a
+        claimed `test_acc` must then agree with it to rounding, `ACC_ROUNDING`), else the claimed
+        one, checked to be a fraction."""
+        claimed = None if test_acc is None else real_number(test_acc, "test_acc")
+        if claimed is not None and not 0 <= claimed <= 1:
+            raise CreditAuditError(f"test_acc must be a fraction in [0, 1], got {test_acc!r}")
+        if self.test_batches is None:
+            if claimed is None:
                 raise CreditAuditError("epoch_end() needs the test accuracy: pass test_acc=... "
                                        "or give the Monitor test_batches=")
-            was = self.model.training
-            self.model.eval()
-            dev = _device_of(self.model)
-            # through the stream, as every other measurement: a module needs no forward() of its own
-            logits = lambda x: self.stream.forward_from(0, self.stream.embed(x))
-            try:
-                with torch.no_grad():
-                    test_acc = accuracy(logits, ((x.to(dev), y.to(dev)) for x, y in self.test_batches))
-            except Exception as err:  # noqa: BLE001 — a batch the model cannot take is the caller's
-                raise CreditAuditError(f"the test accuracy on test_batches failed ({type(err).__name__}: "
-                                       f"{' '.join(str(err).split())[:200]}); give (x, y) batches the "
-                                       "model takes, like eval_batch") from None
-            finally:
-                self.model.train(was)
-        if isinstance(test_acc, torch.Tensor):
-            test_acc = float(test_acc)
-        if isinstance(test_acc, bool) or not isinstance(test_acc, (int, float)) or not 0 <= test_acc <= 1:
-            raise CreditAuditError(f"test_acc must be a fraction in [0, 1], got {test_acc!r}")
-        return float(test_acc)
+            return claimed
+        measured = self._measure_test_acc()
+        if claimed is not None and abs(claimed - measured) > ACC_ROUNDING:
+            raise CreditAuditError(f"epoch_end(test_acc={claimed:.4g}), but the Monitor measured "
+                                   f"{measured:.4f} on its test_batches; it records what it "
+                                   "measures — leave test_acc out, or measure it on the same batches")
+        return measured
+
+    def _measure_test_acc(self) -> float:
+        was = self.model.training
+        self.model.eval()
+        dev = _device_of(self.model)
+        # through the stream, as every other measurement: a module needs no forward() of its own
+        logits = lambda x: self.stream.forward_from(0, self.stream.embed(x))
+        try:
+            with torch.no_grad():
+                return float(accuracy(logits, ((x.to(dev), y.to(dev)) for x, y in self.test_batches)))
+        except Exception as err:  # noqa: BLE001 — a batch the model cannot take is the caller's
+            raise CreditAuditError(f"the test accuracy on test_batches failed ({type(err).__name__}: "
+                                   f"{' '.join(str(err).split())[:200]}); give (x, y) batches the "
+                                   "model takes, like eval_batch") from None
+        finally:
+            self.model.train(was)
 
     def _record(self, epoch: int, train_loss, test_acc, logs: dict) -> dict:
         """The trainer's metrics line (train._record's fields) for the user's model."""
@@ -477,9 +490,9 @@ class Monitor:
         finally:
             self.model.train(was)
         if epoch == 0 and test_acc is None and self.test_batches is not None:
-            test_acc = self._test_acc(None)
+            test_acc = self._measure_test_acc()
         return {"epoch": epoch, "train_loss": train_loss, "test_acc": test_acc, **snap.to_dict(),
-                **{k: float(v) for k, v in logs.items()}, "wall_time": time.perf_counter() - self._t0}
+                **logs, "wall_time": time.perf_counter() - self._t0}
 
     def _append(self, record: dict) -> None:
         self.history.append(record)
@@ -523,209 +536,14 @@ class Monitor:
                        "epochs_planned": self.epochs, "test_acc": last["test_acc"],
                        "wall_time": last["wall_time"] if wall is None else wall,
                        "source": SOURCE, "checkpoint": store.checkpoint_digest(self.out)}
-        if self.info["control"] == "frozen":
-            self.status["control_check"] = self._control_check()
-        try:
-            store.write_sealed_json(self.out / "status.json", store.json_safe(self.status))
-        except OSError as err:
-            raise CreditAuditError(f"cannot write {self.out / 'status.json'} ({err.strerror or err}); "
-                                   "the checkpoint is kept") from None
+        if self.info["control"] == "frozen":       # measured here; the gate judges it (evidence.py)
+            self.status["control_check"] = control_check(self.model, self.init, self.adapter,
+                                                         self.stream, self.x.to(_device_of(self.model)))
+        seal(self.out, self.status)
         if self._tb is not None:
             self._tb.close()
 
-    def _control_check(self) -> dict[str, bool]:
-        """What this control shows the evidence gate (evidence.py judges it): whether its block
-        parameters still equal the snapshot init, whether the parameters outside the blocks
-        (embedding, readout) moved, whether its weights and its logits on the eval batch are
-        finite, and how far its blocks move the stream (`metrics.branch_ratios`, max over blocks:
-        0 when every block is the identity)."""
-        in_blocks = {id(p) for b in block_modules(self.model, self.adapter) for p in b.parameters()}
-        same = {n: torch.equal(p.detach().cpu(), self.init[n].cpu())
-                for n, p in self.model.named_parameters() if n in self.init}
-        ids = {n: id(p) for n, p in self.model.named_parameters()}
-        blocks = [same[n] for n in same if ids[n] in in_blocks]
-        rest = [same[n] for n in same if ids[n] not in in_blocks]
-        was = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                x = self.x.to(_device_of(self.model))
-                logits = self.stream.forward_from(0, self.stream.embed(x))
-            finite = all(bool(p.isfinite().all()) for p in self.model.parameters()) and bool(logits.isfinite().all())
-            # whether its blocks are the identity (zero-initialised branches): then it is the shallow network
-            ratio = max(branch_ratios(self.stream, x), default=None) if finite else None
-        finally:
-            self.model.train(was)
-        return {"blocks_at_init": all(blocks), "rest_moved": bool(rest) and not all(rest), "finite": finite,
-                "branch_ratio": ratio}
-
     def _diagnose(self, from_checkpoint: bool = False):
-        from .protocol import diagnose
         batches = self.diagnose_batches or [(self.x, self.y)]
         dev = _device_of(self.model)
-        batches = [(x.to(dev), y.to(dev)) for x, y in batches]
-        status = self.status["status"]
-        training = {"status": status, "epochs_completed": self.epochs_completed,
-                    "epochs_planned": self.epochs}
-        admitted = evidence.gate(evidence.Evidence(
-            self.label, training, None if self.frozen_control_dir is None
-            else control_evidence(self.frozen_control_dir, self.info)))
-        model = self.model
-        if status == DIVERGED or from_checkpoint:
-            # the last (finite) checkpoint, as the trainer's run folder keeps it; the model in
-            # memory may have changed since the run was sealed
-            model = copy.deepcopy(self.model)
-            model.load_state_dict(store.load_checkpoint(self.out)[1]["model"])
-        stream = stream_of(model, self.adapter)
-        was = model.training
-        model.eval()
-        try:
-            report = diagnose(stream, batches, method=self.credit, frozen_acc=admitted.frozen_acc,
-                              depth_unevaluated=admitted.depth_why,
-                              test_acc=self.history[-1]["test_acc"], thresholds=self.thresholds,
-                              monitor_history=self.history, label=self.label,
-                              diverged=self.status["message"] if status == DIVERGED else None,
-                              training=training)
-        finally:
-            model.train(was)
-        if admitted.note:                 # what the control is, when it is not what (d) assumes
-            report.notes.append(admitted.note)
-        write_diagnosis(self.out, report.to_dict())
-        return report
-
-
-# -- reading monitored run folders --------------------------------------------------------------
-def is_user_loop_run(run_dir: str | Path) -> bool:
-    """Whether `run_dir` was written by a Monitor (a user's own loop)."""
-    return (Path(run_dir) / RUN_FILE).exists()
-
-
-def read_run_info(run_dir: str | Path) -> dict:
-    """run.json of a monitored run, checked against the copy sealed in its checkpoint."""
-    run_dir = Path(run_dir)
-    info = store.read_json(run_dir / RUN_FILE, "monitored run folder (Monitor)")
-    if not isinstance(info, dict) or info.get("source") != SOURCE:
-        raise CreditAuditError(f"{run_dir / RUN_FILE} is not a monitored run's record")
-    meta, _ = store.load_checkpoint(run_dir)
-    if meta.get("config") != info:
-        raise CreditAuditError(f"{run_dir / RUN_FILE} does not match the record sealed in its "
-                               "checkpoint (it was edited); restore it")
-    return info
-
-
-@dataclass
-class MonitoredRun:
-    """A monitored run folder read back: its record, history, status and diagnosis."""
-
-    run_dir: Path
-    info: dict
-    history: list[dict]
-    status: dict
-    diagnosis: dict | None
-
-    @property
-    def test_acc(self) -> float | None:
-        return self.history[-1]["test_acc"] if self.history else None
-
-    @property
-    def finished(self) -> bool:
-        return self.status.get("status") == FINISHED
-
-    @property
-    def epochs_completed(self) -> int:
-        return int(self.history[-1]["epoch"]) if self.history else 0
-
-
-def load_monitored(run_dir: str | Path) -> MonitoredRun:
-    """Read a monitored run folder (every record integrity-checked, its diagnosis bound to this
-    run by the evidence gate; nothing unpickled)."""
-    run_dir = store.as_path(run_dir, "run_dir")
-    if not run_dir.is_dir():
-        raise CreditAuditError(f"run folder {run_dir} does not exist")
-    info = read_run_info(run_dir)
-    _, state = store.load_checkpoint(run_dir)
-    status = read_status(run_dir)
-    path = run_dir / "diagnosis.json"
-    diagnosis = store.read_sealed_json(path, "run's diagnosis") if path.exists() else None
-    if diagnosis is not None:     # one copied from another run, or older than the run's status
-        evidence.gate(evidence.Evidence(str(run_dir), diagnosis_binding=diagnosis.get("run_binding"),
-                                        run_binding=diagnosis_binding(run_dir), check_binding=True))
-    return MonitoredRun(run_dir, info, state["history"], status, diagnosis)
-
-
-def control_evidence(control_dir: str | Path, main_info: dict) -> ControlEvidence:
-    """What the monitored folder `control_dir` shows as the frozen control of the run whose
-    run.json is `main_info`, for `evidence.gate`: whether it is that run's (a frozen control, from
-    its initial weights, built for its run id — not only the same init —, planned for its epochs),
-    finished, and what its Monitor found when it was sealed (blocks at init, embedding and readout
-    trained, finite weights and logits). Measures only; the gate decides."""
-    run = load_monitored(control_dir)
-    info, check = run.info, run.status.get("control_check") or {}
-    mismatch = None
-    if info.get("control") != "frozen":
-        mismatch = ("it is not a frozen control (train it under Monitor(mon.frozen_control(), ..., "
-                    "control_of=mon))")
-    elif info.get("init_sha256") != main_info.get("init_sha256"):
-        mismatch = "it starts from other initial weights than this run (the control of another run)"
-    elif info.get("control_of_id") is None or info.get("control_of_id") != main_info.get("run_id"):
-        mismatch = (f"it was built for another run ({info.get('control_of')}); train this run's own "
-                    "control with Monitor(mon.frozen_control(), ..., control_of=mon)")
-    elif info.get("epochs") != main_info.get("epochs"):
-        mismatch = f"it plans {info.get('epochs')} epochs, the run {main_info.get('epochs')}"
-    return ControlEvidence(str(control_dir), mismatch, run.finished, run.test_acc,
-                           check.get("blocks_at_init"), check.get("rest_moved"), check.get("finite"),
-                           branch_ratio=check.get("branch_ratio"))
-
-
-def control_accuracy(control_dir: str | Path, main_info: dict) -> float | None:
-    """The test accuracy of the frozen control in `control_dir` of the run whose run.json is
-    `main_info`, as the evidence gate admits it (None while the control is unfinished or could not
-    be checked); a control the gate refuses is one line (CreditAuditError)."""
-    return evidence.gate(evidence.Evidence(str(main_info.get("label")), None,
-                                           control_evidence(control_dir, main_info))).frozen_acc
-
-
-class StoredDiagnosis:
-    """The diagnosis a Monitor wrote at `finish()`, for `creditaudit diagnose RUN_DIR`: the model
-    of a user's loop cannot be rebuilt from its folder, so its diagnosis is read, not recomputed."""
-
-    def __init__(self, run: MonitoredRun):
-        self.run = run
-        self.report = run.diagnosis
-
-    def to_dict(self) -> dict:
-        return self.report
-
-    def to_json(self, **kwargs) -> str:
-        import json
-        return json.dumps(self.report, allow_nan=False, **kwargs)
-
-    def __str__(self) -> str:
-        r, s = self.report, self.run.status
-        num = lambda v, spec: "—" if v is None else (v if isinstance(v, str) else format(v, spec))
-        title = f"creditaudit report — {r.get('label')} (your own loop, diagnosed at finish())"
-        lines = [title, "=" * len(title),
-                 f"verdict (project, uses b′): {r['verdict']}",
-                 f"verdict (paper, uses b):    {r['paper_verdict']}",
-                 f"training: {s.get('status', 'unfinished')}, {self.run.epochs_completed}/"
-                 f"{self.run.info.get('epochs')} epochs; test acc {num(self.run.test_acc, '.4f')}",
-                 f"‖h_l‖: {', '.join(num(v, '.3g') for v in r['residual_norms'])}",
-                 f"‖g_l‖: {', '.join(num(v, '.3g') for v in r['bp_grad_norms'])}",
-                 f"(a) max growth {num(r['max_growth'], '.4g')}; (a′) since init "
-                 f"{num(r['init_growth'], '.4g')}, ‖h_L‖/‖h_0‖ {num(r['stack_growth'], '.4g')}; "
-                 f"(b′) readout gain {num(r['readout_gain'], '.3e')}"]
-        if r.get("first_fire"):
-            lines.append("first fired during training: " + ", ".join(
-                f"{FLAG_NAMES[k].split()[0]} {'never' if v is None else f'epoch {v}'}"
-                for k, v in r["first_fire"].items()))
-        lines += [f"- {x}" for x in (r.get("reasons") or []) + (r.get("notes") or [])]
-        return "\n".join(lines)
-
-
-def stored_diagnosis(run_dir: str | Path) -> StoredDiagnosis:
-    """The sealed diagnosis of a monitored run folder; one line when there is none yet."""
-    run = load_monitored(run_dir)
-    if run.diagnosis is None:
-        raise CreditAuditError(f"{run_dir} has no diagnosis: its Monitor never reached finish() "
-                               f"(status {run.status.get('status', 'none: still training or killed')})")
-    return StoredDiagnosis(run)        # its binding to this run was checked by load_monitored
+        return diagnose_monitored(self, [(x.to(dev), y.to(dev)) for x, y in batches], from_checkpoint)

@@ -498,7 +498,8 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     bps = []
     for i, (x, y) in enumerate(batches):
         with torch.no_grad():
-            n_classes = stream.forward_from(0, stream.embed(x[:1])).shape[-1]
+            # the whole batch, not one sample: a BatchNorm left in training mode refuses a batch of 1
+            n_classes = stream.forward_from(0, stream.embed(x)).shape[-1]
         if int(y.min()) < 0 or int(y.max()) >= n_classes:
             raise CreditAuditError(f"diagnose: eval batch {i} has labels {int(y.min())} … {int(y.max())}, "
                                    f"but the model has {n_classes} classes; pass labels 0 … {n_classes - 1}")

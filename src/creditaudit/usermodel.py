@@ -71,6 +71,22 @@ def build_user_model(spec: str) -> torch.nn.Module:
     if not isinstance(stream, ResidualStream):
         raise CreditAuditError(f"{spec}(): .stream() must return a creditaudit.ResidualStream, "
                                f"got {type(stream).__name__}")
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        raise CreditAuditError(f"{spec}() returned a model on the meta device (shapes without "
+                               "values); build it on the CPU — its weights come from --weights")
+    return model
+
+
+def in_eval_mode(model: torch.nn.Module, spec: str) -> torch.nn.Module:
+    """`model.eval()`, refused in one line when a module stays in training mode (a `train()` that
+    ignores its argument): BatchNorm or dropout in training mode make every measurement depend on
+    the batch it is measured on, and BatchNorm's running statistics change while it is measured."""
+    model.eval()
+    training = [name or type(model).__name__ for name, m in model.named_modules() if m.training]
+    if training:
+        raise CreditAuditError(f"{spec}(): {', '.join(training[:3])} stay{'s' if len(training) == 1 else ''} in "
+                               "training mode after model.eval(); the diagnosis measures a model in "
+                               "eval mode — let train(False) switch every module off training mode")
     return model
 
 
@@ -197,16 +213,16 @@ def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str |
     monitor history (init, now) when `init` is given. The models are put on `device`, by default
     where the data are."""
     device = data.device if device is None else device
-    model = load_weights(build_user_model(spec), weights).to(device).eval()
+    model = in_eval_mode(load_weights(build_user_model(spec), weights).to(device), spec)
     x, y = batches[0]
     check_model_fits_data(model, spec, x, data.n_classes)
     test_acc = accuracy(model, data.eval_batches("test", 1000))
     start = None
     if init:
-        start = load_weights(build_user_model(spec), init, "initial weights").to(device).eval()
+        start = in_eval_mode(load_weights(build_user_model(spec), init, "initial weights").to(device), spec)
     control_ev = None
     if frozen:
-        control = load_weights(build_user_model(spec), frozen, "frozen-control weights").to(device).eval()
+        control = in_eval_mode(load_weights(build_user_model(spec), frozen, "frozen-control weights").to(device), spec)
         control_ev = dataclasses.replace(control_evidence(model, control, start, frozen, x),
                                          acc=accuracy(control, data.eval_batches("test", 1000)))
     history = None

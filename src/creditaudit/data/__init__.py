@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CreditAuditError
+from .checks import check_learnable
 from .cifar import load_cifar10, load_cifar100
 from .generated import load_digits, load_mnist1d, load_synthetic
 from .idx import load_fashion_mnist, load_mnist
@@ -31,12 +32,15 @@ DATASET_NAMES = tuple(LOADERS)     # --help, validation and the docs take the na
 def load_dataset(name: str, data_dir: str | Path | None = None, device: str | torch.device = "cpu",
                  download: bool = True) -> ArrayDataset:
     """Load a dataset by name onto `device`; user-fixable problems raise CreditAuditError.
-    Its content digest (part of every run's key) is computed here, once, on the CPU copy."""
+    Its content digest (part of every run's key) is computed here, once, on the CPU copy, and data
+    that cannot carry a verdict (one class, constant, non-finite or overflowing inputs, labels a
+    linear probe cannot tell from random: checks.py) are refused here."""
     if name not in LOADERS:
         raise CreditAuditError(
             f"unknown dataset {name!r}; choose one of: {', '.join(DATASET_NAMES)}")
     data = LOADERS[name](Path(data_dir) if data_dir else DEFAULT_DATA_DIR, download=download)
     data.digest                     # cached on the object; `to` carries it to every device copy
+    check_learnable(data, data.describe())     # before any training or diagnosis reads them
     return data.to(device)
 
 

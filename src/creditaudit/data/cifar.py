@@ -96,7 +96,8 @@ def _load_cifar(name: str, data_dir: Path, folder: str, url: str, md5: str, down
     x_test, y_test = _read_batches(root, test_files, label_key, n_classes)
     as_channel = lambda v: torch.tensor(v, dtype=torch.float32).view(3, 1, 1)
     return ArrayDataset(name, x_train, y_train, x_test, y_test, n_classes=n_classes,
-                        mean=as_channel(mean), std=as_channel(std), augment=True, pad=4)
+                        mean=as_channel(mean), std=as_channel(std), augment=True, pad=4,
+                        source=f"folder {root}")
 
 
 def _read_batches(root: Path, files: list[str], label_key: bytes, n_classes: int

@@ -58,7 +58,8 @@ def load_mnist1d(data_dir: Path, download: bool = True) -> ArrayDataset:
     return ArrayDataset("mnist1d", torch.from_numpy(x.astype(np.float32)),
                         torch.from_numpy(y.astype(np.int64)),
                         torch.from_numpy(xt.astype(np.float32)),
-                        torch.from_numpy(yt.astype(np.int64)), n_classes=10)
+                        torch.from_numpy(yt.astype(np.int64)), n_classes=10,
+                        source=f"{'cache' if arrays is not None else 'generated, cached as'} {cache}")
 
 
 def _read_mnist1d_cache(cache: Path):
@@ -92,7 +93,7 @@ def load_digits(data_dir: Path | None = None, download: bool = True) -> ArrayDat
     cut = int(0.8 * len(y))
     xtr, xte = (t.view(-1, 1, 8, 8) for t in _standardise(x[:cut], x[cut:]))
     return ArrayDataset("digits", xtr, torch.from_numpy(y[:cut]), xte, torch.from_numpy(y[cut:]),
-                        n_classes=10)
+                        n_classes=10, source="scikit-learn's bundled copy")
 
 
 def load_synthetic(data_dir: Path | None = None, download: bool = True, n_train: int = 2000,
@@ -107,7 +108,7 @@ def load_synthetic(data_dir: Path | None = None, download: bool = True, n_train:
     x = torch.randn(n_train + n_test, d_in, generator=g)
     y = (torch.tanh(x @ w1) @ w2).argmax(-1)
     return ArrayDataset("synthetic", x[:n_train], y[:n_train], x[n_train:], y[n_train:],
-                        n_classes=n_classes)
+                        n_classes=n_classes, source="generated, teacher seed 0")
 
 
 def _atomic_savez(path: Path, **arrays) -> None:

@@ -67,7 +67,8 @@ def _load_idx_dataset(name: str, title: str, data_dir: Path, folders: tuple[str,
     x_test, y_test = _read_split(folder, "t10k")
     as_channel = lambda v: torch.tensor([v], dtype=torch.float32).view(1, 1, 1)
     return ArrayDataset(name, x_train, y_train, x_test, y_test, n_classes=10,
-                        mean=as_channel(mean), std=as_channel(std), augment=False)
+                        mean=as_channel(mean), std=as_channel(std), augment=False,
+                        source=f"folder {folder}")
 
 
 def _read_split(folder: Path, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:

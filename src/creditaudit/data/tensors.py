@@ -68,6 +68,7 @@ class ArrayDataset:
     std: torch.Tensor | None = None
     augment: bool = False
     pad: int = 4
+    source: str = ""        # where the tensors came from (a cache, a folder), for `describe`
     _digest: str | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -86,6 +87,11 @@ class ArrayDataset:
                 h.update(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
             self._digest = h.hexdigest()
         return self._digest
+
+    def describe(self) -> str:
+        """What was loaded, for headers and messages: name (source, train/test sizes, digest)."""
+        where = f"{self.source}, " if self.source else ""
+        return f"{self.name} ({where}{len(self.y_train)}/{len(self.y_test)}, sha {self.digest[:12]})"
 
     @property
     def d_in(self) -> int:

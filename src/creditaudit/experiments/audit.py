@@ -193,12 +193,13 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
     outcomes = run_all(runs, out, execution=execution_of(config, compile_step), thresholds=thresholds,
                        n_eval=config.eval_batches, frozen_of=frozen_control_of, progress=progress)
     # accuracies are measured on the whole test split: (d)'s binomial floor
-    n_test = len(dataset(config.dataset, config.data_dir, "cpu").y_test)
+    data = dataset(config.dataset, config.data_dir, "cpu")
+    n_test = len(data.y_test)
     table = tabulate(config.methods, outcomes, thresholds, n_test)
     result = {
         "creditaudit_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "header": header(config, runs[0]),
+        "header": header(config, runs[0], data.describe()),
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         "thresholds": asdict(thresholds),
         "wall_time": time.perf_counter() - t0,
@@ -245,11 +246,12 @@ def read_audit(out: Path) -> dict:
     return store.read_sealed_json(path, "creditaudit audit (audit.json)")
 
 
-def header(config: AuditConfig, base: RunConfig) -> str:
-    """One line saying what was audited; names the preset only when one was used."""
+def header(config: AuditConfig, base: RunConfig, data: str | None = None) -> str:
+    """One line saying what was audited (`data`: what was loaded, ArrayDataset.describe); names
+    the preset only when one was used."""
     preset = f"preset {config.preset}: " if config.preset else ""
     seeds = ", ".join(map(str, config.seeds))
-    return (f"{preset}{config.dataset}, {base.arch} d={base.width} L={base.blocks}, "
+    return (f"{preset}{data or config.dataset}, {base.arch} d={base.width} L={base.blocks}, "
             f"{config.epochs} epochs; seed{'s' if len(config.seeds) > 1 else ''} {seeds}; "
             f"controls: {', '.join(config.controls) or 'none'}; {config.eval_batches} eval batches; "
             f"{base.precision} training")

@@ -115,18 +115,14 @@ class _Bridge(LocalMethod):
     shape, each with its own probe: `member_probe`, stacked parameters from `MemberStack.modules`);
     a lone run computes it as a stack of one (`probe_params`, states flattened and unsqueezed)."""
 
-    option_defaults = DEFAULTS
+    # the knobs both bridges read; cb's own (its bridge target's draws, noise, τ, EMA) are declared
+    # on cb alone, so an sb run refuses them instead of keying a run on a knob it never reads
+    option_defaults = {k: DEFAULTS[k] for k in ("hidden", "t_dim", "lam")}
     # counts are bounded like every count of a run (config.MAX_COUNT, which sits above methods/):
     # a larger one is a typo that would exhaust memory, not a plan
-    option_ranges = {"hidden": (1, 100_000), "t_dim": (1, 100_000), "draws": (1, 100_000),
-                     "noise": (0.0, math.inf), "tau": (1e-12, math.inf), "ema": (0.0, 1.0),
-                     "lam": (0.0, math.inf)}
+    option_ranges = {"hidden": (1, 100_000), "t_dim": (1, 100_000), "lam": (0.0, math.inf)}
     option_help = {"hidden": "hidden width of the probe MLP (G_ψ for sb, V_φ for cb)",
                    "t_dim": "size of the learned depth embedding t_l",
-                   "draws": "cb: noise draws K of the soft-min bridge target",
-                   "noise": "cb: noise scale σ = noise · rms(h_{l+1}) of those draws",
-                   "tau": "cb: soft-min temperature τ",
-                   "ema": "cb: EMA rate of the target value net V̄",
                    "lam": "residual penalty λ in each block's local loss (the paper's SB/CB use 1e-2)"}
     trainable_only_options = {"lam": 0.0}      # λ‖f_l‖² enters only trainable blocks' local loss
 
@@ -305,6 +301,16 @@ class CreditBridge(_Bridge):
     paper = True
     member_archs = (ResidualMLP,)
     summary = "credit bridge: a_l = ∇_{h_l} V_φ, V_φ a value net trained by bridge consistency"
+    option_defaults = {**_Bridge.option_defaults, **{k: DEFAULTS[k] for k in ("draws", "noise", "tau", "ema")}}
+    # draws: each is one probe pass over the batch per block and step; the default is 4, and
+    # 1024 (256× that) already makes a step cost more than a thousand forwards: larger is a typo
+    option_ranges = {**_Bridge.option_ranges, "draws": (1, 1024), "noise": (0.0, math.inf),
+                     "tau": (1e-12, math.inf), "ema": (0.0, 1.0)}
+    option_help = {**_Bridge.option_help,
+                   "draws": "noise draws K of the soft-min bridge target",
+                   "noise": "noise scale σ = noise · rms(h_{l+1}) of those draws",
+                   "tau": "soft-min temperature τ",
+                   "ema": "EMA rate of the target value net V̄"}
 
     def __init__(self, model, settings):
         super().__init__(model, settings)

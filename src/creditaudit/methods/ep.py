@@ -220,7 +220,9 @@ class EP(Method):
     paper = True
     member_archs = (ResidualMLP,)
     option_defaults = DEFAULTS
-    option_ranges = {"beta": (1e-12, math.inf), "steps": (1, math.inf), "alpha": (1e-12, 1.0),
+    # steps: each sweep is one forward and one backward through the blocks per batch; published
+    # EP relaxations run tens to a few hundred, so 1000 (500× the default) bounds a plan, not a typo
+    option_ranges = {"beta": (1e-12, math.inf), "steps": (1, 1000), "alpha": (1e-12, 1.0),
                      "tol": (0.0, 1.0)}
     option_help = {"beta": "nudging strength β of F = E + β·CE",
                    "steps": "forward–backward sweeps of the nudged relaxation",

@@ -100,7 +100,9 @@ class PredictiveCoding(Method):
                  "finite inference with the true gradient, which they equal only as β → 0 at "
                  "convergence")
     option_defaults = {"beta": 1.0, "steps": 10, "alpha": 0.5, "incremental": 0}
-    option_ranges = {"beta": (1e-12, math.inf), "steps": (1, math.inf), "alpha": (1e-6, 1.0),
+    # steps: each inference step is one pass through the blocks per batch; published PC trains
+    # with T of tens to a few hundred, so 1000 (100× the default) bounds a plan, not a typo
+    option_ranges = {"beta": (1e-12, math.inf), "steps": (1, 1000), "alpha": (1e-6, 1.0),
                      "incremental": (0, 1)}
     option_help = {"beta": "strength β of the output clamp: F = E + β·CE",
                    "steps": "inference steps (gradient descent on the states) per batch",

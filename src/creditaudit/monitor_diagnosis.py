@@ -1,0 +1,53 @@
+"""The diagnosis of a monitored run at `Monitor.finish()`: the run's training status and its
+frozen control's evidence (monitored.control_evidence) go to the evidence gate, then
+`protocol.diagnose` measures the model through its residual stream — the last (finite) checkpoint
+when the run diverged or is diagnosed again with a control — and the sealed diagnosis.json is
+written beside the run."""
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import evidence, store
+from .adapter import stream_of
+from .monitored import DIVERGED, control_evidence
+from .runs import write_diagnosis
+
+if TYPE_CHECKING:
+    from .monitor import Monitor
+    from .protocol import Report
+
+
+def diagnose_monitored(mon: "Monitor", batches: list[tuple[torch.Tensor, torch.Tensor]],
+                       from_checkpoint: bool = False) -> "Report":
+    """Gate the evidence of the sealed run of `mon`, diagnose it on `batches` and write it."""
+    from .protocol import diagnose
+    status = mon.status["status"]
+    training = {"status": status, "epochs_completed": mon.epochs_completed, "epochs_planned": mon.epochs}
+    admitted = evidence.gate(evidence.Evidence(
+        mon.label, training, None if mon.frozen_control_dir is None
+        else control_evidence(mon.frozen_control_dir, mon.info)))
+    model = mon.model
+    if status == DIVERGED or from_checkpoint:
+        # the last (finite) checkpoint, as the trainer's run folder keeps it; the model in
+        # memory may have changed since the run was sealed
+        model = copy.deepcopy(mon.model)
+        model.load_state_dict(store.load_checkpoint(mon.out)[1]["model"])
+    stream = stream_of(model, mon.adapter)
+    was = model.training
+    model.eval()
+    try:
+        report = diagnose(stream, batches, method=mon.credit, frozen_acc=admitted.frozen_acc,
+                          depth_unevaluated=admitted.depth_why,
+                          test_acc=mon.history[-1]["test_acc"], thresholds=mon.thresholds,
+                          monitor_history=mon.history, label=mon.label,
+                          diverged=mon.status["message"] if status == DIVERGED else None,
+                          training=training)
+    finally:
+        model.train(was)
+    if admitted.note:                 # what the control is, when it is not what (d) assumes
+        report.notes.append(admitted.note)
+    write_diagnosis(mon.out, report.to_dict())
+    return report
