@@ -415,6 +415,9 @@ def _cmd_audit(args) -> int:
     if args.tensorboard is not None:          # refused now, not after the audit it would log
         from .trackers import check_log_dir
         check_log_dir(args.tensorboard)
+    if args.tracker:                          # the same: a missing extra or bad folder, now
+        from .trackers import check_trackers
+        check_trackers(args.tracker)
     n_runs = len(config.run_configs())
     print(f"creditaudit audit{' (preset ' + config.preset + ')' if config.preset else ''}: "
           f"{len(config.methods)} methods × {len(config.seeds)} seeds → {n_runs} runs → {config.out}")
@@ -424,6 +427,10 @@ def _cmd_audit(args) -> int:
     if args.tensorboard is not None:  # every run's monitor history, one log folder per run
         from .trackers import log_runs
         log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))
+    if args.tracker:                  # one tracker run per run folder, its verdict at the end
+        from .trackers import log_judged_runs
+        log_judged_runs(result, args.tracker, args.tracker_project or Path(config.out).name,
+                        Thresholds(**config.thresholds))
     print()
     print(compact_table(result))
     failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
@@ -806,6 +813,15 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--tensorboard", metavar="DIR",
                    help="also log every run's monitor scalars and flags to TensorBoard, one "
                         "subfolder of DIR per run (the [tensorboard] extra) (default: none)")
+    a.add_argument("--tracker", action="append", metavar="KIND[:WHERE]",
+                   help="also log every run to a tracker, one tracker run per run folder, with its "
+                        "status and verdicts at the end; repeatable: tensorboard:DIR, wandb[:DIR] "
+                        "(WANDB_MODE=offline writes only there), mlflow[:TRACKING_URI] (e.g. "
+                        "sqlite:///mlflow.db); the [tensorboard], [wandb], [mlflow] extras "
+                        "(default: none)")
+    a.add_argument("--tracker-project", metavar="NAME",
+                   help="the W&B project / MLflow experiment of --tracker (default: the name of "
+                        "the --out folder)")
 
     lad = _sub(sub, "ladder", "accuracy vs number of trainable blocks k = 0…L (default out: audits/ladder)",
                "  creditaudit ladder --methods bp dfa --seeds 42 --epochs 15", _cmd_ladder)
