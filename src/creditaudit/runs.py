@@ -26,7 +26,7 @@ from .config import OutdatedRunConfig, RunConfig
 from .data import ArrayDataset
 from .errors import CreditAuditError
 from .evidence import ControlEvidence
-from .methods import Method, MethodSettings, method_class
+from .methods import METHODS, Method, MethodSettings, method_class, method_origin, not_importable
 from .model import ResidualModel, build_model as build_architecture
 from .seeding import seed_everything
 
@@ -113,10 +113,37 @@ class Run:
         return self.status.get("status") == "finished"
 
 
+ORIGIN_FILE = "method_origin.json"       # where a user's rule (PKG.MODULE:CLASS) was imported from
+
+
+def record_method_origin(run_dir: Path, method: str) -> None:
+    """For a user's rule, write where it was imported from into its run folder (`ORIGIN_FILE`)."""
+    if method_class(method) is not METHODS.get(method):
+        store.atomic_write_json(Path(run_dir) / ORIGIN_FILE, method_origin(method))
+
+
+def _check_importable(run_dir: Path, method) -> None:
+    """A user's rule that cannot be imported now: one line saying how to make it importable."""
+    if not isinstance(method, str) or method in METHODS or ":" not in method:
+        return
+    try:
+        method_class(method)
+    except CreditAuditError:
+        path = Path(run_dir) / ORIGIN_FILE
+        origin = None
+        if path.exists():
+            try:
+                origin = store.read_json(path, "run folder's record of its rule")
+            except CreditAuditError:
+                origin = None
+        raise CreditAuditError(not_importable(method, origin if isinstance(origin, dict) else None)) from None
+
+
 def read_config(run_dir: Path) -> RunConfig:
     raw = store.read_json(Path(run_dir) / "config.json", "creditaudit run folder")
     if not isinstance(raw, dict):
         raise CreditAuditError(f"{run_dir}/config.json is not a run config; the run folder is corrupt")
+    _check_importable(run_dir, raw.get("method"))
     try:
         return RunConfig.from_dict(raw)
     except OutdatedRunConfig as err:
