@@ -223,8 +223,13 @@ def test_audit_own_runs_and_cli_audit_log_each_run(offline, digits):
     ("comet:x", "unknown tracker 'comet'"),
     ("tensorboard", "TensorBoard needs a log folder"),
     ("", "unknown tracker ''"),
+    ("wandb:/etc/passwd/wb", "cannot log to Weights & Biases in /etc/passwd/wb: /etc/passwd is a file"),
+    ("mlflow:file:///tmp/creditaudit-test-mlruns", "MLFLOW_ALLOW_FILE_STORE=true"),
 ])
-def test_bad_tracker_specs_are_one_line(spec, match, tmp_path, capsys):
+def test_bad_tracker_specs_are_one_line(spec, match, tmp_path, capsys, monkeypatch):
+    if spec.split(":")[0] in ("wandb", "mlflow"):
+        pytest.importorskip(spec.split(":")[0])
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     with pytest.raises(CreditAuditError, match=match):
         trackers.check_trackers([spec])
     code = main(["audit", "--dataset", "digits", "--epochs", "1", "--methods", "bp", "--seeds", "42",
@@ -295,3 +300,44 @@ def test_docs_tracker_snippets_run_as_written(offline, digits, monkeypatch):
     runs, client = mlflow_runs("sqlite:///mlflow.db", "my-dfa")
     assert runs["dfa-s0"].data.tags["creditaudit/verdict"] == verdicts[2]
     assert [m.step for m in client.get_metric_history(runs["dfa-s0"].info.run_id, "creditaudit/gain")] == [0, 1]
+
+
+def test_lightning_callback_passes_trackers_on(offline, digits):
+    """CreditAuditCallback(trackers=...) logs each epoch to MLflow and tags the verdict at the end."""
+    L = pytest.importorskip("lightning")
+    pytest.importorskip("mlflow")
+    import torch.nn.functional as F
+    from creditaudit.lightning import CreditAuditCallback
+
+    class Classifier(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    uri = (offline / "mlruns").as_uri()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(digits.x_train, digits.y_train),
+                                         batch_size=256)
+    torch.manual_seed(0)
+    cb = CreditAuditCallback(digits.eval_batch(0), offline / "run", test_batches=[digits.eval_batch(0, 360)],
+                             adapter=creditaudit.Adapter(embed=lambda m, x: m.net.embed_input(x),
+                                                         blocks="net.blocks", readout="net.readout"),
+                             trackers=trackers.MLflowLog(experiment="pl", tracking_uri=uri, name="pl"))
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Classifier(), loader)
+    runs, client = mlflow_runs(uri, "pl")
+    hist = sorted(client.get_metric_history(runs["pl"].info.run_id, "creditaudit/gain"), key=lambda m: m.step)
+    assert [m.value for m in hist] == pytest.approx([r["gain"] for r in cb.monitor.history], rel=1e-6)
+    assert runs["pl"].data.tags["creditaudit/verdict"] == cb.report.verdict

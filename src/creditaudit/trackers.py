@@ -389,6 +389,9 @@ def check_trackers(specs: Sequence[str]) -> list[tuple[str, str | None]]:
                 _log_folder(where, "Weights & Biases")
         else:
             _need("mlflow", "mlflow", "MLflow")
+            from mlflow.tracking import MlflowClient
+            with _mlflow_errors(where):            # the store refused now, not after the audit
+                MlflowClient(where).search_experiments(max_results=1)
     return parsed
 
 
