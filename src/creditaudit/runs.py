@@ -5,6 +5,8 @@
     RUN/metrics.jsonl      one line per completed epoch (epoch 0 = at initialisation)
     RUN/status.json        how training ended: finished / stopped / diverged, epochs completed
     RUN/error.txt          the traceback of a run that raised
+    RUN/method_origin.json for a user's rule (PKG.MODULE:CLASS): its module, file and sys.path entry,
+                           so a command that cannot import it says which PYTHONPATH would
     RUN/diagnosis.json     the latest diagnosis of the run (the audit's, or `creditaudit diagnose`'s),
                            bound to the run it was made of (`run_binding`: run key, checkpoint
                            seal, status digest; `evidence.gate` refuses a copied or stale one)
