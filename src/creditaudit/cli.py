@@ -218,6 +218,7 @@ def _locked_out(out: Path, stub: str | None = None):
     except CreditAuditError:
         if stub is not None and not had_stub and out.is_dir() and not (out / "checkpoint.json").exists():
             (out / stub).unlink(missing_ok=True)
+            (out / "method_origin.json").unlink(missing_ok=True)    # written beside it for a user's rule
         raise
     finally:
         if made and out.is_dir() and {p.name for p in out.iterdir()} <= {".creditaudit.lock"}:
