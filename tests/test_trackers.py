@@ -35,6 +35,8 @@ def offline(tmp_path, monkeypatch):
     for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
                        "WANDB_DIR": str(tmp_path / "wandb_default"), "WANDB_DISABLE_GIT": "true",
                        "WANDB_CONFIG_DIR": str(tmp_path / "wandb_config"),
+                       "WANDB_CACHE_DIR": str(tmp_path / "wandb_cache"),
+                       "WANDB_DATA_DIR": str(tmp_path / "wandb_data"),
                        "MLFLOW_ALLOW_FILE_STORE": "true"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -341,3 +343,25 @@ def test_lightning_callback_passes_trackers_on(offline, digits):
     hist = sorted(client.get_metric_history(runs["pl"].info.run_id, "creditaudit/gain"), key=lambda m: m.step)
     assert [m.value for m in hist] == pytest.approx([r["gain"] for r in cb.monitor.history], rel=1e-6)
     assert runs["pl"].data.tags["creditaudit/verdict"] == cb.report.verdict
+
+
+def test_trackers_flag_by_the_monitors_thresholds(offline, digits):
+    """A tracker made with the default thresholds logs the flags the Monitor's own thresholds
+    decide (those its verdict uses), not the defaults."""
+    pytest.importorskip("mlflow")
+    from creditaudit.verdict import Thresholds
+    uri = (offline / "mlruns").as_uri()
+    torch.manual_seed(0)
+    model = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
+    log = trackers.MLflowLog(experiment="t", tracking_uri=uri, name="strict")
+    strict = Thresholds(growth=1.000001)                   # any growth at all fires (a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", creditaudit.FlagFired)
+        with creditaudit.Monitor(model, digits.eval_batch(0), offline / "run", epochs=1,
+                                 thresholds=strict, trackers=log) as mon:
+            _train(mon, 1)
+    assert all(r["max_growth"] > 1.000001 for r in mon.history)
+    runs, client = mlflow_runs(uri, "t")
+    flags = [m.value for m in client.get_metric_history(runs["strict"].info.run_id, "creditaudit/flag/a")]
+    assert flags == [1.0, 1.0]
+    assert trackers.epoch_flags(mon.history[0], None)["a"] is False   # the default would not fire

@@ -216,7 +216,7 @@ class Monitor:
         self.model, self.adapter, self.out = model, adapter, Path(out)
         self.on_epoch = on_epoch
         from . import trackers as _trackers
-        self._trackers = _trackers.as_trackers(trackers)
+        self._trackers = _trackers.as_trackers(trackers, thresholds)
         self.epochs, self.thresholds, self.on_flag, self.credit = epochs, thresholds, on_flag, credit
         self.x, self.y = _batch(eval_batch, "eval_batch")
         floats = [p for p in model.parameters() if p.is_floating_point()]

@@ -339,8 +339,9 @@ def _log_folder(path, what: str) -> Path:
     return path
 
 
-def as_trackers(trackers) -> list:
-    """The Monitor's `trackers=`: one tracker or a list of them (each with log, end, close)."""
+def as_trackers(trackers, thresholds: Thresholds | None = None) -> list:
+    """The Monitor's `trackers=`: one tracker or a list of them (each with log, end, close). The
+    Monitor's `thresholds` decide the flags each tracker logs, as they decide the run's verdict."""
     if trackers is None:
         return []
     items = list(trackers) if isinstance(trackers, (list, tuple)) else [trackers]
@@ -348,6 +349,8 @@ def as_trackers(trackers) -> list:
         if not all(callable(getattr(t, m, None)) for m in ("log", "end", "close")):
             raise CreditAuditError(f"trackers= takes creditaudit.trackers.TensorBoardLog, WandbLog or "
                                    f"MLflowLog objects, got {type(t).__name__}")
+        if thresholds is not None and isinstance(getattr(t, "thresholds", None), Thresholds):
+            t.thresholds = thresholds
     return items
 
 
