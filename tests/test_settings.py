@@ -227,11 +227,14 @@ for sub in ("thresholds", "report"):
 ROWS[("lint", "paths")] = Row(["b.py", "c/"], lambda c: c.args("run_lint")[0], ["b.py", "c/"], replace=True)
 
 ROWS[("audit", "--tensorboard")] = Row(["--tensorboard", "tb"], None, None)   # see below
+ROWS[("audit", "--tracker")] = Row(["--tracker", "tensorboard:tb"], None, None)
+ROWS[("audit", "--tracker-project")] = Row(["--tracker-project", "p"], None, None)
 
 # Output switches change what is printed or logged, not what is computed; each is checked by its
-# output (the audit's TensorBoard log after its runs: tests/test_tensorboard.py reads it back).
+# output (the audit's TensorBoard log after its runs: tests/test_tensorboard.py reads it back; its
+# --tracker runs and their project: tests/test_trackers.py reads them back).
 OUTPUT_SWITCHES = {("", "--version"), ("diagnose", "--json"), ("calibrate", "--json"), ("check", "--json"),
-                   ("audit", "--tensorboard")}
+                   ("audit", "--tensorboard"), ("audit", "--tracker"), ("audit", "--tracker-project")}
 
 
 def _options() -> set[tuple[str, str]]:

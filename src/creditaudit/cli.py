@@ -173,6 +173,7 @@ def _locked_out(out: Path, stub: str | None = None):
         except CreditAuditError:
             if stub is not None and not had_stub and not (out / "checkpoint.json").exists():
                 (out / stub).unlink(missing_ok=True)
+                (out / "method_origin.json").unlink(missing_ok=True)    # written beside it for a user's rule
             raise
 
 
@@ -380,6 +381,9 @@ def _cmd_audit(args) -> int:
     if args.tensorboard is not None:          # refused now, not after the audit it would log
         from .trackers import check_log_dir
         check_log_dir(args.tensorboard)
+    if args.tracker:                          # the same: a missing extra or bad folder, now
+        from .trackers import check_trackers
+        check_trackers(args.tracker)
     from .report.tables import plural
     n_runs = len(config.run_configs())
     width = max(60, shutil.get_terminal_size((120, 24)).columns)   # COLUMNS, else the terminal's
@@ -392,6 +396,10 @@ def _cmd_audit(args) -> int:
     if args.tensorboard is not None:  # every run's monitor history, one log folder per run
         from .trackers import log_runs
         log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))
+    if args.tracker:                  # one tracker run per run folder, its verdict at the end
+        from .trackers import log_judged_runs
+        log_judged_runs(result, args.tracker, args.tracker_project or Path(config.out).name,
+                        Thresholds(**config.thresholds))
     print()
     print(compact_table(result, width=width, out=str(config.out)))
     failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
@@ -762,6 +770,15 @@ def _options_audit(p: argparse.ArgumentParser, cat) -> None:
     p.add_argument("--tensorboard", metavar="DIR",
                    help="also log every run's monitor scalars and flags to TensorBoard, one "
                         "subfolder of DIR per run (the [tensorboard] extra) (default: none)")
+    p.add_argument("--tracker", action="append", metavar="KIND[:WHERE]",
+                   help="also log every run to a tracker, one tracker run per run folder, with its "
+                        "status and verdicts at the end; repeatable: tensorboard:DIR, wandb[:DIR] "
+                        "(WANDB_MODE=offline writes only there), mlflow[:TRACKING_URI] (e.g. "
+                        "sqlite:///mlflow.db); the [tensorboard], [wandb], [mlflow] extras "
+                        "(default: none)")
+    p.add_argument("--tracker-project", metavar="NAME",
+                   help="the W&B project / MLflow experiment of --tracker (default: the name of "
+                        "the --out folder)")
 
 
 def _options_ladder(p: argparse.ArgumentParser, cat) -> None:

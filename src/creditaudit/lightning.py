@@ -63,7 +63,7 @@ class CreditAuditCallback(L.Callback):
 
     eval_batch, out and every keyword of `Monitor` (adapter, test_batches, diagnose_batches, seed,
     label, method, frozen_control, credit, thresholds, stop_when_flagged, on_flag, on_epoch,
-    tensorboard) are passed on; control_of may be another CreditAuditCallback. test_acc_key: the
+    tensorboard, trackers) are passed on; control_of may be another CreditAuditCallback. test_acc_key: the
     name of a logged metric holding the test accuracy (a fraction): recorded when no test_batches
     are given, else checked against the accuracy measured on them. The trainer's loggers receive every epoch's scalars (`on_epoch` too, when given).
     """

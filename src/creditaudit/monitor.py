@@ -195,6 +195,8 @@ class Monitor:
                       (trackers.epoch_scalars) — e.g. `wandb.log`, or `mlflow.log_metrics`.
     tensorboard:      a log folder, or your own SummaryWriter (flushed, never closed here): every
                       monitor scalar and flag, per epoch (trackers.py).
+    trackers:         trackers.TensorBoardLog / WandbLog / MLflowLog (one or a list): every
+                      monitor scalar and flag per epoch, the status and verdict at the end.
     """
 
     def __init__(self, model: torch.nn.Module, eval_batch, out: str | Path, *, epochs: int,
@@ -207,7 +209,7 @@ class Monitor:
                  stop_when_flagged: int | None = None,
                  on_flag: Callable[[str, int, dict], None] | None = None,
                  on_epoch: Callable[[dict[str, float]], None] | None = None,
-                 tensorboard: "str | Path | SummaryWriter | None" = None):
+                 tensorboard: "str | Path | SummaryWriter | None" = None, trackers=None):
         _check_model(model)
         out = store.as_path(out, "out")
         if not isinstance(thresholds, Thresholds):
@@ -235,6 +237,8 @@ class Monitor:
                                    f"{type(on_epoch).__name__}")
         self.model, self.adapter, self.out = model, adapter, Path(out)
         self.on_epoch = on_epoch
+        from . import trackers as _trackers
+        self._trackers = _trackers.as_trackers(trackers, thresholds)
         self.epochs, self.thresholds, self.on_flag, self.credit = epochs, thresholds, on_flag, credit
         self.x, self.y = _batch(eval_batch, "eval_batch")
         floats = [p for p in model.parameters() if p.is_floating_point()]
@@ -336,6 +340,8 @@ class Monitor:
         if not self.status:
             self._seal(INTERRUPTED, f"the training loop raised {exc_type.__name__} at epoch "
                                     f"{self.epochs_completed}")
+            from .trackers import end_runs
+            end_runs(self._trackers, self.status)
         return False
 
     @property
@@ -435,6 +441,8 @@ class Monitor:
         if self.report is None or again:
             self.report = self._diagnose(from_checkpoint=again)
             main = self._main
+            from .trackers import end_runs
+            end_runs(self._trackers, self.status, self.report)
             if main is not None and self.status["status"] == FINISHED and main.report is not None:
                 main.finish(frozen_control=self.out)     # the run this controls gains its (d)
         return self.report
@@ -507,6 +515,8 @@ class Monitor:
                                    f"checkpoint of epoch {kept} is kept") from None
         if self._tb is not None:
             self._tb.log(self.history)
+        from .trackers import log_epoch
+        log_epoch(self._trackers, self.history)
         if self.on_epoch is not None:
             from .trackers import epoch_scalars
             self.on_epoch(epoch_scalars(self.history, self.thresholds))

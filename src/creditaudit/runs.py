@@ -5,6 +5,8 @@
     RUN/metrics.jsonl      one line per completed epoch (epoch 0 = at initialisation)
     RUN/status.json        how training ended: finished / stopped / diverged, epochs completed
     RUN/error.txt          the traceback of a run that raised
+    RUN/method_origin.json for a user's rule (PKG.MODULE:CLASS): its module, file and sys.path entry,
+                           so a command that cannot import it says which PYTHONPATH would
     RUN/diagnosis.json     the latest diagnosis of the run (the audit's, or `creditaudit diagnose`'s),
                            bound to the run it was made of (`run_binding`: run key, checkpoint
                            seal, status digest; `evidence.gate` refuses a copied or stale one)
@@ -26,7 +28,7 @@ from .config import OutdatedRunConfig, RunConfig
 from .data import ArrayDataset
 from .errors import CreditAuditError
 from .evidence import ControlEvidence
-from .methods import Method, MethodSettings, method_class
+from .methods import METHODS, Method, MethodSettings, method_class, method_origin, not_importable
 from .metrics import branch_ratios
 from .model import ResidualModel, build_model as build_architecture
 from .seeding import seed_everything
@@ -114,10 +116,37 @@ class Run:
         return self.status.get("status") == "finished"
 
 
+ORIGIN_FILE = "method_origin.json"       # where a user's rule (PKG.MODULE:CLASS) was imported from
+
+
+def record_method_origin(run_dir: Path, method: str) -> None:
+    """For a user's rule, write where it was imported from into its run folder (`ORIGIN_FILE`)."""
+    if method_class(method) is not METHODS.get(method):
+        store.atomic_write_json(Path(run_dir) / ORIGIN_FILE, method_origin(method))
+
+
+def _check_importable(run_dir: Path, method) -> None:
+    """A user's rule that cannot be imported now: one line saying how to make it importable."""
+    if not isinstance(method, str) or method in METHODS or ":" not in method:
+        return
+    try:
+        method_class(method)
+    except CreditAuditError:
+        path = Path(run_dir) / ORIGIN_FILE
+        origin = None
+        if path.exists():
+            try:
+                origin = store.read_json(path, "run folder's record of its rule")
+            except CreditAuditError:
+                origin = None
+        raise CreditAuditError(not_importable(method, origin if isinstance(origin, dict) else None)) from None
+
+
 def read_config(run_dir: Path) -> RunConfig:
     raw = store.read_json(Path(run_dir) / "config.json", "creditaudit run folder")
     if not isinstance(raw, dict):
         raise CreditAuditError(f"{run_dir}/config.json is not a run config; the run folder is corrupt")
+    _check_importable(run_dir, raw.get("method"))
     try:
         return RunConfig.from_dict(raw)
     except OutdatedRunConfig as err:

@@ -1,4 +1,4 @@
-"""The training-time monitor, logged where researchers already look: TensorBoard.
+"""The training-time monitor, logged where researchers already look: TensorBoard, W&B, MLflow.
 
 One scalar per monitor number and flag, per epoch (step = epoch; epoch 0 = at initialisation):
 
@@ -15,8 +15,12 @@ The flags are decided by verdict.py's rules, on the same record the verdict read
 `tensorboard` package (`pip install "creditaudit[tensorboard]"`); without it, asking for a log
 is one clear error. A `SummaryWriter` of the user's own may be handed over instead of a folder.
 
-Other trackers (W&B, MLflow, Lightning's loggers) get the same names from `epoch_scalars`, plus
-`creditaudit/epoch` to plot them against (the Monitor's `on_epoch`, the Lightning callback).
+W&B (`WandbLog`, the `wandb` extra) and MLflow (`MLflowLog`, the `mlflow` extra) get the same
+names plus `creditaudit/epoch` to plot them against, and at the end of a run its status and
+verdicts (`end_tags`); so do Lightning's loggers and any `on_epoch` callback (`epoch_scalars`).
+Each tracker's library is imported only when that tracker is asked for. The Monitor takes tracker
+objects (`trackers=`); `creditaudit audit --tracker KIND[:WHERE]` and `audit_own_runs(trackers=)`
+log every judged run folder after the audit (`log_judged_runs`).
 """
 from __future__ import annotations
 
@@ -129,6 +133,12 @@ class TensorBoardLog:
 
     __call__ = log
 
+    def end(self, tags: dict[str, str]) -> None:
+        """The run's status and verdicts (`end_tags`) as text at its last epoch, then `close`."""
+        for key, text in tags.items():
+            self.writer.add_text(key, text, max(self._logged, 0))
+        self.close()
+
     def close(self) -> None:
         if self._owned:
             self.writer.close()
@@ -156,3 +166,268 @@ def log_runs(runs: Sequence[dict], log_dir: str | Path, thresholds: Thresholds =
         history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         if history:
             log_history(history, Path(log_dir) / Path(run["run_dir"]).name, thresholds)
+
+
+# -- W&B and MLflow: the same names, one tracker run per creditaudit run -------------------------
+# A tracker is any object with `log(history)` (logs the records it has not seen), `end(tags)` (the
+# run's status and verdict as W&B summary fields / MLflow tags, then closes what it opened; called
+# again with a newer verdict, it updates them) and `close()`. TensorBoardLog, WandbLog, MLflowLog.
+
+KINDS = ("tensorboard", "wandb", "mlflow")
+
+
+def _need(module: str, extra: str, what: str):
+    """Import a tracker's library when it is first asked for (never at import of creditaudit)."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise CreditAuditError(f"logging to {what} needs the {module} package: "
+                               f"pip install \"creditaudit[{extra}]\"") from None
+
+
+def end_tags(status: dict | None, report=None, method_verdict: str | None = None) -> dict[str, str]:
+    """What a tracker records when its run ends: the run's status, and the diagnosis' verdicts
+    (project rule, paper rule) when it was diagnosed; `method_verdict`: the audit's verdict on the
+    run's method (seeds pooled), when the run was judged in an audit."""
+    tags = {f"{PREFIX}/status": str((status or {}).get("status", "unfinished"))}
+    if report is not None:
+        r = report if isinstance(report, dict) else report.to_dict()
+        tags[f"{PREFIX}/verdict"] = str(r["verdict"])
+        tags[f"{PREFIX}/paper_verdict"] = str(r["paper_verdict"])
+    if method_verdict is not None:
+        tags[f"{PREFIX}/method_verdict"] = str(method_verdict)
+    return tags
+
+
+def _new_rows(history: Sequence[dict], logged: int, t: Thresholds):
+    """(epoch, scalars incl. creditaudit/epoch) of each record after epoch `logged`."""
+    init = history[0]["h_norms"] if history and int(history[0]["epoch"]) == 0 else None
+    for row in history:
+        if int(row["epoch"]) > logged:
+            yield int(row["epoch"]), {**scalars(row, init, t), f"{PREFIX}/epoch": float(row["epoch"])}
+
+
+class WandbLog:
+    """Monitor records to a Weights & Biases run: each scalar of `epoch_scalars` per epoch, plotted
+    against `creditaudit/epoch`; at the end the status and verdicts as summary fields.
+
+    run: your own run (`wandb.init(...)`: logged to, never finished here); or None: a run is
+    started with `wandb.init(project=, dir=, name=)` and finished at the end. With WANDB_MODE=offline
+    it writes only under `dir` (upload later with `wandb sync`). A newer verdict after the end (a
+    frozen control that finished later) resumes that run by its id to update its summary."""
+
+    def __init__(self, run=None, *, project: str | None = None, dir: str | Path | None = None,
+                 name: str | None = None, thresholds: Thresholds = Thresholds()):
+        self.wandb = _need("wandb", "wandb", "Weights & Biases")
+        self.thresholds, self._logged, self._owned, self._ended = thresholds, -1, run is None, False
+        self.dir = None if dir is None else str(_log_folder(dir, "Weights & Biases"))
+        if run is None:
+            if self.dir is not None:
+                Path(self.dir).mkdir(parents=True, exist_ok=True)
+            run = self.wandb.init(project=project, dir=self.dir, name=name, reinit="create_new",
+                                  settings=self.wandb.Settings(silent=True))
+        self.run = run
+        self.run.define_metric(f"{PREFIX}/*", step_metric=f"{PREFIX}/epoch")
+
+    def log(self, history: Sequence[dict]) -> None:
+        for epoch, values in _new_rows(history, self._logged, self.thresholds):
+            self.run.log(values)
+            self._logged = epoch
+
+    __call__ = log
+
+    def end(self, tags: dict[str, str]) -> None:
+        if self._ended and self._owned:      # resumed by id, updated, finished again
+            self.run = self.wandb.init(id=self.run.id, project=self.run.project, dir=self.dir,
+                                       resume="allow", reinit="create_new",
+                                       settings=self.wandb.Settings(silent=True))
+            self._ended = False
+        self.run.summary.update(tags)
+        self.close()
+
+    def close(self) -> None:
+        if self._owned and not self._ended:
+            self.run.finish()
+        self._ended = True
+
+
+class MLflowLog:
+    """Monitor records to an MLflow run: each scalar of `epoch_scalars` as a metric with
+    step = epoch; at the end the status and verdicts as tags.
+
+    run_id: a run of yours (logged to, never ended here); None: the active run
+    (`with mlflow.start_run():`) when there is one and `tracking_uri` is not given, else a new run
+    named `name` in `experiment` (created when missing), ended at the end. tracking_uri: e.g.
+    "sqlite:///mlflow.db" (MLflow 3's local store, no server) or "http://host:5000"; default:
+    MLFLOW_TRACKING_URI, else MLflow's own default. A folder store ("file:…") needs
+    MLFLOW_ALLOW_FILE_STORE=true in MLflow 3. Logged through MlflowClient, so several runs can be
+    open at once (a run and its control)."""
+
+    def __init__(self, run_id: str | None = None, *, experiment: str | None = None,
+                 tracking_uri: str | None = None, name: str | None = None,
+                 thresholds: Thresholds = Thresholds()):
+        mlflow = _need("mlflow", "mlflow", "MLflow")
+        from mlflow.tracking import MlflowClient
+        self.thresholds, self._logged = thresholds, -1
+        active = mlflow.active_run() if run_id is None and tracking_uri is None else None
+        self._owned = run_id is None and active is None
+        with _mlflow_errors(tracking_uri):
+            self.client = MlflowClient(tracking_uri)
+            if active is not None:
+                run_id = active.info.run_id
+            elif run_id is None:
+                exp = self.client.get_experiment_by_name(experiment or "creditaudit")
+                exp_id = exp.experiment_id if exp is not None else \
+                    self.client.create_experiment(experiment or "creditaudit")
+                run_id = self.client.create_run(exp_id, run_name=name).info.run_id
+        self.run_id = run_id
+
+    def log(self, history: Sequence[dict]) -> None:
+        from mlflow.entities import Metric
+        import time
+        now = int(time.time() * 1000)
+        metrics = []
+        for epoch, values in _new_rows(history, self._logged, self.thresholds):
+            metrics += [Metric(k, v, now, epoch) for k, v in values.items()]
+            self._logged = epoch
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    __call__ = log
+
+    def end(self, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, value)
+        self.close()
+
+    def close(self) -> None:
+        if self._owned:
+            self.client.set_terminated(self.run_id)
+
+
+class _mlflow_errors:
+    """MLflow's refusal of a store (a folder store without MLFLOW_ALLOW_FILE_STORE, a bad URI) as
+    one line."""
+
+    def __init__(self, uri):
+        self.uri = uri
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        from mlflow.exceptions import MlflowException
+        if exc is None or not isinstance(exc, MlflowException):
+            return False
+        text = " ".join(str(exc).split())
+        fix = ("set MLFLOW_ALLOW_FILE_STORE=true for a folder store, or use the local store "
+               "sqlite:///mlflow.db" if "MLFLOW_ALLOW_FILE_STORE" in text else
+               "give a tracking URI MLflow accepts, e.g. sqlite:///mlflow.db")
+        raise CreditAuditError(f"cannot log to MLflow at {self.uri or 'its default store'} "
+                               f"({text[:160]}); {fix}") from None
+
+
+def _log_folder(path, what: str) -> Path:
+    """A folder a tracker may write into, refused in one line when it cannot become one."""
+    path = as_path(path, f"the {what} folder")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise CreditAuditError(f"cannot log to {what} in {path}: {existing} is "
+                               f"{'a file' if not existing.is_dir() else 'not writable'}; give a "
+                               "writable folder")
+    return path
+
+
+def as_trackers(trackers, thresholds: Thresholds | None = None) -> list:
+    """The Monitor's `trackers=`: one tracker or a list of them (each with log, end, close). The
+    Monitor's `thresholds` decide the flags each tracker logs, as they decide the run's verdict."""
+    if trackers is None:
+        return []
+    items = list(trackers) if isinstance(trackers, (list, tuple)) else [trackers]
+    for t in items:
+        if not all(callable(getattr(t, m, None)) for m in ("log", "end", "close")):
+            raise CreditAuditError(f"trackers= takes creditaudit.trackers.TensorBoardLog, WandbLog or "
+                                   f"MLflowLog objects, got {type(t).__name__}")
+        if thresholds is not None and isinstance(getattr(t, "thresholds", None), Thresholds):
+            t.thresholds = thresholds
+    return items
+
+
+def log_epoch(trackers: Sequence, history: Sequence[dict]) -> None:
+    for t in trackers:
+        t.log(history)
+
+
+def end_runs(trackers: Sequence, status: dict | None, report=None) -> None:
+    tags = end_tags(status, report)
+    for t in trackers:
+        t.end(tags)
+
+
+# -- the command line's and audit_own_runs' trackers: KIND[:WHERE], one tracker run per run -------
+def parse_tracker(text: str) -> tuple[str, str | None]:
+    """"KIND[:WHERE]" → (kind, where): tensorboard:DIR, wandb[:DIR], mlflow[:TRACKING_URI]."""
+    if not isinstance(text, str):
+        raise CreditAuditError(f"a tracker is KIND[:WHERE] with KIND one of {', '.join(KINDS)}, got {text!r}")
+    kind, _, where = text.partition(":")
+    if kind not in KINDS:
+        raise CreditAuditError(f"unknown tracker {kind!r} in {text!r}: use one of {', '.join(KINDS)} "
+                               "(e.g. tensorboard:tb, wandb:wandb_dir, mlflow:sqlite:///mlflow.db)")
+    if kind == "tensorboard" and not where:
+        raise CreditAuditError(f"{text!r}: TensorBoard needs a log folder, e.g. tensorboard:tb")
+    return kind, where or None
+
+
+def check_trackers(specs: Sequence[str]) -> list[tuple[str, str | None]]:
+    """Parse and check each tracker before any training: its library is installed, its folder can
+    be written."""
+    parsed = [parse_tracker(s) for s in specs]
+    for kind, where in parsed:
+        if kind == "tensorboard":
+            check_log_dir(where)
+        elif kind == "wandb":
+            _need("wandb", "wandb", "Weights & Biases")
+            if where is not None:
+                _log_folder(where, "Weights & Biases")
+        else:
+            _need("mlflow", "mlflow", "MLflow")
+            from mlflow.tracking import MlflowClient
+            with _mlflow_errors(where):            # the store refused now, not after the audit
+                MlflowClient(where).search_experiments(max_results=1)
+    return parsed
+
+
+def open_tracker(kind: str, where: str | None, *, run: str, project: str | None,
+                 thresholds: Thresholds = Thresholds()):
+    """A tracker for one run named `run` (TensorBoard: the subfolder WHERE/run; W&B: a run of
+    `project` under WHERE; MLflow: a run of the experiment `project` at the tracking URI WHERE)."""
+    if kind == "tensorboard":
+        return TensorBoardLog(Path(where) / run, thresholds)
+    if kind == "wandb":
+        return WandbLog(project=project, dir=where, name=run, thresholds=thresholds)
+    return MLflowLog(experiment=project, tracking_uri=where, name=run, thresholds=thresholds)
+
+
+def log_judged_runs(result: dict, specs: Sequence[str], project: str | None,
+                    thresholds: Thresholds = Thresholds()) -> None:
+    """Every run of an audit (audit.json: "runs", "methods") to each tracker, one tracker run per
+    run folder, from its metrics.jsonl; at the end its status, its diagnosis' verdicts and its
+    method's audit verdict. Runs that never trained are skipped."""
+    import json
+    parsed = check_trackers(specs)
+    method_verdict = {m["method"]: m["verdict"] for m in result.get("methods", [])}
+    for run in result["runs"]:
+        metrics = Path(run["run_dir"]) / "metrics.jsonl"
+        if not metrics.exists():
+            continue
+        history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        if not history:
+            continue
+        tags = end_tags({"status": run["status"]}, run.get("report"),
+                        method_verdict.get(run["method"]) if run.get("control") == "none" else None)
+        for kind, where in parsed:
+            tracker = open_tracker(kind, where, run=Path(run["run_dir"]).name, project=project,
+                                   thresholds=thresholds)
+            tracker.log(history)
+            tracker.end(tags)

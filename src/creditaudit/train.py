@@ -57,7 +57,8 @@ from .methods import METHODS, method_class
 from .methods.members import MemberStack
 from .metrics import accuracy, monitor_snapshot
 from .model import ARCH_CLASSES
-from .runs import Run, as_device, build_method, build_model, data_shape, existing_run_is_done, load_run
+from .runs import (Run, as_device, build_method, build_model, data_shape, existing_run_is_done, load_run,
+                   record_method_origin)
 from .seeding import derived_generator
 
 StopRule = Callable[[Sequence[dict]], "str | None"]
@@ -267,6 +268,7 @@ def _start_member(config: RunConfig, out: Path, data: ArrayDataset, dev: torch.d
     try:            # after the data loaded: a refused dataset leaves no half-made run folder
         out.mkdir(parents=True, exist_ok=True)
         store.atomic_write_json(out / "config.json", config.to_dict())
+        record_method_origin(out, config.method)    # how `check`/`diagnose` later re-import a user's rule
     except OSError as err:
         raise _write_error(out, err, None) from None
     data_gen = derived_generator(config.seed, "data")

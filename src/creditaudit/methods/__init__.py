@@ -64,6 +64,36 @@ def _user_method(spec: str) -> type[Method]:
     return cls
 
 
+def method_origin(spec: str) -> dict[str, Any]:
+    """Where a user's method PKG.MODULE:CLASS was imported from: its module's file and the
+    sys.path entry that holds it (None for a module without a file), recorded in its run folders
+    so a later command can say how to make the rule importable again."""
+    import sys
+    from pathlib import Path
+    module_name = spec.partition(":")[0]
+    method_class(spec)                                # imported (and checked) now
+    file = getattr(sys.modules[module_name], "__file__", None)
+    entry = None
+    if file is not None:
+        entry = Path(file).resolve()
+        if entry.name == "__init__.py":
+            entry = entry.parent
+        for _ in module_name.split("."):
+            entry = entry.parent                      # mypkg/rules.py → the folder holding mypkg
+    return {"method": spec, "module": module_name, "file": file,
+            "sys_path_entry": None if entry is None else str(entry)}
+
+
+def not_importable(spec: str, origin: dict | None) -> str:
+    """The one line for a run folder whose rule cannot be imported now (`origin`: what its run
+    recorded, see `method_origin`)."""
+    where = (origin or {}).get("sys_path_entry")
+    if not where:
+        return (f"rule {spec} is not importable; put the package it came from on PYTHONPATH "
+                "or pip install it")
+    return f"rule {spec} is not importable; run with PYTHONPATH={where} or pip install it"
+
+
 def _check_declarations(cls: type[Method], spec: str) -> None:
     """A user's method declares its knobs as the built-in ones do (methods/base.py): each option a
     number, bool or string; each range an inclusive (low, high) pair of numbers of a declared

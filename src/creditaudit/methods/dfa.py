@@ -90,7 +90,7 @@ class DFA(LocalMethod):
         # the residual penalty λ: 0 for dfa, the `lam` option for dfa-penalty, and the rms
         # normalisation (Python values, read once: the step branches on them, never on a tensor)
         self.lam = float(options.get("lam", 0.0))
-        self.normalise = bool(options["normalise"])
+        self.normalise = bool(options.get("normalise", 1))   # a subclass may declare knobs of its own only
 
     def _credit(self, x, y, feedback):
         with torch.no_grad():
