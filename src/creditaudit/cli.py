@@ -87,7 +87,7 @@ def _set_threads(args) -> None:
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     from .config import PRECISIONS, RunConfig, default, field_help
     from .data import DATASET_NAMES
-    from .methods import METHODS
+    from .methods import METHODS, RECIPE_CHOICES
     from .model import ACTIVATIONS, ARCHITECTURES
     d = lambda name: default(RunConfig, name)
     h = lambda name, extra="": f"{field_help(RunConfig, name)}{extra} (default: {d(name)})"
@@ -102,6 +102,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=_count(1, 10 ** 7), default=d("batch_size"), help=h("batch_size"))
     p.add_argument("--lr", type=_finite_float, default=d("lr"), help=h("lr"))
     p.add_argument("--weight-decay", type=_finite_float, default=d("weight_decay"), help=h("weight_decay"))
+    p.add_argument("--recipe", choices=RECIPE_CHOICES, default=d("recipe"), help=h("recipe"))
     p.add_argument("--width", type=_count(1), default=d("width"), help=h("width"))
     p.add_argument("--blocks", type=_count(0), default=d("blocks"), help=h("blocks"))
     p.add_argument("--activation", default=d("activation"), choices=list(ACTIVATIONS), metavar="NAME",
@@ -147,7 +148,7 @@ def _run_config(args):
     trainable = 0 if args.frozen else args.trainable_blocks
     return RunConfig(method=args.method, dataset=args.dataset, arch=args.arch, seed=args.seed,
                      epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                     weight_decay=args.weight_decay, width=args.width,
+                     weight_decay=args.weight_decay, recipe=args.recipe, width=args.width,
                      blocks=0 if args.shallow else args.blocks, activation=args.activation,
                      w2_std=args.w2_std, clip=args.clip, trainable_blocks=trainable,
                      stop_when_flagged=args.stop_when_flagged, options=options,
@@ -381,7 +382,7 @@ def _audit_raw(args) -> dict:
     if args.config and args.preset:
         raw["preset"] = args.preset
     for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor",
-                "address", "max_retries", "stack"):
+                "address", "max_retries", "stack", "recipe"):
         value = getattr(args, key, None)
         if value is not None:
             raw[key] = value
@@ -642,7 +643,7 @@ def _add_user_model_args(p: argparse.ArgumentParser) -> None:
 def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     from .config import AuditConfig, EXECUTORS, PRESET_NAMES, RunConfig, default, field_help
     from .data import DATASET_NAMES
-    from .methods import METHODS
+    from .methods import METHODS, RECIPE_CHOICES
     from .model import ARCHITECTURES
     from .train import stackable
     h = lambda name: f"{field_help(AuditConfig, name)} (default: from the preset or config file)"
@@ -683,6 +684,8 @@ def _add_audit_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
                                "(default: on CUDA only, where it pays)")
     stacking.add_argument("--no-stack", dest="stack", action="store_const", const=False,
                           help="train every run on its own, to compare (default: on CUDA only)")
+    p.add_argument("--recipe", choices=RECIPE_CHOICES,
+                   help=f"{field_help(AuditConfig, 'recipe')} (default: {default(AuditConfig, 'recipe')})")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

@@ -57,6 +57,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .local import LocalMethod
+from .recipe import Recipe, step_at
 
 
 def similarity_loss(z: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
@@ -68,6 +69,13 @@ def similarity_loss(z: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.T
 
 class LocalLosses(LocalMethod):
     name = "local-loss"
+    # Adam lr 5e-4, no weight decay, lr × 0.25 at epochs 50, 75, 89, 94 of 100, batch 128
+    recipe = Recipe(
+        optimizer="adam", lr=5e-4, weight_decay=0.0, schedule="step",
+        milestones=step_at((50, 75, 89, 94), of=100), gamma=0.25, batch_size=128,
+        citation="Nøkland & Eidnes 2019 (ICML), §4 and reference code anokland/local-loss train.py "
+                 "(--optim adam, --lr-decay-fact 0.25, --batch-size 128, weight decay 0) with its MNIST "
+                 "MLP commands (--lr 5e-4 --epochs 100 --lr-decay-milestones 50 75 89 94)")
     null_note = ("nothing random in its credit, no null; Γ compares the auxiliary classifiers' "
                  "gradients with the end-to-end one")
     option_defaults = {"sim": 0.0}
