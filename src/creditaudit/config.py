@@ -208,6 +208,22 @@ class RunConfig:
         return Recipe.from_settings(self.recipe)
 
     @property
+    def recipe_record(self) -> dict[str, Any]:
+        """The run's recipe for a report (audit.json): its settings, the milestones in this run's
+        epochs, a compact label and a description, the citation, and whether it is the rule's
+        published recipe, the shared one (both: the paper's seven) or neither (an explicit lr,
+        weight decay or batch size over it)."""
+        from .methods import SHARED_RECIPE, method_class
+        recipe = self.resolved_recipe
+        published = method_class(self.method).recipe.concrete().settings()
+        source = [name for name, settings in (("published", published),
+                                              ("shared", SHARED_RECIPE.concrete().settings()))
+                  if settings == self.recipe]
+        return {**self.recipe, "milestone_epochs": recipe.milestone_epochs(self.epochs),
+                "label": recipe.compact(), "description": recipe.describe(self.epochs),
+                "citation": recipe.citation, "source": " = ".join(source) or "overridden"}
+
+    @property
     def trainable_block_ids(self) -> tuple[int, ...]:
         """Indices of the blocks that train: the last k, or all of them."""
         k = self.blocks if self.trainable_blocks is None else self.trainable_blocks

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import warnings
 from abc import ABC, abstractmethod
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -343,6 +344,9 @@ class Method(ABC):
             opt.load_state_dict(s)
         for sched, s in zip(self.schedulers, state["schedulers"]):
             sched.load_state_dict(s)
+            if isinstance(sched, torch.optim.lr_scheduler.MultiStepLR):
+                # the checkpoint keeps its milestones Counter as a plain {epoch: count} (no pickle)
+                sched.milestones = Counter(sched.milestones)
         self.gen.set_state(state["gen"])
         self.load_extra_state(state["extra"])
 

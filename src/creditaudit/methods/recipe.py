@@ -133,19 +133,28 @@ class Recipe:
         return sorted({max(1, math.floor(epochs * m + 0.5)) for m in self.milestones})
 
     def compact(self) -> str:
-        """A few words for a table: "AdamW lr1e-3 wd0.01 cos", "SGD m0.9 lr1e-2 step"."""
-        name = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[self.optimizer]
-        parts = [name + ("-nag" if self.nesterov else "")]
-        if self.optimizer == "sgd" and self.momentum:
-            parts.append(f"m{self.momentum:g}")
+        """A few words for a terminal table: "AdamW lr1e-3 cos", "SGD m0.9 lr1e-2 step",
+        "NAG m0.9 lr1e-4 const" (NAG: SGD with Nesterov momentum)."""
+        name = "NAG" if self.nesterov else {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[self.optimizer]
+        parts = [name] + ([f"m{self.momentum:g}"] if self.optimizer == "sgd" and self.momentum else [])
         mantissa, exponent = f"{self.lr:.2e}".split("e")
         parts.append(f"lr{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}")
-        if self.weight_decay:
-            parts.append(f"wd{self.weight_decay:g}")
         parts.append({"cosine": "cos", "step": "step", "constant": "const"}[self.schedule])
-        if self.batch_size is not None:
-            parts.append(f"b{self.batch_size}")
         return " ".join(parts)
+
+    def describe(self, epochs: int) -> str:
+        """The whole recipe in words, for a run of `epochs` (its step milestones in epochs)."""
+        name = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[self.optimizer]
+        if self.optimizer == "sgd":
+            name += (f" (momentum {self.momentum:g}{', Nesterov' if self.nesterov else ''})"
+                     if self.momentum else " (no momentum)")
+        elif self.betas != (0.9, 0.999):
+            name += f" (betas {self.betas[0]:g}, {self.betas[1]:g})"
+        schedule = {"cosine": "cosine to 0", "constant": "constant lr",
+                    "step": f"lr × {self.gamma:g} at epoch{'s' if len(self.milestones) > 1 else ''} "
+                            f"{', '.join(map(str, self.milestone_epochs(epochs)))} of {epochs}"}[self.schedule]
+        return (f"{name}, lr {self.lr:g}, weight decay {self.weight_decay:g}, {schedule}, "
+                f"batch {self.train_batch_size}")
 
 
 def step_at(epochs: tuple[int, ...], of: int) -> tuple[float, ...]:
