@@ -25,7 +25,7 @@ from creditaudit.methods.fa import routed_modules
 from creditaudit.methods.signsym import xavier
 from creditaudit.model import ResidualMLP, build_model
 from creditaudit.model.resmlp import ACTIVATIONS
-from creditaudit.report import rules_table
+from creditaudit.report import recipe_comparison, rules_table
 from creditaudit.seeding import derived_generator, derived_seed, draw_on_host
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -429,3 +429,12 @@ def test_docs_rules_table_is_the_rendering_of_the_committed_audit():
     assert [r["method"] for r in audit["methods"]] == list(METHODS)
     assert audit["config"]["preset"] == "zoo"
     assert "creditaudit audit --preset zoo" in page
+    # the published and shared recipes side by side: the rendering of both committed audits, once
+    # docs/rules/regenerate.py has written the shared one
+    comparison = page.split("<!-- recipes:begin -->\n", 1)[1].split("<!-- recipes:end -->", 1)[0]
+    shared_path = ROOT / "docs" / "rules" / "audit_shared.json"
+    if shared_path.exists():
+        shared = store.read_sealed_json(shared_path, "docs/rules/audit_shared.json")
+        assert comparison == recipe_comparison(audit, shared)
+    else:
+        assert comparison.startswith("Not generated yet")
