@@ -20,7 +20,7 @@ from creditaudit import store
 from creditaudit.cli import main as cli_main
 from creditaudit.config import RunConfig, audit_config_from_dict, load_audit_toml
 from creditaudit.errors import CreditAuditError
-from creditaudit.methods import METHODS, MethodSettings, method_class
+from creditaudit.methods import METHODS, SHARED_RECIPE, MethodSettings, method_class
 from creditaudit.methods.fa import routed_modules
 from creditaudit.methods.signsym import xavier
 from creditaudit.model import ResidualMLP, build_model
@@ -145,8 +145,14 @@ def test_variant_is_a_checked_string_option_from_toml_and_cli(tmp_path, capsys):
 
 # -- Kolen–Pollack -----------------------------------------------------------------------------------
 
-def test_kolen_pollack_feedback_gets_the_weight_update_and_decays_onto_w():
-    model, method = build(KP, lr=0.05, weight_decay=0.1)
+@pytest.mark.parametrize("recipe", ["published", "shared"])
+def test_kolen_pollack_feedback_gets_the_weight_update_and_decays_onto_w(recipe):
+    """W and B get one gradient, so W − B moves by the weight decay alone: under the shared AdamW,
+    W − B = (W₀ − B₀)(1 − lr·λ)^t; under the published SGD with momentum μ and L2 decay λ folded
+    into the gradient, D = W − B follows v ← μ·v + λ·D, D ← D − lr·v."""
+    model, method = build(KP, lr=0.05, weight_decay=0.1,
+                          recipe=SHARED_RECIPE if recipe == "shared" else None)
+    assert method.recipe.optimizer == ("adamw" if recipe == "shared" else "sgd")
     x, y = batch()
     feedback = [{k: b.clone() for k, b in pair.items()} for pair in method.feedback]
     gap0 = {(l, k): getattr(model.blocks[l], k).weight.detach() - b
@@ -159,11 +165,17 @@ def test_kolen_pollack_feedback_gets_the_weight_update_and_decays_onto_w():
             assert b.grad is getattr(model.blocks[l], k).weight.grad     # ∂B = ∂W
     for _ in range(3):
         method.train_step(*batch(seed=7))
-    shrink = (1 - 0.05 * 0.1) ** 4                                  # W − B = (W₀ − B₀)(1 − lr·λ)^t
     for l, pair in enumerate(method.feedback):
         for k, b in pair.items():
+            if recipe == "shared":
+                gap = gap0[(l, k)] * (1 - 0.05 * 0.1) ** 4            # W − B = (W₀ − B₀)(1 − lr·λ)^t
+            else:
+                gap, v = gap0[(l, k)], torch.zeros_like(gap0[(l, k)])
+                for _ in range(4):
+                    v = 0.9 * v + 0.1 * gap
+                    gap = gap - 0.05 * v
             torch.testing.assert_close(getattr(model.blocks[l], k).weight.detach() - b,
-                                       gap0[(l, k)] * shrink, rtol=1e-10, atol=1e-13)
+                                       gap, rtol=1e-10, atol=1e-13)
 
 
 def test_kolen_pollack_leaves_a_frozen_block_and_its_feedback_alone():

@@ -195,6 +195,7 @@ def _cmd_train(args) -> int:
     fired = first_fire_epochs(run.history, Thresholds())
     print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
           f"— {run.status['message']}")
+    print(f"  recipe ({config.recipe_record['source']}): {config.recipe_record['description']}")
     print(f"  test acc {last['test_acc']:.4f} | median ‖h_L‖ {last['h_norms'][-1]:.3g} | "
           f"‖g_L‖ {last['g_norms'][-1]:.3g} | readout gain {last['gain']:.3g} | "
           f"max block growth {last['max_growth']:.3g} | {run.status['wall_time']:.1f} s")

@@ -7,13 +7,15 @@ methods/fa.py), and B receives the very update W receives:
     Linear  y = x·Wᵀ + b:   δx = δy · B                                   (fa's backward)
             ∂W = δyᵀ · x                                                  the usual weight gradient
             ∂B = ∂W                                                       Kolen–Pollack: the same update
-    θ ← AdamW(θ, ∂θ) for θ ∈ {W, B}, with the run's lr, weight decay λ_wd and schedule
+    θ ← optimiser(θ, ∂θ) for θ ∈ {W, B}, with the run's recipe (lr, weight decay λ_wd, schedule)
 
 Akrout et al. write B in the transposed layout of the backward pass (ΔB = ΔWᵀ); fa stores B in W's
-own layout (δx = δy · B), so there the same update is ∂B = ∂W. With AdamW and identical gradient
-streams, W and B get identical Adam steps, so their difference only decays:
+own layout (δx = δy · B), so there the same update is ∂B = ∂W. With identical gradient streams the
+difference D = W − B moves by the weight decay alone (exact; tested):
 
-    W_t − B_t = (W_0 − B_0) · Π_s (1 − lr_s · λ_wd)                        (exact; tested)
+    AdamW (the shared recipe):  D_t = D_0 · Π_s (1 − lr_s · λ_wd)
+    SGD, momentum μ, L2 decay (the published recipe, `recipe` below; as Akrout et al.'s
+    ImageNet training):         v ← μ·v + λ_wd·D,  D ← D − lr·v
 
 B starts as fa's draw U(−1/√fan_in, 1/√fan_in) and tends to W as the weight decay acts. Only the
 B of trainable blocks learn (a frozen block keeps W and B, so the frozen control stays
