@@ -162,10 +162,10 @@ def step_at(epochs: tuple[int, ...], of: int) -> tuple[float, ...]:
     return tuple(e / of for e in epochs)
 
 
-# the paper's recipe (docs/PROTOCOL.md §4): what the paper's seven train under, and every rule under
+# the paper's recipe (its training scripts): what the paper's seven train under, and every rule under
 # --recipe shared
 SHARED = Recipe(optimizer="adamw", lr=1e-3, weight_decay=0.01, schedule="cosine",
-                citation="creditaudit's shared recipe (docs/PROTOCOL.md §4): AdamW lr 1e-3, weight "
+                citation="the paper's recipe (its training scripts), shared: AdamW lr 1e-3, weight "
                          "decay 0.01, cosine to 0 over the run, batch 128")
 
 
