@@ -35,9 +35,10 @@ class DRTP(LocalMethod):
     recipe = Recipe(
         optimizer="sgd", lr=1e-4, momentum=0.9, nesterov=True, weight_decay=0.0,
         schedule="constant", batch_size=100,
-        citation="Frenkel, Lefebvre & Bol 2021 (Front. Neurosci. 15:629892), §3; reference code "
-                 "ChFrenkel/DirectRandomTargetProjection main.py defaults (--optimizer NAG: SGD with "
-                 "momentum 0.9 and Nesterov; --lr 1e-4; --batch-size 100; no decay, no weight decay)")
+        citation="Frenkel, Lefebvre & Bol 2021 (Front. Neurosci. 15:629892) and their reference code "
+                 "ChFrenkel/DirectRandomTargetProjection: main.py defaults (--optimizer NAG, --lr 1e-4, "
+                 "--batch-size 100) and train.py (NAG = SGD, momentum 0.9, Nesterov; no weight decay, "
+                 "no LR schedule)")
     random_feedback = True                      # Γ gets its null: fresh_feedback_credit below
     summary = "direct random target projection (Frenkel et al. 2021): dfa's mapping of −onehot(y)"
     option_defaults = {"mix": 0.0}

@@ -73,7 +73,7 @@ class LocalLosses(LocalMethod):
     recipe = Recipe(
         optimizer="adam", lr=5e-4, weight_decay=0.0, schedule="step",
         milestones=step_at((50, 75, 89, 94), of=100), gamma=0.25, batch_size=128,
-        citation="Nøkland & Eidnes 2019 (ICML), §4 and reference code anokland/local-loss train.py "
+        citation="Nøkland & Eidnes 2019 (ICML) and their reference code anokland/local-loss: train.py "
                  "(--optim adam, --lr-decay-fact 0.25, --batch-size 128, weight decay 0) with its MNIST "
                  "MLP commands (--lr 5e-4 --epochs 100 --lr-decay-milestones 50 75 89 94)")
     null_note = ("nothing random in its credit, no null; Γ compares the auxiliary classifiers' "
