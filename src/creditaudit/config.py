@@ -65,6 +65,10 @@ class RunConfig:
     options: the method's options, resolved (its defaults filled in), so a changed default is a
     changed run. data_digest: sha256 of the training/test tensors (`ArrayDataset.digest`), None
     until the data are loaded (`bind_data`). code_version: the training code that trains it.
+    recipe: "published" (the method's `Method.recipe`) or "shared" (`methods.SHARED_RECIPE`) on the
+    way in, the resolved recipe's settings (a dict, `Recipe.settings`) once built; lr,
+    weight_decay, batch_size: None = the recipe's, a value overrides it, and once built they hold
+    what the run trains with.
     """
 
     method: str = field(default=REFERENCE_METHOD, metadata=_help("credit-assignment method, or PKG.MODULE:CLASS"))
