@@ -33,6 +33,8 @@ import creditaudit.usermodel
 from creditaudit.cli import build_parser
 from creditaudit.cli import main as cli_main
 from creditaudit.data import load_dataset
+from creditaudit.methods import Recipe
+from creditaudit.methods.dfa import DFAPenalty
 
 WORK = Path("settings-work")          # relative: every test runs in its own tmp folder (chdir)
 
@@ -113,7 +115,20 @@ def _audit_rows(entry: str, methods: bool = True) -> dict[str, Row]:
     }
     if methods:
         rows["--methods"] = Row(["--methods", "bp", "fa"], lambda c: {x.method for x in cfgs(c)}, {"bp", "fa"})
+        # a rule whose published recipe is not the shared one (pepita's is SGD)
+        rows["--recipe"] = Row(["--recipe", "shared"], lambda c: {x.recipe["optimizer"] for x in cfgs(c)},
+                               {"adamw"}, base=["--out", AUDIT_OUT, "--methods", "pepita"])
+    else:   # penalty-sweep: the built-in rules with λ are the paper's (AdamW either way); a user's
+        rows["--recipe"] = Row(["--recipe", "shared"], lambda c: {x.recipe["optimizer"] for x in cfgs(c)},
+                               {"adamw"}, base=["--out", AUDIT_OUT, "--method", "test_settings:SweptSGD",
+                                                "--lambdas", "0.1"])
     return rows
+
+
+class SweptSGD(DFAPenalty):
+    """A user's rule with λ and an SGD recipe of its own (penalty-sweep's --recipe row)."""
+    name = "swept-sgd"
+    recipe = Recipe(optimizer="sgd", lr=0.01, momentum=0.9, weight_decay=0.0, schedule="constant")
 
 
 ROWS: dict[tuple[str, str], Row] = {}
@@ -130,6 +145,8 @@ ROWS.update({("train", k): v for k, v in {
     "--batch-size": Row(["--batch-size", "32"], lambda c: train_config(c).batch_size, 32),
     "--lr": Row(["--lr", "0.5"], lambda c: train_config(c).lr, 0.5),
     "--weight-decay": Row(["--weight-decay", "0.5"], lambda c: train_config(c).weight_decay, 0.5),
+    "--recipe": Row(["--recipe", "shared"], lambda c: train_config(c).recipe["optimizer"], "adamw",
+                    base=["--quiet", "--method", "pepita"]),
     "--width": Row(["--width", "8"], lambda c: train_config(c).width, 8),
     "--blocks": Row(["--blocks", "2"], lambda c: train_config(c).blocks, 2),
     "--activation": Row(["--activation", "relu"], lambda c: train_config(c).activation, "relu"),

@@ -20,12 +20,12 @@ from creditaudit import store
 from creditaudit.cli import main as cli_main
 from creditaudit.config import RunConfig, audit_config_from_dict, load_audit_toml
 from creditaudit.errors import CreditAuditError
-from creditaudit.methods import METHODS, MethodSettings, method_class
+from creditaudit.methods import METHODS, SHARED_RECIPE, MethodSettings, method_class
 from creditaudit.methods.fa import routed_modules
 from creditaudit.methods.signsym import xavier
 from creditaudit.model import ResidualMLP, build_model
 from creditaudit.model.resmlp import ACTIVATIONS
-from creditaudit.report import rules_table
+from creditaudit.report import recipe_comparison, rules_table
 from creditaudit.seeding import derived_generator, derived_seed, draw_on_host
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,8 +145,14 @@ def test_variant_is_a_checked_string_option_from_toml_and_cli(tmp_path, capsys):
 
 # -- Kolen–Pollack -----------------------------------------------------------------------------------
 
-def test_kolen_pollack_feedback_gets_the_weight_update_and_decays_onto_w():
-    model, method = build(KP, options={"decay": 0.1}, lr=0.05)
+@pytest.mark.parametrize("recipe", ["published", "shared"])
+def test_kolen_pollack_feedback_gets_the_weight_update_and_decays_onto_w(recipe):
+    """W and B get one gradient, so W − B moves by the weight decay alone: under the shared AdamW,
+    W − B = (W₀ − B₀)(1 − lr·λ)^t; under the published SGD with momentum μ and L2 decay λ folded
+    into the gradient, D = W − B follows v ← μ·v + λ·D, D ← D − lr·v."""
+    model, method = build(KP, options={"decay": 0.1}, lr=0.05,
+                          recipe=SHARED_RECIPE if recipe == "shared" else None)
+    assert method.recipe.optimizer == ("adamw" if recipe == "shared" else "sgd")
     x, y = batch()
     feedback = [{k: b.clone() for k, b in pair.items()} for pair in method.feedback]
     gap0 = {(l, k): getattr(model.blocks[l], k).weight.detach() - b
@@ -159,11 +165,17 @@ def test_kolen_pollack_feedback_gets_the_weight_update_and_decays_onto_w():
             assert b.grad is getattr(model.blocks[l], k).weight.grad     # ∂B = ∂W
     for _ in range(3):
         method.train_step(*batch(seed=7))
-    shrink = (1 - 0.05 * 0.1) ** 4                                  # W − B = (W₀ − B₀)(1 − lr·λ)^t
     for l, pair in enumerate(method.feedback):
         for k, b in pair.items():
+            if recipe == "shared":
+                gap = gap0[(l, k)] * (1 - 0.05 * 0.1) ** 4            # W − B = (W₀ − B₀)(1 − lr·λ)^t
+            else:
+                gap, v = gap0[(l, k)], torch.zeros_like(gap0[(l, k)])
+                for _ in range(4):
+                    v = 0.9 * v + 0.1 * gap
+                    gap = gap - 0.05 * v
             torch.testing.assert_close(getattr(model.blocks[l], k).weight.detach() - b,
-                                       gap0[(l, k)] * shrink, rtol=1e-10, atol=1e-13)
+                                       gap, rtol=1e-10, atol=1e-13)
 
 
 def test_kolen_pollack_gap_contracts_by_the_sgd_decay_exactly():
@@ -187,7 +199,8 @@ def test_kolen_pollack_gap_contracts_by_the_sgd_decay_exactly():
 
 
 def test_kolen_pollack_aligns_b_with_w_in_its_default_regime():
-    """With the default decay λ_KP the gap contracts by Π(1 − lr·λ_KP) under AdamW too, and
+    """With λ_KP = 10 (the regime under the shared AdamW; the published SGD's default 0.02 is the
+    same budget at its lr) the gap contracts by Π(1 − lr·λ_KP) under AdamW too, and
     cos(W, B) — near 0 for the independent draws at the start — rises towards 1 within a short run
     (50 steps at lr 0.01: the gap shrinks to 0.9⁵⁰ ≈ 0.005); under the run's weight decay alone
     (λ_KP = λ_wd = 0.01) the gap keeps 99.5 % of its size and the cosine stays well below."""
@@ -200,7 +213,8 @@ def test_kolen_pollack_aligns_b_with_w_in_its_default_regime():
         torch.manual_seed(0)
         model = ResidualMLP(3, 16, 1, 5, w2_std=0.5).double()          # cosines of 16 × 16 matrices
         method = method_class(KP)(model, MethodSettings(
-            epochs=1, lr=1e-2, trainable_blocks=(0,), options={} if decay is None else {"decay": decay}))
+            epochs=1, lr=1e-2, trainable_blocks=(0,), recipe=SHARED_RECIPE,
+            options={"decay": 10.0 if decay is None else decay}))
         start = cosines(model, method)
         gap0 = [getattr(model.blocks[l], k).weight.detach() - b for l, pair in enumerate(method.feedback)
                 for k, b in pair.items()]
@@ -482,3 +496,12 @@ def test_docs_rules_table_is_the_rendering_of_the_committed_audit():
     assert [r["method"] for r in audit["methods"]] == list(METHODS)
     assert audit["config"]["preset"] == "zoo"
     assert "creditaudit audit --preset zoo" in page
+    # the published and shared recipes side by side: the rendering of both committed audits, once
+    # docs/rules/regenerate.py has written the shared one
+    comparison = page.split("<!-- recipes:begin -->\n", 1)[1].split("<!-- recipes:end -->", 1)[0]
+    shared_path = ROOT / "docs" / "rules" / "audit_shared.json"
+    if shared_path.exists():
+        shared = store.read_sealed_json(shared_path, "docs/rules/audit_shared.json")
+        assert comparison == recipe_comparison(audit, shared)
+    else:
+        assert comparison.startswith("Not generated yet")

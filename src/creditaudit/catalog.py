@@ -22,7 +22,7 @@ from typing import Any
 
 PACKAGE = Path(__file__).resolve().parent
 _KEYS = ("run", "audit", "max_count", "precisions", "presets", "executors", "experiment_out",
-         "datasets", "archs", "activations", "methods", "knobs", "rules", "stackable", "null_k")
+         "datasets", "archs", "activations", "methods", "knobs", "rules", "stackable", "null_k", "recipes")
 
 
 class Catalog:
@@ -54,7 +54,7 @@ def live() -> Catalog:
     from .config import (EXECUTORS, EXPERIMENT_OUT, MAX_COUNT, PRECISIONS, PRESET_NAMES, AuditConfig,
                          RunConfig, default, field_help)
     from .data import DATASET_NAMES
-    from .methods import METHODS
+    from .methods import METHODS, RECIPE_CHOICES
     from .model import ACTIVATIONS, ARCHITECTURES
     from .protocol import diagnose
     from .train import stackable
@@ -67,7 +67,8 @@ def live() -> Catalog:
         "experiment_out": dict(EXPERIMENT_OUT), "datasets": list(DATASET_NAMES),
         "archs": list(ARCHITECTURES), "activations": list(ACTIVATIONS), "methods": list(METHODS),
         "knobs": _knobs(), "rules": _rules(), "stackable": stackable(),
-        "null_k": inspect.signature(diagnose).parameters["null_k"].default})
+        "null_k": inspect.signature(diagnose).parameters["null_k"].default,
+        "recipes": list(RECIPE_CHOICES)})
 
 
 def _knobs() -> str:

@@ -99,7 +99,7 @@ def _run_config(args):
     trainable = 0 if args.frozen else args.trainable_blocks
     return RunConfig(method=args.method, dataset=args.dataset, arch=args.arch, seed=args.seed,
                      epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                     weight_decay=args.weight_decay, width=args.width,
+                     weight_decay=args.weight_decay, recipe=args.recipe, width=args.width,
                      blocks=0 if args.shallow else args.blocks, activation=args.activation,
                      w2_std=args.w2_std, clip=args.clip, trainable_blocks=trainable,
                      stop_when_flagged=args.stop_when_flagged, options=options,
@@ -146,6 +146,7 @@ def _cmd_train(args) -> int:
     fired = first_fire_epochs(run.history, Thresholds())
     print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
           f"— {run.status['message']}")
+    print(f"  recipe ({config.recipe_record['source']}): {config.recipe_record['description']}")
     # a value the monitor could not measure is None, a non-finite one a string ("inf")
     num = lambda v, spec: "—" if v is None else v if isinstance(v, str) else format(v, spec)
     print(f"  test acc {num(last['test_acc'], '.4f')} | median ‖h_L‖ {num(last['h_norms'][-1], '.3g')} | "
@@ -333,7 +334,7 @@ def _audit_raw(args) -> dict:
     if args.config and args.preset:
         raw["preset"] = args.preset
     for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor",
-                "address", "max_retries", "stack"):
+                "address", "max_retries", "stack", "recipe"):
         value = getattr(args, key, None)
         if value is not None:
             raw[key] = value
@@ -623,6 +624,7 @@ def _run_options(p: argparse.ArgumentParser, cat) -> None:
     p.add_argument("--batch-size", type=_count(1, 10 ** 7), default=d("batch_size"), help=h("batch_size"))
     p.add_argument("--lr", type=_finite_float, default=d("lr"), help=h("lr"))
     p.add_argument("--weight-decay", type=_finite_float, default=d("weight_decay"), help=h("weight_decay"))
+    p.add_argument("--recipe", choices=cat.recipes, default=d("recipe"), help=h("recipe"))
     p.add_argument("--width", type=_count(1, cat.max_count), default=d("width"), help=h("width"))
     p.add_argument("--blocks", type=_count(0, cat.max_count), default=d("blocks"), help=h("blocks"))
     p.add_argument("--activation", default=d("activation"), choices=cat.activations, metavar="NAME",
@@ -711,6 +713,8 @@ def _audit_options(p: argparse.ArgumentParser, cat, methods: bool = True) -> Non
                                "(default: on CUDA only, where it pays)")
     stacking.add_argument("--no-stack", dest="stack", action="store_const", const=False,
                           help="train every run on its own, to compare (default: on CUDA only)")
+    p.add_argument("--recipe", choices=cat.recipes,
+                   help=f"{cat.audit_help('recipe')} (default: {cat.audit_default('recipe')})")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

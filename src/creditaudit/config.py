@@ -39,7 +39,8 @@ PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training
 # the CPU generator on every device (its CUDA runs change). Not bumped for the member axis: a lone
 # run now steps through baddbmm instead of plain matmuls, the same arithmetic up to rounding order
 # (≤ 5e-16 relative in float64, tests/test_members.py against the lone trainer's runs; ≤ 3e-7 in
-# float32 after 3 epochs with identical test accuracy).
+# float32 after 3 epochs with identical test accuracy). 3: each rule trains under its published
+# recipe (methods/recipe.py), and a run records the resolved recipe.
 TRAINING_CODE_VERSION = 3
 CODE_VERSION = f"{__version__}+train{TRAINING_CODE_VERSION}"
 
@@ -64,6 +65,10 @@ class RunConfig:
     options: the method's options, resolved (its defaults filled in), so a changed default is a
     changed run. data_digest: sha256 of the training/test tensors (`ArrayDataset.digest`), None
     until the data are loaded (`bind_data`). code_version: the training code that trains it.
+    recipe: "published" (the method's `Method.recipe`) or "shared" (`methods.SHARED_RECIPE`) on the
+    way in, the resolved recipe's settings (a dict, `Recipe.settings`) once built; lr,
+    weight_decay, batch_size: None = the recipe's, a value overrides it, and once built they hold
+    what the run trains with.
     """
 
     method: str = field(default=REFERENCE_METHOD, metadata=_help("credit-assignment method, or PKG.MODULE:CLASS"))
@@ -71,9 +76,15 @@ class RunConfig:
     arch: str = field(default="resmlp", metadata=_help("architecture"))
     seed: int = field(default=42, metadata=_help("seed (weights, data order, feedback matrices)"))
     epochs: int = field(default=100, metadata=_help("training epochs"))
-    batch_size: int = field(default=128, metadata=_help("training batch size"))
-    lr: float = field(default=1e-3, metadata=_help("AdamW learning rate (cosine-annealed to 0)"))
-    weight_decay: float = field(default=0.01, metadata=_help("AdamW weight decay"))
+    batch_size: int | None = field(default=None, metadata=_help(
+        "training batch size (None: the recipe's, else 128)"))
+    lr: float | None = field(default=None, metadata=_help(
+        "learning rate (None: the recipe's); overrides the recipe's"))
+    weight_decay: float | None = field(default=None, metadata=_help(
+        "weight decay (None: the recipe's); overrides the recipe's"))
+    recipe: Any = field(default="published", metadata=_help(
+        "the optimiser and schedule: published (each rule's own paper's: optimiser, lr, momentum, "
+        "schedule, weight decay, batch size) or shared (the paper's AdamW recipe for every rule)"))
     width: int = field(default=256, metadata=_help("residual width d (channels for resnet-small)"))
     blocks: int = field(default=4, metadata=_help("number of residual blocks L (≥ 1; --shallow for none)"))
     activation: str = field(default="gelu", metadata=_help("block activation (resmlp)"))
@@ -105,6 +116,7 @@ class RunConfig:
         if self.activation not in ACTIVATIONS:
             raise CreditAuditError(
                 f"unknown activation {self.activation!r}; choose one of: {', '.join(ACTIVATIONS)}")
+        self._resolve_recipe(cls)
         for name in ("seed", "epochs", "batch_size", "width", "blocks"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -123,7 +135,7 @@ class RunConfig:
                 f"trainable_blocks must be an integer in 0..{self.blocks} (the number of blocks), got {k!r}")
         if k == self.blocks:  # "all blocks train" has one spelling, so equal runs share one key
             object.__setattr__(self, "trainable_blocks", None)
-        for name in ("lr", "weight_decay", "w2_std"):
+        for name in ("w2_std",):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
@@ -156,6 +168,64 @@ class RunConfig:
             raise CreditAuditError(f"data_digest must be a sha256 hex digest, got {self.data_digest!r}")
         if not isinstance(self.code_version, str):
             raise CreditAuditError(f"code_version must be a string, got {self.code_version!r}")
+
+    def _resolve_recipe(self, method_cls) -> None:
+        """`recipe` "published" / "shared" → the resolved recipe's settings (a dict; the run key
+        hashes these, not the switch, so a rule whose published recipe is the shared one is the
+        same run under either); an explicit lr / weight decay / batch size overrides the recipe's,
+        and the three fields then hold the values the run trains with. A recorded dict (a run's
+        config.json) is validated and kept."""
+        from .methods import Recipe
+        from .methods.recipe import resolve
+        for name in ("lr", "weight_decay"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value < 0):
+                raise CreditAuditError(f"{name} must be a finite number ≥ 0, got {value!r}")
+        b = self.batch_size
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool)):
+            raise CreditAuditError(f"batch_size must be an integer, got {b!r}")
+        if b is not None and not 1 <= b <= 10 ** 7:
+            raise CreditAuditError(f"batch_size must be a positive integer ≤ {10 ** 7}, got {b!r}")
+        if isinstance(self.recipe, str):
+            recipe = resolve(method_cls.recipe, self.recipe, self.lr, self.weight_decay, self.batch_size)
+        elif isinstance(self.recipe, dict):
+            recipe = Recipe.from_settings(self.recipe).with_overrides(self.lr, self.weight_decay,
+                                                                      self.batch_size).concrete()
+        else:
+            raise CreditAuditError(f"recipe must be published or shared, got {self.recipe!r}")
+        object.__setattr__(self, "recipe", recipe.settings())
+        object.__setattr__(self, "lr", recipe.lr)
+        object.__setattr__(self, "weight_decay", recipe.weight_decay)
+        object.__setattr__(self, "batch_size", recipe.train_batch_size)
+
+    @property
+    def resolved_recipe(self):
+        """The run's recipe (`methods.Recipe`), with the method's citation when it is the
+        method's published one, else the shared recipe's."""
+        from .methods import SHARED_RECIPE, Recipe, method_class
+        published = method_class(self.method).recipe
+        for candidate in (published, SHARED_RECIPE):
+            settings = candidate.with_overrides(self.lr, self.weight_decay, self.batch_size).concrete().settings()
+            if settings == self.recipe:
+                return Recipe.from_settings(self.recipe, candidate.citation)
+        return Recipe.from_settings(self.recipe)
+
+    @property
+    def recipe_record(self) -> dict[str, Any]:
+        """The run's recipe for a report (audit.json): its settings, the milestones in this run's
+        epochs, a compact label and a description, the citation, and whether it is the rule's
+        published recipe, the shared one (both: the paper's seven) or neither (an explicit lr,
+        weight decay or batch size over it)."""
+        from .methods import SHARED_RECIPE, method_class
+        recipe = self.resolved_recipe
+        published = method_class(self.method).recipe.concrete().settings()
+        source = [name for name, settings in (("published", published),
+                                              ("shared", SHARED_RECIPE.concrete().settings()))
+                  if settings == self.recipe]
+        return {**self.recipe, "milestone_epochs": recipe.milestone_epochs(self.epochs),
+                "label": recipe.compact(), "description": recipe.describe(self.epochs),
+                "citation": recipe.citation, "source": " = ".join(source) or "overridden"}
 
     @property
     def trainable_block_ids(self) -> tuple[int, ...]:
@@ -286,6 +356,9 @@ class AuditConfig:
     executor: str = field(default="local", metadata=_help("where runs execute"))
     address: str | None = field(default=None, metadata=_help("Ray cluster address (auto or HOST:PORT)"))
     max_retries: int = field(default=3, metadata=_help("Ray: retries of a run whose worker died"))
+    recipe: str = field(default="published", metadata=_help(
+        "published: each rule under its paper's optimiser, schedule, weight decay and batch size; "
+        "shared: every rule under the paper's AdamW recipe (a like-for-like comparison)"))
     stack: bool | None = field(default=None, metadata=_help(
         "train runs that share a model shape as one batched stack (None: where measured to pay — "
         "always on CUDA, not on CPU)"))
@@ -320,7 +393,7 @@ class AuditConfig:
         model = dict(self.model)
         arch_options = model.pop("options", {})
         return RunConfig(method=method, dataset=self.dataset, seed=seed, epochs=self.epochs,
-                         options=options, arch_options=dict(arch_options),
+                         recipe=self.recipe, options=options, arch_options=dict(arch_options),
                          stop_thresholds=dict(self.thresholds), **model, **training)
 
 
@@ -348,7 +421,7 @@ PRESET_NAMES = ("quick", "paper", "zoo")             # the first is the default
 EXPERIMENT_OUT = {"ladder": "audits/ladder", "penalty-sweep": "audits/penalty_sweep",
                   "identity-check": "audits/identity_check"}
 TOP_KEYS = ("preset", "dataset", "data_dir", "methods", "seeds", "epochs", "out", "device", "jobs",
-            "controls", "eval_batches", "executor", "address", "max_retries", "stack")
+            "controls", "eval_batches", "executor", "address", "max_retries", "stack", "recipe")
 
 
 def _check_keys(table: dict, allowed: tuple[str, ...], where: str) -> None:
@@ -448,6 +521,11 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
     stack = raw.get("stack")
     if stack is not None and not isinstance(stack, bool):
         raise CreditAuditError(f"stack in {where} must be true or false, got {stack!r}")
+    from .methods import RECIPE_CHOICES
+    recipe = raw.get("recipe", default(AuditConfig, "recipe"))
+    if recipe not in RECIPE_CHOICES:
+        raise CreditAuditError(f"recipe in {where} must be one of {', '.join(RECIPE_CHOICES)}, "
+                               f"got {recipe!r}")
     config = AuditConfig(
         dataset=raw.get("dataset", default(AuditConfig, "dataset")), methods=tuple(methods),
         seeds=tuple(seeds), epochs=_int(raw, "epochs", where, 1, "a positive integer"),
@@ -457,7 +535,7 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
         jobs=_int(raw, "jobs", where, 0, "an integer ≥ 0 (0 = automatic)"), controls=tuple(controls),
         eval_batches=_int(raw, "eval_batches", where, 1, "a positive integer"),
         executor=executor, address=address,
-        max_retries=_int(raw, "max_retries", where, 0, "an integer ≥ 0"), stack=stack,
+        max_retries=_int(raw, "max_retries", where, 0, "an integer ≥ 0"), stack=stack, recipe=recipe,
         model=model, training=dict(raw.get("training", {})), thresholds=dict(thresholds),
         options=options, preset=preset)
     config.run_configs()  # every run validated now: nothing trains on a bad config

@@ -79,7 +79,8 @@ def build_method(config: RunConfig, model: ResidualModel) -> Method:
     settings = MethodSettings(epochs=config.epochs, seed=config.seed, lr=config.lr,
                               weight_decay=config.weight_decay, clip=config.clip,
                               trainable_blocks=config.trainable_block_ids,
-                              options=dict(config.options), batch_size=config.batch_size)
+                              options=dict(config.options), batch_size=config.batch_size,
+                              recipe=config.resolved_recipe)
     return method_class(config.method)(model, settings)
 
 
@@ -245,7 +246,7 @@ def canonical_control(config: RunConfig) -> RunConfig:
 
 # the settings a frozen-blocks control must share with the run it controls for
 CONTROL_FIELDS = ("method", "dataset", "arch", "seed", "epochs", "batch_size", "lr", "weight_decay",
-                  "width", "blocks", "activation", "w2_std", "clip", "options", "arch_options",
+                  "recipe", "width", "blocks", "activation", "w2_std", "clip", "options", "arch_options",
                   "data_digest", "code_version", "precision")
 
 

@@ -153,9 +153,9 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
 # -- which runs stack ---------------------------------------------------------------------------
 def can_stack(config: RunConfig) -> bool:
     """Whether `config` can share a stack with other runs: its method is on the member axis for
-    its architecture (`Method.on_member_axis`), and no early-stop rule reads its monitor (such a
-    run trains as a stack of one)."""
-    if config.stop_when_flagged is not None:
+    its architecture (`Method.on_member_axis`), its recipe is AdamW (the stack steps one fused
+    AdamW), and no early-stop rule reads its monitor (such a run trains as a stack of one)."""
+    if config.stop_when_flagged is not None or config.recipe["optimizer"] != "adamw":
         return False
     return method_class(config.method).on_member_axis(ARCH_CLASSES[config.arch])
 
@@ -334,7 +334,8 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
     """Train members that start from one epoch, together, to their end; each folder finished."""
     first = members[0]
     K = len(members)
-    on_axis = first.method.on_member_axis(type(first.model))
+    # an SGD or Adam recipe steps through the lone step: the stack's one optimizer is AdamW
+    on_axis = first.method.on_member_axis(type(first.model)) and first.method.recipe.optimizer == "adamw"
     stack = MemberStack([m.method for m in members]) if on_axis else None
     if stack is None and K > 1:
         raise ValueError(f"{first.config.method} is not on the member axis: its runs train one at a time")

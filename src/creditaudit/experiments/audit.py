@@ -97,6 +97,7 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
             "verdict": r.get("verdict", o.status), "verdicts": r.get("verdicts")}
     return {
         "method": method, "lam": main[0].config.lam if main else 0.0,
+        "recipe": (main or mine)[0].config.recipe_record if mine else None,
         "null_note": _null_note(method),
         "n_seeds": len(main), "n_diagnosed": len(diagnosed),
         "statuses": {o.config.seed: o.status for o in main},
@@ -216,7 +217,7 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
 # what an audit's result depends on; where and how it ran (device, jobs, executor, …) and the
 # preset's name do not change it, so a rerun that differs only there may rewrite the report
 _RESULT_KEYS = ("dataset", "methods", "seeds", "epochs", "controls", "eval_batches", "model",
-                "training", "thresholds", "options")
+                "training", "thresholds", "options", "recipe")
 
 
 def check_same_audit(out: Path, config: AuditConfig) -> None:
@@ -227,7 +228,7 @@ def check_same_audit(out: Path, config: AuditConfig) -> None:
     path = Path(out) / "audit.json"
     if not path.exists():
         return
-    old = read_audit(out).get("config") or {}
+    old = {"recipe": "published", **(read_audit(out).get("config") or {})}   # before --recipe: published
     new = json.loads(json.dumps({k: (list(v) if isinstance(v, tuple) else v)
                                  for k, v in asdict(config).items()}))
     extends = lambda k: k in ("methods", "seeds") and set(old.get(k) or []) <= set(new.get(k) or [])
@@ -254,4 +255,4 @@ def header(config: AuditConfig, base: RunConfig, data: str | None = None) -> str
     return (f"{preset}{data or config.dataset}, {base.arch} d={base.width} L={base.blocks}, "
             f"{config.epochs} epochs; seed{'s' if len(config.seeds) > 1 else ''} {seeds}; "
             f"controls: {', '.join(config.controls) or 'none'}; {config.eval_batches} eval batches; "
-            f"{base.precision} training")
+            f"{base.precision} training; {config.recipe} recipes")

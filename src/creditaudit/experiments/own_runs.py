@@ -41,6 +41,11 @@ class OwnRunConfig:
     run_id: str = ""
 
     @property
+    def recipe_record(self) -> None:
+        """The optimiser and schedule of a run from the user's own loop are the user's: not known here."""
+        return None
+
+    @property
     def run_key(self) -> str:
         """Unique per run folder: runs of two methods may share their initial weights."""
         return (self.run_id or self.init_sha256)[:12]

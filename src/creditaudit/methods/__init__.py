@@ -20,6 +20,9 @@ from .local_losses import LocalLosses
 from .node_perturbation import NodePerturbation
 from .pepita import PEPITA
 from .predictive_coding import PredictiveCoding
+from .recipe import CHOICES as RECIPE_CHOICES
+from .recipe import SHARED as SHARED_RECIPE
+from .recipe import Recipe
 from .signsym import SignSymmetry
 
 # the paper's seven first (`Method.paper`), then the zoo (issue 24)
@@ -136,6 +139,7 @@ def sweep_defaults() -> dict[str, tuple[str, tuple[Any, ...]]]:
     return {name: next(iter(cls.sweep.items())) for name, cls in METHODS.items() if cls.sweep}
 
 
-__all__ = ["METHODS", "REFERENCE_METHOD", "LocalMethod", "Method", "MethodSettings", "method_class",
+__all__ = ["METHODS", "RECIPE_CHOICES", "REFERENCE_METHOD", "SHARED_RECIPE", "LocalMethod", "Method",
+           "MethodSettings", "Recipe", "method_class",
            "methods_with_option", "output_error", "resolve_method_name", "rms_normalise",
            "sweep_defaults"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import warnings
 from abc import ABC, abstractmethod
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -34,6 +35,7 @@ import torch
 from ..errors import CreditAuditError
 from ..model import ResidualModel
 from ..seeding import derived_generator
+from .recipe import SHARED, Recipe, build_optimizer, build_scheduler
 
 
 @dataclass
@@ -43,12 +45,13 @@ class MethodSettings:
 
     epochs: int
     seed: int = 42
-    lr: float = 1e-3
-    weight_decay: float = 0.01
+    lr: float | None = None             # None: the recipe's; a number overrides it
+    weight_decay: float | None = None   # None: the recipe's; a number overrides it
     clip: float = 1.0
     trainable_blocks: tuple[int, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     batch_size: int = 128     # the training batch size (a method drawing per-sample noise sizes it by this)
+    recipe: Recipe | None = None        # the optimiser and schedule (None: the method's published `recipe`)
 
 
 def _fused_adamw_supported() -> bool:
@@ -92,6 +95,9 @@ class Method(ABC):
     trainable_only_options: ClassVar[dict[str, Any]] = {}
     # the architectures `member_gradients` is written for (empty: the method trains lone)
     member_archs: ClassVar[tuple[type, ...]] = ()
+    # the optimiser, schedule, weight decay and batch size the rule's authors published, with the
+    # place in the paper (`methods/recipe.py`); the paper's seven keep the shared AdamW recipe
+    recipe: ClassVar[Recipe] = SHARED
 
     @classmethod
     def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -130,6 +136,8 @@ class Method(ABC):
         self.model = model
         self.settings = settings
         self.gen = derived_generator(settings.seed, f"method:{self.name}")
+        base = type(self).recipe if settings.recipe is None else settings.recipe
+        self.recipe: Recipe = base.with_overrides(settings.lr, settings.weight_decay)
         self.optimizers: list[torch.optim.Optimizer] = []
         self.schedulers: list[torch.optim.lr_scheduler.LRScheduler] = []
 
@@ -152,12 +160,12 @@ class Method(ABC):
         return self.model.head_parameters()
 
     def add_optimizer(self, params) -> torch.optim.Optimizer:
-        """AdamW(lr, weight decay) with cosine annealing to 0 over the run (stepped per epoch)."""
-        opt = torch.optim.AdamW(params, lr=self.settings.lr, weight_decay=self.settings.weight_decay,
-                                **_FUSED)
+        """The run's recipe (`self.recipe`) as torch's optimiser — AdamW (fused where supported),
+        Adam or SGD with momentum — and its LR schedule over the run (cosine to 0, step decay at
+        the recipe's milestones, or constant), stepped per epoch."""
+        opt = build_optimizer(self.recipe, params, _FUSED)
         self.optimizers.append(opt)
-        self.schedulers.append(torch.optim.lr_scheduler.CosineAnnealingLR(
-            opt, T_max=max(1, self.settings.epochs), eta_min=0.0))
+        self.schedulers.append(build_scheduler(self.recipe, opt, self.settings.epochs))
         return opt
 
     # -- the interface ------------------------------------------------------------------------
@@ -336,6 +344,9 @@ class Method(ABC):
             opt.load_state_dict(s)
         for sched, s in zip(self.schedulers, state["schedulers"]):
             sched.load_state_dict(s)
+            if isinstance(sched, torch.optim.lr_scheduler.MultiStepLR):
+                # the checkpoint keeps its milestones Counter as a plain {epoch: count} (no pickle)
+                sched.milestones = Counter(sched.milestones)
         self.gen.set_state(state["gen"])
         self.load_extra_state(state["extra"])
 

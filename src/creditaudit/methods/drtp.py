@@ -37,12 +37,21 @@ import torch.nn.functional as F
 
 from .dfa import dfa_credit, draw_feedback
 from .local import LocalMethod, output_error
+from .recipe import Recipe, step_at
 
 
 class DRTP(LocalMethod):
     """Direct random target projection; option `mix` blends in the output error (1 = DFA)."""
 
     name = "drtp"
+    # SGD with Nesterov momentum 0.9 ("NAG"), lr 1e-4, constant, no weight decay, batch 100
+    recipe = Recipe(
+        optimizer="sgd", lr=1e-4, momentum=0.9, nesterov=True, weight_decay=0.0,
+        schedule="constant", batch_size=100,
+        citation="Frenkel, Lefebvre & Bol 2021 (Front. Neurosci. 15:629892) and their reference code "
+                 "ChFrenkel/DirectRandomTargetProjection: main.py defaults (--optimizer NAG, --lr 1e-4, "
+                 "--batch-size 100) and train.py (NAG = SGD, momentum 0.9, Nesterov; no weight decay, "
+                 "no LR schedule)")
     random_feedback = True                      # Γ gets its null: fresh_feedback_credit below
     summary = "direct random target projection (Frenkel et al. 2021): dfa's mapping of −onehot(y)"
     option_defaults = {"mix": 0.0}

@@ -75,6 +75,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .local import LocalMethod
+from .recipe import Recipe, step_at
 
 
 def similarity_matrix(x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +95,14 @@ def similarity_loss(z: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.T
 
 class LocalLosses(LocalMethod):
     name = "local-loss"
-    summary = "local (layer-wise) classifiers (Belilovsky et al. 2019; Nøkland & Eidnes 2019): every block learns from an auxiliary classifier on its own output; option sim > 0 adds predsim"
+    summary = "local (layer-wise) classifiers (Belilovsky et al. 2019; Nøkland & Eidnes 2019): every block learns from an auxiliary classifier on its own output; option sim = β weighs in similarity matching, 0.99 = predsim"
+    # Adam lr 5e-4, no weight decay, lr × 0.25 at epochs 50, 75, 89, 94 of 100, batch 128
+    recipe = Recipe(
+        optimizer="adam", lr=5e-4, weight_decay=0.0, schedule="step",
+        milestones=step_at((50, 75, 89, 94), of=100), gamma=0.25, batch_size=128,
+        citation="Nøkland & Eidnes 2019 (ICML) and their reference code anokland/local-loss: train.py "
+                 "(--optim adam, --lr-decay-fact 0.25, --batch-size 128, weight decay 0) with its MNIST "
+                 "MLP commands (--lr 5e-4 --epochs 100 --lr-decay-milestones 50 75 89 94)")
     null_note = ("nothing random in its credit, no null; Γ compares the auxiliary classifiers' "
                  "gradients with the end-to-end one")
     option_defaults = {"sim": 0.0}

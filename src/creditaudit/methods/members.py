@@ -16,6 +16,8 @@ The K lone models and Methods are built exactly as lone runs build them (`runs.b
                  member k's slices of exp_avg / exp_avg_sq are exactly its lone optimizer's
                  state. Every lone run of the methods here has one lr and weight decay for all
                  its parameter groups, and the members share them (they share a stack key).
+                 Only a run whose recipe is AdamW stacks (`train.can_stack`; the paper's seven
+                 under either --recipe); an SGD or Adam recipe trains lone.
     frozen       a block some member does not train is masked per member: that member's slices
                  are put back after each AdamW step (no update, no weight decay), so they stay
                  bit-identical to init; a block no member trains is not optimised at all.
@@ -55,6 +57,10 @@ class MemberStack:
         first = self.methods[0]
         if len({type(m) for m in self.methods}) != 1 or not first.on_member_axis(type(first.model)):
             raise ValueError("MemberStack needs Methods of one class that is on the member axis")
+        if first.recipe.optimizer != "adamw" or any(m.recipe != first.recipe for m in self.methods):
+            # the stack steps one fused AdamW and hands member 0's scheduled lr to every member: an
+            # SGD or Adam recipe trains lone (`train.can_stack`), never silently as AdamW here
+            raise ValueError("MemberStack needs Methods of one AdamW recipe (another trains lone)")
         self.net = MemberResMLP([m.model for m in self.methods])
         device = self.net.params["embed.weight"].device
         L = self.net.n_blocks
@@ -84,6 +90,7 @@ class MemberStack:
         self.params += [p for module in self.modules.values() for p in module.values() if p.requires_grad]
         lone = first.optimizers[0]
         self.opt = torch.optim.AdamW(self.params, lr=lone.param_groups[0]["lr"],
+                                     betas=lone.param_groups[0]["betas"],
                                      weight_decay=lone.param_groups[0]["weight_decay"], **_FUSED)
         self._stack_optimizer_state()
 

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from ..errors import CreditAuditError
 from ..seeding import draw_on_host
 from .local import LocalMethod
+from .recipe import no_published_recipe
 
 
 def chance_gamma(grads: list[torch.Tensor]) -> list[float]:
@@ -67,6 +68,10 @@ class NodePerturbation(LocalMethod):
     """Local losses on a_l = ΔL · ξ_l / σ², ΔL the per-sample loss change under noise ξ on every h_l."""
 
     name = "node-perturbation"
+    recipe = no_published_recipe(
+        "Williams 1992 and Hiratani, Mehta, Lillicrap & Latham 2022 (NeurIPS; the modern reference "
+        "analysis) use plain SGD with a constant step scaled to the width of the teacher-student "
+        "nets they study; no lr, schedule or batch size transfers to this model")
     summary = "node perturbation (Williams 1992): a_l = ΔL·ξ_l/σ² from a second forward with noise ξ"
     null_note = ("no feedback matrices, no null; Γ is the cosine of one noise draw's estimate per "
                  "sample, not of its expectation: at chance it is ≈ √(2/π)/√(D·(L+1)) (D features per "

@@ -66,6 +66,7 @@ import torch
 from ..errors import CreditAuditError
 from ..model.resmlp import ACTIVATIONS, Block
 from .local import LocalForward, LocalMethod, output_error
+from .recipe import Recipe, step_at
 
 
 def draw_modulation(model, gen: torch.Generator) -> torch.Tensor:
@@ -88,6 +89,14 @@ def hidden_units(block: Block, h: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 class PEPITA(LocalMethod):
     name = "pepita"
     summary = "PEPITA (Dellaferrera & Kreiman 2022): a second forward from the input modulated by the output error; no backward pass"
+    # SGD with momentum 0.9, no weight decay, η × 0.1 at epochs 60 and 90 of 100, batch 64
+    recipe = Recipe(
+        optimizer="sgd", lr=0.01, momentum=0.9, weight_decay=0.0, schedule="step",
+        milestones=step_at((60, 90), of=100), gamma=0.1, batch_size=64,
+        citation="Dellaferrera & Kreiman 2022 (ICML), fully connected experiments, and their "
+                 "reference code GiorgiaD/PEPITA: functions.py (update_type mom: momentum 0.9; eta × 0.1 "
+                 "at epochs 60 and 90 of 100), README (batch 64; lr 0.1 in its MNIST example, 0.01 the "
+                 "CIFAR setting and main_pytorch.py's default), no weight decay")
     random_feedback = True
     option_defaults = {"scale": 0.05, "rule": "pepita"}
     option_ranges = {"scale": (1e-6, 10.0)}

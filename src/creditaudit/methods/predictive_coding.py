@@ -91,11 +91,16 @@ import torch.nn.functional as F
 
 from ..metrics import ce_gradient
 from .base import Method
+from .recipe import no_published_recipe
 
 
 class PredictiveCoding(Method):
     name = "pc"
     summary = "predictive coding (Whittington & Bogacz 2017): inference relaxes the states, then the weights step at them (the default); option incremental = 1 gives iPC"
+    recipe = no_published_recipe(
+        "Whittington & Bogacz 2017 (Neural Comput.) train small MLPs with a plain constant-rate "
+        "update and Salvatori et al. (iPC, ICLR 2024) tune optimiser and rates per task and model; "
+        "no one recipe to follow")
     null_note = ("nothing random in its credit, no null; Γ compares the prediction errors after a "
                  "finite inference with the true gradient, which they equal only as β → 0 at "
                  "convergence")

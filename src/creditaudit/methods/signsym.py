@@ -44,6 +44,7 @@ import torch
 
 from ..seeding import draw_on_host
 from .fa import FA, routed_modules
+from .recipe import no_published_recipe
 
 VARIANTS = ("usf", "brsf", "frsf")
 
@@ -59,6 +60,9 @@ class SignSymmetry(FA):
     """Feedback B_t = M_t ∘ sign(W_t), routed like fa; option `variant` picks M_t (uSF, brSF, frSF)."""
 
     name = "sign-symmetry"
+    recipe = no_published_recipe(
+        "Liao, Leibo & Poggio 2016 (AAAI) tune SGD per data set (15 data sets) and pair it with "
+        "Batch Manhattan or batch norm, which this tool does not model; no one recipe to follow")
     paper = False                       # fa's subclass, not one of the paper's seven
     summary = "sign-symmetry (Liao et al. 2016): fa's routing with B = M ∘ sign(W), variant usf/brsf/frsf"
     random_feedback = True              # per instance: frSF only (see the module docstring)

@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import store
 from .figures import FIGURES, FIGURE_MAKERS, _png
 from .html import report_html
-from .tables import audit_table, compact_table, rules_table
+from .tables import audit_table, compact_table, recipe_comparison, rules_table
 
 # -- everything -------------------------------------------------------------------------------
 def write_report(audit: dict, out_dir: Path) -> dict[str, Path]:
@@ -43,4 +43,5 @@ def write_report(audit: dict, out_dir: Path) -> dict[str, Path]:
 
 
 
-__all__ = ["FIGURES", "audit_table", "compact_table", "report_html", "rules_table", "write_report"]
+__all__ = ["FIGURES", "audit_table", "compact_table", "recipe_comparison", "report_html", "rules_table",
+           "write_report"]

@@ -103,3 +103,10 @@ def _markdown(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
                       *(line(r) for r in rows)])
+
+
+def _recipe(row: dict, key: str) -> str:
+    """One field of a method row's recipe (audit.json: "label", "description", "citation",
+    "source"); "—" for an audit written before recipes were recorded."""
+    recipe = row.get("recipe")
+    return str(recipe.get(key) or "—") if isinstance(recipe, dict) else "—"

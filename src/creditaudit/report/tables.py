@@ -8,8 +8,9 @@ import textwrap
 from typing import Sequence
 
 from .. import store
+from ..errors import CreditAuditError
 from ..verdict import verdict_of
-from .format import (_f, _first_fire, _g, _gamma_cells, _markdown, _method_name, _pct, _sci,
+from .format import (_f, _first_fire, _g, _gamma_cells, _markdown, _method_name, _pct, _recipe, _sci,
                      _signed)
 
 def _ci(interval: dict | None, scale: float = 100.0, signed: bool = True) -> str:
@@ -109,6 +110,10 @@ def _credit_cells(row: dict) -> list[str]:
     return [_method_name(row), gamma, null, rho, controls]
 
 
+def _recipe_cells(row: dict) -> list[str]:
+    return [_method_name(row), _recipe(row, "description"), _recipe(row, "source"), _recipe(row, "citation")]
+
+
 # (title, column heads, cells of one method row); markdown and HTML render the same tables
 AUDIT_TABLES = (
     ("Verdicts", ("method", "test acc % [95 % CI]", "frozen %", "shallow %",
@@ -118,6 +123,7 @@ AUDIT_TABLES = (
      ("method", "‖h_L‖", "(a) max growth", "(a′) since init", "(a′) ‖h_L‖/‖h_0‖",
       "‖g_L‖", "(b′) gain", "ρ_BP fp32", "(c) s(L/2)", "first fire (per seed)"), _scale_cells),
     ("Credit", ("method", "deep Γ", "Γ null (z)", "deep ρ", "ρ BP / rand"), _credit_cells),
+    ("Recipes", ("method", "optimiser and schedule", "recipe", "where it is published"), _recipe_cells),
 )
 PER_SEED_COLUMNS = ("method", "seed", "epochs", "acc %", "frozen %", "gap", "‖h_L‖", "gain",
                     "since init", "deep Γ", "this run alone: verdict")
@@ -450,7 +456,7 @@ def _short_verdict(row: dict) -> str:
     return verdict.outcome
 
 
-RULES_COLUMNS = ("rule", "acc % (mean ± sd)", "frozen %", "(d) gap, points", "(d) decision",
+RULES_COLUMNS = ("rule", "recipe", "acc % (mean ± sd)", "frozen %", "(d) gap, points", "(d) decision",
                  "‖h_L‖", "(b′) gain", "deep Γ", "Γ null (z)", "verdict")
 
 
@@ -466,7 +472,7 @@ def rules_table(audit: dict) -> str:
     for row in rows:
         gap = _f(row.get("depth_gap"))
         gamma, null = _gamma_cells(row)
-        cells.append([_method_name(row), _pct(row.get("acc"), row.get("acc_std")),
+        cells.append([_method_name(row), _recipe(row, "label"), _pct(row.get("acc"), row.get("acc_std")),
                       _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
                       "—" if gap is None else f"{100 * gap:+.1f}", _decision_cell(row.get("depth")),
                       _sci(row.get("h_L")), _sci(row.get("gain")), gamma, null, _short_verdict(row)])
@@ -478,8 +484,60 @@ def rules_table(audit: dict) -> str:
     out = [f"Audit: {setting}; {_meta(audit)}.", "",
            _markdown(RULES_COLUMNS, cells) if cells else "(no methods)", ""]
     out += [f"- **{_method_name(row)}**: {row.get('verdict') or '—'} (paper's rule: "
-            f"{row.get('paper_verdict') or '—'})" for row in rows]
+            f"{row.get('paper_verdict') or '—'})" + _recipe_line(row) for row in rows]
     return "\n".join(out) + "\n"
+
+
+def _recipe_line(row: dict) -> str:
+    """"; recipe (published): … — citation" for a rules.md line; nothing for an older audit."""
+    if not isinstance(row.get("recipe"), dict):
+        return ""
+    return (f"; recipe ({_recipe(row, 'source')}): {_recipe(row, 'description')} — "
+            f"{_recipe(row, 'citation')}")
+
+
+RECIPE_COMPARISON_COLUMNS = ("rule", "published recipe", "acc %", "verdict", "shared recipe", "acc %",
+                             "verdict", "changes with the recipe")
+
+
+def recipe_comparison(published: dict, shared: dict) -> str:
+    """Each rule under its published recipe and under the shared one, side by side (docs/RULES.md,
+    `docs/rules/regenerate.py`): the recipe, accuracy and project verdict under each, and whether
+    the verdict changes with the recipe — the outcome, or only the flags behind it. A rule in one
+    audit only is listed with "—" for the other. Both are audit.json contents (`--recipe
+    published` and `--recipe shared`; the paper's seven train the same runs under both)."""
+    published, shared = store.json_safe(published), store.json_safe(shared)
+    for audit, which in ((published, "published"), (shared, "shared")):
+        recorded = (audit.get("config") or {}).get("recipe", "published")
+        if recorded != which:
+            raise CreditAuditError(f"the {which}-recipe audit given was run with --recipe {recorded}; "
+                                   f"give the audit run with --recipe {which}")
+    by_name = lambda audit: {r.get("method"): r for r in audit.get("methods") or []}
+    mine, theirs = by_name(published), by_name(shared)
+    cells, changed = [], []
+    for name in [*mine, *(m for m in theirs if m not in mine)]:
+        a, b = mine.get(name), theirs.get(name)
+        row = []
+        for r in (a, b):
+            row += (["—", "—", "—"] if r is None else
+                    [_recipe(r, "label"), _pct(r.get("acc"), r.get("acc_std")), _short_verdict(r)])
+        if a is None or b is None:
+            change = "—"
+        elif _outcome(a) != _outcome(b):
+            change = f"yes: {_outcome(a) or '—'} → {_outcome(b) or '—'}"
+            changed.append(str(name))
+        elif _short_verdict(a) != _short_verdict(b):
+            change = "flags only"
+        elif _recipe(a, "label") == _recipe(b, "label"):
+            change = "no (one recipe)"
+        else:
+            change = "no"
+        cells.append([_method_name(a or b), *row, change])
+    summary = (f"The verdict changes with the recipe for {', '.join(changed)}." if changed
+               else "No rule's verdict changes with the recipe.")
+    return "\n".join([f"Published: {_meta(published)}. Shared: {_meta(shared)}.", "",
+                      _markdown(RECIPE_COMPARISON_COLUMNS, cells) if cells else "(no methods)", "",
+                      summary]) + "\n"
 
 
 def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
@@ -487,20 +545,20 @@ def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
     its column wraps onto the next lines, never cut), then each method's whole verdict as audit.md
     gives it — reasons, the paper's rule, what is missing, every note — wrapped to `width`, and one
     line on what to do next (`next_step`, with the audit folder `out`)."""
-    head = ["method", "acc %", "frozen %", "(d) gap", "‖h_L‖", "gain", "growth", "deep Γ", "verdict"]
+    head = ["method", "recipe", "acc %", "frozen %", "(d) gap", "‖h_L‖", "gain", "growth", "deep Γ", "verdict"]
     rows = []
     for row in audit.get("methods") or []:
         gamma, _ = _gamma_cells(row)
         depth = row.get("depth") if isinstance(row.get("depth"), dict) else {}
         gap = _f(depth.get("mean"))
-        rows.append([_method_name(row), _pct(row.get("acc"), row.get("acc_std")),
+        rows.append([_method_name(row), _recipe(row, "label"), _pct(row.get("acc"), row.get("acc_std")),
                      _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
                      "—" if gap is None else f"{100 * gap:+.1f}", _sci(row.get("h_L")),
                      _sci(row.get("gain")), _g(row.get("max_growth")), gamma, _short_verdict(row)])
     if not rows:
         return "(no methods)"
     # a narrow terminal drops the least needed columns first; the verdict column stays
-    for drop in ("growth", "gain", "‖h_L‖", "frozen %"):
+    for drop in ("growth", "gain", "‖h_L‖", "frozen %", "recipe"):
         widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
         if sum(widths[:-1]) + 2 * (len(head) - 1) + 20 <= width:
             break
@@ -520,7 +578,8 @@ def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
     out_lines = [*wrap(verdict_summary(audit)),
                  *(l for name, meaning in VERDICT_MEANINGS for l in wrap(f"{name}: {meaning}")), "",
                  *line(head), "  ".join("-" * w for w in widths), *(l for r in rows for l in line(r)), ""]
-    out_lines += wrap("acc, frozen: mean ± std over seeds; (d) gap: mean paired gap, points; ‖h_L‖, "
+    out_lines += wrap("recipe: optimiser, momentum, lr, schedule (audit.md: in full, with its source); "
+                      "acc, frozen: mean ± std over seeds; (d) gap: mean paired gap, points; ‖h_L‖, "
                       "gain, growth: median over seeds (a reason quotes one named seed's value).")
     notes = _notes(audit)
     for row in audit.get("methods") or []:
