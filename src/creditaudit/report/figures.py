@@ -25,8 +25,9 @@ FIGURES = {
                    "x so that equal ones (EP at a small nudge and BP) stay visible.",
     "gamma.png": "Γ_l (mean over seeds) per residual position; hatched band (the method's colour and "
                  "hatching, dotted edges): its random-feedback null, mean ± 2 std. Dashed line: "
-                 "uninterpretable, (b) or (b′) fired. Each method's points sit slightly apart along "
-                 "x so that equal curves stay visible.",
+                 "uninterpretable, (b) or (b′) fired. Hollow grey rings: positions where the rule's "
+                 "credit equals the BP gradient by construction (Γ_l = 1, left out of the deep Γ). "
+                 "Each method's points sit slightly apart along x so that equal curves stay visible.",
     "rho.png": "Perturbation correlation ρ_l per method (mean over seeds) beside its controls: "
                "a = BP gradient (≈ 1) and a = random vector (≈ 0).",
 }
@@ -214,7 +215,7 @@ def gamma_figure(audit: dict) -> Figure:
     """Γ_l per method with its null band (mean ± 2 std) where the method has one."""
     fig = Figure(figsize=(8, 4.6))
     ax = fig.subplots()
-    colors, styles, drawn = _colors(audit), _styles(audit), False
+    colors, styles, drawn, marked_exact = _colors(audit), _styles(audit), False, False
     for row in audit.get("methods") or []:
         gamma = [_plottable(v) for v in row.get("gamma_layers") or []]
         if not _has_values(gamma):
@@ -234,6 +235,12 @@ def gamma_figure(audit: dict) -> Figure:
         bad = row.get("gamma_interpretable") is False
         ax.plot(xs, gamma, ls="--" if bad else "-", marker=style["marker"], color=color,
                 lw=2, label=_method_name(row) + (" (uninterpretable)" if bad else ""))
+        exact = [l for l in row.get("gamma_exact") or [] if 0 <= l < len(gamma)]
+        if exact:      # exact by construction: hollow grey rings, left out of the deep Γ
+            ax.plot([xs[l] for l in exact], [gamma[l] for l in exact], ls="none", marker="o", ms=13,
+                    mfc="none", mec="0.45", mew=1.5,
+                    label=None if marked_exact else "exact by construction (left out of deep Γ)")
+            marked_exact = True
         drawn = True
     ax.axhline(0, color="0.5", lw=0.8)
     if drawn:
