@@ -279,6 +279,8 @@ def test_rows_that_print_the_same_get_a_note_with_the_full_precision_difference(
     result, _, _ = audited
     audit = store.json_safe(copy.deepcopy(result))
     bp = _row(audit, "bp")
+    assert bp["gamma_deep"] is None and bp["gamma_deep_exact"]     # bp: n/a (exact by construction)
+    bp.update(gamma_deep=0.9512, gamma_deep_exact=False)            # as a rule that declares none
     twin = copy.deepcopy(bp)
     twin.update(method="twin", acc=bp["acc"] + 1e-5, gamma_deep=bp["gamma_deep"] - 2e-4)
     audit["methods"].append(twin)
@@ -367,7 +369,9 @@ def test_a_gamma_marked_uninterpretable_shows_no_z(audited):
     assert re.search(r'<td class="na">[+-]\d\.\d{3}\*</td><td class="na">[^<]*\(z n/a\*\)</td>', page)
     fine = store.json_safe(copy.deepcopy(result))
     assert re.search(r"\(z [+-]\d", _method_lines(audit_table(fine), "dfa"))
-    assert 'class="na"' not in report_html(fine, {})
+    page = report_html(fine, {})
+    assert not re.search(r'<td class="na">[+-]\d', page)        # no measured Γ greyed
+    assert '<td class="na">n/a (exact by construction)</td>' in page   # bp: Γ = 1 by construction
     report = {"label": "x", "verdict": "walk back: (b′) ATTENUATED", "bp_grad_norms": [1e-3, 1e-3],
               "gamma": [0.5, 0.4], "gamma_z": [6.0, 5.0], "gamma_interpretable": False,
               "null": {"mean": [0.0, 0.0], "std": [0.05, 0.05]}, "rho": [], "nudge": []}

@@ -39,8 +39,9 @@ PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training
 # the CPU generator on every device (its CUDA runs change). Not bumped for the member axis: a lone
 # run now steps through baddbmm instead of plain matmuls, the same arithmetic up to rounding order
 # (≤ 5e-16 relative in float64, tests/test_members.py against the lone trainer's runs; ≤ 3e-7 in
-# float32 after 3 epochs with identical test accuracy).
-TRAINING_CODE_VERSION = 2
+# float32 after 3 epochs with identical test accuracy). 3: the monitor's history records the
+# alignment over training (Γ_l, cos(W, B)) every k-th epoch.
+TRAINING_CODE_VERSION = 3
 CODE_VERSION = f"{__version__}+train{TRAINING_CODE_VERSION}"
 
 # the thresholds the early-stop rule (verdict.stop_rule: flags (a), (a′), (b′)) reads; a run with

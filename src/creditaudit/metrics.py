@@ -175,6 +175,18 @@ def monitor_snapshot(model, x: torch.Tensor, y: torch.Tensor) -> MonitorSnapshot
     return MonitorSnapshot(h_norms, g_norms, max_block_growth(h_norms), stats[-2], stats[-1], bp.loss)
 
 
+def weight_alignment(pairs: Sequence[tuple[str, torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """cos(W, B) = ⟨vec W, vec B⟩ / (‖vec W‖ ‖vec B‖) per (name, W, B) pair, in float64: how far a
+    rule's feedback weights B have aligned with the forward weights W they stand in for (Lillicrap
+    et al. 2016's "align, then learn"; 1 when B = W, as for backprop). One host read. A zero W or B
+    gives NaN (no direction to compare)."""
+    if not pairs:
+        return {}
+    cos = [torch.dot(w.detach().flatten().double(), b.detach().flatten().double())
+           / (w.detach().double().norm() * b.detach().double().norm()) for _, w, b in pairs]
+    return dict(zip([name for name, _, _ in pairs], torch.stack(cos).tolist()))
+
+
 @torch.no_grad()
 def accuracy(model, batches) -> float:
     """Top-1 accuracy over an iterable of (x, y) batches."""

@@ -475,7 +475,7 @@ def compact_table(audit: dict, width: int = 120) -> str:
     head = ["method", "acc %", "frozen %", "(d) gap", "‖h_L‖", "gain", "growth", "deep Γ", "verdict"]
     rows = []
     for row in audit.get("methods") or []:
-        gamma, _ = _gamma_cells(row)
+        gamma = "exact" if row.get("gamma_deep_exact") else _gamma_cells(row)[0]   # n/a: exact by construction
         depth = row.get("depth") if isinstance(row.get("depth"), dict) else {}
         gap = _f(depth.get("mean"))
         rows.append([_method_name(row), _pct(row.get("acc"), row.get("acc_std")),
