@@ -65,6 +65,27 @@ def _z(gamma: float | None, mean: float | None, std: float | None) -> float | No
     return None if gamma is None or mean is None or not std else (gamma - mean) / std
 
 
+def alignment_over_training(main: Sequence[Outcome]) -> dict | None:
+    """The alignment the monitor recorded over training (train._alignment), per epoch it probed,
+    as the mean over the method's main runs (seeds) that have it: "gamma" Γ_l per position
+    (l = 0 … L), "weight_alignment" cos(W, B) per feedback pair (rules with feedback weights);
+    "seeds" how many runs each epoch's mean is over. None when no run recorded any (a run of an
+    older trainer, or a run from the user's own loop)."""
+    epochs = sorted({int(r["epoch"]) for o in main for r in o.history if r.get("gamma") is not None})
+    if not epochs:
+        return None
+    at = {e: [r for o in main for r in o.history if int(r["epoch"]) == e and r.get("gamma") is not None]
+          for e in epochs}
+    n_pos = max(len(r["gamma"]) for rs in at.values() for r in rs)
+    gamma = [[mean_std([_num(r["gamma"][l]) for r in at[e] if len(r["gamma"]) == n_pos])[0]
+              for l in range(n_pos)] for e in epochs]
+    names = sorted({n for rs in at.values() for r in rs for n in (r.get("weight_alignment") or {})})
+    weights = {n: [mean_std([_num((r.get("weight_alignment") or {}).get(n)) for r in at[e]])[0]
+                   for e in epochs] for n in names}
+    return {"epochs": epochs, "seeds": [len(at[e]) for e in epochs], "gamma": gamma,
+            "weight_alignment": weights}
+
+
 def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thresholds,
                      noise: SeedNoise | None = None, n_test: int | None = None) -> dict:
     """Seed-aggregated row of the audit table for one method (its main runs and controls).
@@ -150,6 +171,7 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
         "rho_layers": {key: [mean_std([_num(rs[i][key]) for rs in rhos])[0] for i in range(len(rhos[0]))]
                        for key in ("method", "bp", "random")} if rhos else None,
         "first_fire": first_fire,
+        "alignment": alignment_over_training(main),
         "flag_counts": judged["flag_counts"], "flags": judged["flags"],
         "paper_flags": judged["paper_flags"], "verdicts": judged["verdicts"],
         "verdict": judged["verdict"], "paper_verdict": judged["paper_verdict"],

@@ -247,7 +247,8 @@ class Outcome:
                 "epochs_completed": self.epochs_completed, "epochs_planned": self.config.epochs,
                 "run_dir": str(self.run_dir), "config": self.config.to_dict(),
                 "monitor": [{k: r.get(k) for k in ("epoch", "test_acc", "train_loss", "h_norms",
-                                                    "g_norms", "max_growth", "gain")}
+                                                    "g_norms", "max_growth", "gain", "gamma",
+                                                    "weight_alignment")}
                             for r in self.history],
                 "report": self.report}
 
