@@ -81,6 +81,11 @@ def test_fa_deep_gamma_leaves_out_position_L():
     assert d["gamma_deep_z"] == pytest.approx((d["gamma_deep"] - d["null_deep_mean"]) / d["null_deep_std"])
     text = str(rep)
     assert "exact" in text and "left out (exact by construction)" in text and "paper's deep Γ" in text
+    from creditaudit.report.tables import calibration_table
+    table = calibration_table(d)
+    row_L = next(line for line in table.splitlines() if line.startswith(f"| {L} "))
+    assert "exact (+1.000)" in row_L                       # shown as exact, with no null or z
+    assert f"the paper's deep Γ, mean over l = 1 … L: {d['gamma_deep_paper']:+.3f}" in table
 
 
 class _BPCreditOwnRule(Method):

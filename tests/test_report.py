@@ -15,7 +15,7 @@ from creditaudit.experiments import audit as run_audit
 from creditaudit.report import audit_table, write_report
 from creditaudit.verdict import Verdict
 
-FILES = ("audit.md", "report.html", "norms.png", "monitor.png", "gamma.png", "rho.png")
+FILES = ("audit.md", "report.html", "norms.png", "monitor.png", "gamma.png", "rho.png", "alignment.png")
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +271,27 @@ def test_compact_table_fits_a_terminal_and_names_each_method(audited):
     assert next(l for l in narrow.splitlines() if l.startswith("dfa")).endswith("…")
     assert "dfa: walk back: (a) EXPLODED, (b′) ATTENUATED, (d) UNDERCUT" in narrow.replace("\n    ", " ")
     assert compact_table({}) == "(no methods)"
+
+
+def test_audit_json_carries_deep_gamma_and_the_alignment_series(audited):
+    """Each main run's monitor lines carry Γ_l over training; each method row the series' mean
+    over seeds; bp's deep Γ is n/a (every position exact), dfa's keeps every position; the
+    report shows the paper's deep Γ beside the project's and draws alignment.png."""
+    result, paths, _ = audited
+    for run in result["runs"]:
+        if run["control"] == "none":
+            assert [len(r["gamma"]) for r in run["monitor"]] == [3, 3, 3], run["label"]
+    bp, dfa = _row(result, "bp"), _row(result, "dfa")
+    for row in (bp, dfa):
+        assert row["alignment"]["epochs"] == [0, 1, 2] and row["alignment"]["seeds"] == [2, 2, 2]
+        assert row["alignment"]["weight_alignment"] == {}             # neither has feedback weights
+    assert bp["gamma_exact"] == [0, 1, 2] and bp["gamma_deep_exact"] and bp["gamma_deep"] is None
+    assert bp["gamma_deep_paper"] == pytest.approx(1.0)
+    assert all(g == pytest.approx(1.0) for e in bp["alignment"]["gamma"] for g in e)
+    assert dfa["gamma_exact"] == [] and dfa["gamma_deep"] == pytest.approx(dfa["gamma_deep_paper"])
+    credit = next(t for t in _tables(paths["audit.md"].read_text()) if "paper's deep Γ" in t[0])
+    assert "n/a (exact by construction)" in next(line for line in credit if line.startswith("| bp "))
+    _assert_png(paths["alignment.png"])
 
 
 def test_rows_that_print_the_same_get_a_note_with_the_full_precision_difference(audited):

@@ -175,6 +175,19 @@ def monitor_snapshot(model, x: torch.Tensor, y: torch.Tensor) -> MonitorSnapshot
     return MonitorSnapshot(h_norms, g_norms, max_block_growth(h_norms), stats[-2], stats[-1], bp.loss)
 
 
+def alignment_every(epochs: int) -> int:
+    """How often the training-time monitor records the alignment over training (Γ_l, cos(W, B)):
+    every k-th epoch, k = ⌈epochs/20⌉, so a run gets about 20 points (every epoch up to 20 epochs);
+    the monitors add epoch 0 and the last epoch."""
+    return max(1, math.ceil(epochs / 20))
+
+
+def credit_alignment(model, credit: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """Γ_l, l = 0 … L, of a credit [a_0 … a_L] on the batch (x, y) against ∂CE/∂h_l
+    (`gradient_cosine`, as the diagnosis measures it); one host read."""
+    return gradient_cosine(credit, bp_gradients(model, x, y).grads)
+
+
 def weight_alignment(pairs: Sequence[tuple[str, torch.Tensor, torch.Tensor]]) -> dict[str, float]:
     """cos(W, B) = ⟨vec W, vec B⟩ / (‖vec W‖ ‖vec B‖) per (name, W, B) pair, in float64: how far a
     rule's feedback weights B have aligned with the forward weights W they stand in for (Lillicrap

@@ -56,7 +56,7 @@ from .data import ArrayDataset, load_dataset
 from .errors import CreditAuditError
 from .methods import METHODS, method_class
 from .methods.members import MemberStack
-from .metrics import accuracy, bp_gradients, gradient_cosine, monitor_snapshot, weight_alignment
+from .metrics import accuracy, alignment_every, credit_alignment, monitor_snapshot, weight_alignment
 from .model import ARCH_CLASSES
 from .runs import Run, as_device, build_method, build_model, data_shape, existing_run_is_done, load_run
 from .seeding import derived_generator
@@ -421,12 +421,6 @@ def weights_finite(model: torch.nn.Module) -> bool:
     return bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all())
 
 
-def alignment_every(epochs: int) -> int:
-    """How often the monitor records alignment (`_alignment`): every k-th epoch, k = ⌈epochs/20⌉,
-    so a run gets about 20 points (every epoch up to 20 epochs), plus epoch 0 and the last epoch."""
-    return max(1, math.ceil(epochs / 20))
-
-
 def _probes_alignment(epoch: int, epochs: int, every: int | None) -> bool:
     every = alignment_every(epochs) if every is None else every
     return epoch == 0 or epoch == epochs or epoch % every == 0
@@ -442,7 +436,7 @@ def _alignment(model, method, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any
     dev = x.device
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         credit = method.credit(x, y)
-    out: dict[str, Any] = {"gamma": gradient_cosine(credit, bp_gradients(model, x, y).grads)}
+    out: dict[str, Any] = {"gamma": credit_alignment(model, credit, x, y)}
     pairs = method.feedback_pairs()
     if pairs:
         out["weight_alignment"] = weight_alignment(pairs)

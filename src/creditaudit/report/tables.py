@@ -240,8 +240,9 @@ def _legend(audit: dict) -> list[str]:
         "seeds; a reason quotes one named seed's value. ρ_BP fp32: the BP gradient's own perturbation "
         "correlation in the model's precision (1 = numerically intact).",
         "deep Γ: mean of Γ_l over the residual positions l = 1 … L less those where the rule's credit "
-        "equals the BP gradient by construction (e.g. l = L for fa: Γ_L = 1 there says nothing about the "
-        "rule; \"n/a (exact by construction)\" when every deep position is, as for bp), then over seeds; "
+        "equals the BP gradient by construction (e.g. l = L where the readout backpropagates exactly, as "
+        "in feedback alignment: Γ_L = 1 there says nothing about the rule; \"n/a (exact by "
+        "construction)\" when every deep position is, as for bp), then over seeds; "
         "its null and z over the same positions. paper's deep Γ: the paper's mean over l = 1 … L, exact "
         "positions included, for comparing with the paper's figures. "
         "deep ρ: mean over l = 1 … L, then over seeds (± std over seeds); "
