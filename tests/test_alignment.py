@@ -14,6 +14,7 @@ from creditaudit.data import load_dataset
 from creditaudit.errors import CreditAuditError
 from creditaudit.experiments.audit import alignment_over_training
 from creditaudit.experiments.common import Outcome
+from creditaudit.methods import METHODS
 from creditaudit.metrics import bp_gradients, gradient_cosine, weight_alignment
 from creditaudit.runs import build_method, build_model, load_run
 from creditaudit.train import alignment_every, train_run
@@ -84,6 +85,21 @@ def test_align_every_picks_the_probed_epochs_and_never_changes_the_run(tmp_path,
     sa, sd = sparse.model.state_dict(), dense.model.state_dict()
     assert all(torch.equal(sa[k], sd[k]) for k in sa)
     assert alignment_every(15) == 1 and alignment_every(100) == 5 and alignment_every(30) == 2
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_probing_never_changes_what_any_rule_trains(tmp_path, synthetic, method):
+    """Every built-in rule: a run probed every epoch ends with the same weights and method state
+    as one probed at epochs 0 and 3 only (a credit that mutated the rule's state, or drew from an
+    RNG the run trains with, would show here)."""
+    config = RunConfig(method=method, epochs=3, dataset="synthetic", width=8, blocks=2, batch_size=256)
+    dense = train_run(config, tmp_path / "dense", data=synthetic, progress=False, align_every=1)
+    sparse = train_run(config, tmp_path / "sparse", data=synthetic, progress=False, align_every=100)
+    assert [r["epoch"] for r in sparse.history if "gamma" in r] == [0, 3]
+    sa, sd = sparse.model.state_dict(), dense.model.state_dict()
+    assert all(torch.equal(sa[k], sd[k]) for k in sa), method
+    flat = lambda run: json.dumps(store.json_safe(run.method.extra_state()), default=lambda t: t.tolist())
+    assert flat(sparse) == flat(dense), method
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])

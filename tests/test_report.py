@@ -200,7 +200,7 @@ def test_missing_and_failed_pieces_still_render(audited, tmp_path):
     assert md.count("RuntimeError: boom") == len(bp_main) and "bp/s1 (failed)" in md
     assert "(not available" in md
     page = paths["report.html"].read_text()
-    assert "RuntimeError: boom" in page and page.count("data:image/png;base64,") == 4
+    assert "RuntimeError: boom" in page and page.count("data:image/png;base64,") == len(FILES) - 2   # every PNG inlined
 
 
 def test_an_empty_audit_renders(tmp_path):
@@ -236,7 +236,7 @@ def test_html_renders_offline_in_chromium(audited, tmp_path):
     dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=60)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "<table class=\"audit\">" in dom.stdout and "Reporting strategies" in dom.stdout
-    assert dom.stdout.count("<img") == 4
+    assert dom.stdout.count("<img") == len(FILES) - 2
     for row in result["methods"]:
         assert f"<td>{row['method']}</td>" in dom.stdout and html_escape(row["verdict"]) in dom.stdout
 
