@@ -182,10 +182,15 @@ def alignment_every(epochs: int) -> int:
     return max(1, math.ceil(epochs / 20))
 
 
-def credit_alignment(model, credit: Sequence[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> list[float]:
+def credit_alignment(model, credit, x: torch.Tensor, y: torch.Tensor) -> list[float] | None:
     """Γ_l, l = 0 … L, of a credit [a_0 … a_L] on the batch (x, y) against ∂CE/∂h_l
-    (`gradient_cosine`, as the diagnosis measures it); one host read."""
-    return gradient_cosine(credit, bp_gradients(model, x, y).grads)
+    (`gradient_cosine`, as the diagnosis measures it); one host read. None when `credit` is not
+    a list of L + 1 tensors shaped like h_0 … h_L (the diagnosis says what is wrong with it)."""
+    bp = bp_gradients(model, x, y)
+    if not (isinstance(credit, (list, tuple)) and len(credit) == len(bp.hidden) and all(
+            isinstance(a, torch.Tensor) and a.shape == h.shape for a, h in zip(credit, bp.hidden))):
+        return None
+    return gradient_cosine(credit, bp.grads)
 
 
 def weight_alignment(pairs: Sequence[tuple[str, torch.Tensor, torch.Tensor]]) -> dict[str, float]:

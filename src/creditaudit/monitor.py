@@ -482,13 +482,11 @@ class Monitor:
                     epoch in (0, self.epochs) or epoch % alignment_every(self.epochs) == 0):
                 with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
                     credit = self.credit(self.x.to(dev), self.y.to(dev))
-                with torch.no_grad():
-                    shapes = [tuple(h.shape) for h in self.stream.hidden(self.x.to(dev))]
-                if not (isinstance(credit, (list, tuple)) and len(credit) == len(shapes) and all(
-                        isinstance(a, torch.Tensor) and tuple(a.shape) == s for a, s in zip(credit, shapes))):
-                    raise CreditAuditError(f"credit must return [a_0, …, a_L]: {len(shapes)} tensors "
-                                           f"shaped like h_0 … h_L ({shapes[0]} for h_0) on the eval batch")
-                align = {"gamma": credit_alignment(self.stream, credit, self.x.to(dev), self.y.to(dev))}
+                gamma = credit_alignment(self.stream, credit, self.x.to(dev), self.y.to(dev))
+                if gamma is None:         # refused at the first line, not after the user's training
+                    raise CreditAuditError(f"credit must return [a_0, …, a_L]: {len(snap.h_norms)} "
+                                           "tensors shaped like h_0 … h_L on the eval batch")
+                align = {"gamma": gamma}
         finally:
             self.model.train(was)
         if epoch == 0 and test_acc is None and self.test_batches is not None:

@@ -434,9 +434,17 @@ def _alignment(model, method, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any
     never changes what the run trains; the lone Method of a stack member reads its own synced
     state, so a member's values are its lone run's."""
     dev = x.device
+    out: dict[str, Any] = {}
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        credit = method.credit(x, y)
-    out: dict[str, Any] = {"gamma": credit_alignment(model, credit, x, y)}
+        try:
+            credit = method.credit(x, y)
+        except Exception:  # noqa: BLE001 — a rule's broken credit is the diagnosis' to report
+            credit = None
+    # a credit that raised or is malformed gets no Γ here: training does not need it, and the
+    # diagnosis refuses it in one line naming the fault (protocol._credits)
+    gamma = credit_alignment(model, credit, x, y) if credit is not None else None
+    if gamma is not None:
+        out["gamma"] = gamma
     pairs = method.feedback_pairs()
     if pairs:
         out["weight_alignment"] = weight_alignment(pairs)
