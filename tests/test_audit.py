@@ -322,7 +322,9 @@ def test_local_executor_maps_in_job_order_and_unknown_executors_are_refused():
 
 
 def test_seed_statistics_helpers():
-    from creditaudit.experiments.common import deep_mean, mean_std, median_of
+    from creditaudit.experiments.common import mean_std, median_of
+    from creditaudit.protocol import deep_gamma
+    deep_mean = lambda g: deep_gamma(g)["gamma_deep"]
     assert mean_std([0.5]) == (0.5, None)                     # one seed: no spread to report
     mean, std = mean_std([0.2, 0.4, None, float("nan")])      # unmeasured values are left out
     assert mean == pytest.approx(0.3) and std == pytest.approx(0.1)

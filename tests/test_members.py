@@ -26,8 +26,8 @@ from creditaudit.methods.members import MemberStack
 from creditaudit.model import ARCH_CLASSES
 from creditaudit.runs import load_run
 from creditaudit.train import can_stack, stack_key, train_run, train_runs
-from member_reference import (CONFIGS as STAGE1_CONFIGS, METHOD_NAMES as STAGE1, STAGE2_CONFIGS,
-                              f64_synthetic, fingerprint, worst_difference)
+from member_reference import (ALIGNMENT_FIELDS, CONFIGS as STAGE1_CONFIGS, METHOD_NAMES as STAGE1,
+                              STAGE2_CONFIGS, f64_synthetic, fingerprint, worst_difference)
 
 STAGE2 = ("sb", "cb", "ep")          # the second stage's methods on the member axis
 METHOD_NAMES = STAGE1 + STAGE2
@@ -72,6 +72,28 @@ def test_a_stack_of_k_equals_k_lone_runs_of_main(tmp_path, f64, method):
         assert [t.stack_size for t in trained] == [len(tags)] * len(tags)
         for tag, t in zip(tags, trained):
             assert worst_difference(_fp(t.run), REFERENCE[f"{method}/{tag}"]) < RTOL, tag
+
+
+@pytest.mark.parametrize("method", ("fa", "sb", "ep"))
+def test_each_members_alignment_series_is_its_lone_runs(tmp_path, f64, method):
+    """Γ_l and cos(W, B) over training (train._alignment) of each member of a stack equal its lone
+    run's, in float64 to 1e-9 relative, at every epoch (3 epochs: every epoch is probed)."""
+    tags = ("main", "seed123", "frozen", "rung1")
+    configs = [CONFIGS[f"{method}/{t}"] for t in tags]
+    stacked = train_runs(configs, [tmp_path / f"stack-{t}" for t in tags], data=f64, progress=False)
+    for tag, config, t in zip(tags, configs, stacked):
+        lone = train_run(config, tmp_path / f"lone-{tag}", data=f64, progress=False)
+        got = [{k: r.get(k) for k in ALIGNMENT_FIELDS} for r in t.run.history]
+        want = [{k: r.get(k) for k in ALIGNMENT_FIELDS} for r in lone.history]
+        assert [r["epoch"] for r in t.run.history] == [0, 1, 2, 3]
+        assert all(r["gamma"] is not None and len(r["gamma"]) == config.blocks + 1 for r in got), tag
+        assert all((r["weight_alignment"] is not None) == (method == "fa") for r in got), tag
+        for g, w in zip(got, want):
+            assert g["gamma"] == pytest.approx(w["gamma"], rel=1e-9, abs=1e-12), tag
+            if method == "fa":
+                assert g["weight_alignment"].keys() == w["weight_alignment"].keys()
+                assert list(g["weight_alignment"].values()) == pytest.approx(
+                    list(w["weight_alignment"].values()), rel=1e-9, abs=1e-12), tag
 
 
 def _weights(run_dir) -> dict[str, torch.Tensor]:

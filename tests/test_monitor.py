@@ -80,7 +80,9 @@ def test_doc_example_matches_creditaudit_audit(tmp_path, monkeypatch, capsys):
     trained = json.loads((tmp_path / "runs" / "dfa-s42" / "metrics.jsonl").read_text().splitlines()[1])
     ref_dir = next(Path(r["run_dir"]) for r in ref["runs"] if r["seed"] == 42 and r["control"] == "none")
     ref_line = json.loads((ref_dir / "metrics.jsonl").read_text().splitlines()[1])
-    assert set(trained) == set(ref_line)            # the same fields, so verdict code reads both
+    # the same fields, so verdict code reads both — but the alignment over training, which needs
+    # the credit the trainer asks its Method for and this loop hands the Monitor none of
+    assert set(trained) == set(ref_line) - {"gamma", "weight_alignment"}
 
     # the CLI reads the folders like a trained run's and an audit's
     from creditaudit.check import exit_code
@@ -131,6 +133,30 @@ def _bp_epoch(model, data, mon, gen, opt, scale=None):
         with torch.no_grad():
             for f in model.layers:
                 f[3].weight.mul_(scale)
+
+
+def test_monitor_with_a_credit_records_gamma_over_training(tmp_path, digits):
+    """With credit=, each line the Monitor records at the trainer's alignment epochs carries Γ_l
+    (here: BP's own credit, so Γ_l = 1); a credit of the wrong shape is refused in one line."""
+    from creditaudit.metrics import bp_gradients
+    torch.manual_seed(0)
+    model = Foreign()
+    stream = creditaudit.adapter.stream_of(model, ADAPTER)
+    credit = lambda x, y: bp_gradients(stream, x, y).grads
+    x, y = digits.eval_batch(0)
+    mon = creditaudit.Monitor(model, (x, y), tmp_path / "run", epochs=2, adapter=ADAPTER, seed=0,
+                              credit=credit, test_batches=[digits.eval_batch(0, 360)])
+    opt = torch.optim.AdamW(model.parameters(), 1e-2)
+    for _ in range(2):
+        _bp_epoch(model, digits, mon, torch.Generator().manual_seed(0), opt)
+        mon.epoch_end()
+    mon.finish()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [len(r["gamma"]) for r in lines] == [3, 3, 3]
+    assert all(g == pytest.approx(1.0, abs=1e-5) for r in lines for g in r["gamma"])
+    with pytest.raises(CreditAuditError, match=r"credit must return \[a_0, …, a_L\]"):
+        creditaudit.Monitor(model, (x, y), tmp_path / "bad", epochs=1, adapter=ADAPTER,
+                            credit=lambda x, y: credit(x, y)[:-1])      # refused at the first line
 
 
 def test_foreign_model_through_adapter_and_frozen_control(tmp_path, digits):

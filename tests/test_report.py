@@ -15,7 +15,7 @@ from creditaudit.experiments import audit as run_audit
 from creditaudit.report import audit_table, write_report
 from creditaudit.verdict import Verdict
 
-FILES = ("audit.md", "report.html", "norms.png", "monitor.png", "gamma.png", "rho.png")
+FILES = ("audit.md", "report.html", "norms.png", "monitor.png", "gamma.png", "rho.png", "alignment.png")
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,7 @@ def test_missing_and_failed_pieces_still_render(audited, tmp_path):
     assert md.count("RuntimeError: boom") == len(bp_main) and "bp/s1 (failed)" in md
     assert "(not available" in md
     page = paths["report.html"].read_text()
-    assert "RuntimeError: boom" in page and page.count("data:image/png;base64,") == 4
+    assert "RuntimeError: boom" in page and page.count("data:image/png;base64,") == len(FILES) - 2   # every PNG inlined
 
 
 def test_an_empty_audit_renders(tmp_path):
@@ -236,7 +236,7 @@ def test_html_renders_offline_in_chromium(audited, tmp_path):
     dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=60)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "<table class=\"audit\">" in dom.stdout and "Reporting strategies" in dom.stdout
-    assert dom.stdout.count("<img") == 4
+    assert dom.stdout.count("<img") == len(FILES) - 2
     for row in result["methods"]:
         assert f"<td>{row['method']}</td>" in dom.stdout and html_escape(row["verdict"]) in dom.stdout
 
@@ -276,12 +276,35 @@ def test_compact_table_fits_a_terminal_and_names_each_method(audited):
     assert compact_table({}) == "(no methods)"
 
 
+def test_audit_json_carries_deep_gamma_and_the_alignment_series(audited):
+    """Each main run's monitor lines carry Γ_l over training; each method row the series' mean
+    over seeds; bp's deep Γ is n/a (every position exact), dfa's keeps every position; the
+    report shows the paper's deep Γ beside the project's and draws alignment.png."""
+    result, paths, _ = audited
+    for run in result["runs"]:
+        if run["control"] == "none":
+            assert [len(r["gamma"]) for r in run["monitor"]] == [3, 3, 3], run["label"]
+    bp, dfa = _row(result, "bp"), _row(result, "dfa")
+    for row in (bp, dfa):
+        assert row["alignment"]["epochs"] == [0, 1, 2] and row["alignment"]["seeds"] == [2, 2, 2]
+        assert row["alignment"]["weight_alignment"] == {}             # neither has feedback weights
+    assert bp["gamma_exact"] == [0, 1, 2] and bp["gamma_deep_exact"] and bp["gamma_deep"] is None
+    assert bp["gamma_deep_paper"] == pytest.approx(1.0)
+    assert all(g == pytest.approx(1.0) for e in bp["alignment"]["gamma"] for g in e)
+    assert dfa["gamma_exact"] == [] and dfa["gamma_deep"] == pytest.approx(dfa["gamma_deep_paper"])
+    credit = next(t for t in _tables(paths["audit.md"].read_text()) if "paper's deep Γ" in t[0])
+    assert "n/a (exact by construction)" in next(line for line in credit if line.startswith("| bp "))
+    _assert_png(paths["alignment.png"])
+
+
 def test_rows_that_print_the_same_get_a_note_with_the_full_precision_difference(audited):
     """The table hides what it measures when two methods agree to the printed digits (EP at β = 1
     on a mean CE against BP): a note says so, and gives the full-precision differences."""
     result, _, _ = audited
     audit = store.json_safe(copy.deepcopy(result))
     bp = _row(audit, "bp")
+    assert bp["gamma_deep"] is None and bp["gamma_deep_exact"]     # bp: n/a (exact by construction)
+    bp.update(gamma_deep=0.9512, gamma_deep_exact=False)            # as a rule that declares none
     twin = copy.deepcopy(bp)
     twin.update(method="twin", acc=bp["acc"] + 1e-5, gamma_deep=bp["gamma_deep"] - 2e-4)
     audit["methods"].append(twin)
@@ -370,7 +393,9 @@ def test_a_gamma_marked_uninterpretable_shows_no_z(audited):
     assert re.search(r'<td class="na">[+-]\d\.\d{3}\*</td><td class="na">[^<]*\(z n/a\*\)</td>', page)
     fine = store.json_safe(copy.deepcopy(result))
     assert re.search(r"\(z [+-]\d", _method_lines(audit_table(fine), "dfa"))
-    assert 'class="na"' not in report_html(fine, {})
+    page = report_html(fine, {})
+    assert not re.search(r'<td class="na">[+-]\d', page)        # no measured Γ greyed
+    assert '<td class="na">n/a (exact by construction)</td>' in page   # bp: Γ = 1 by construction
     report = {"label": "x", "verdict": "walk back: (b′) ATTENUATED", "bp_grad_norms": [1e-3, 1e-3],
               "gamma": [0.5, 0.4], "gamma_z": [6.0, 5.0], "gamma_interpretable": False,
               "null": {"mean": [0.0, 0.0], "std": [0.05, 0.05]}, "rho": [], "nudge": []}

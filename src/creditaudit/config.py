@@ -40,7 +40,8 @@ PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training
 # run now steps through baddbmm instead of plain matmuls, the same arithmetic up to rounding order
 # (≤ 5e-16 relative in float64, tests/test_members.py against the lone trainer's runs; ≤ 3e-7 in
 # float32 after 3 epochs with identical test accuracy). 3: each rule trains under its published
-# recipe (methods/recipe.py), and a run records the resolved recipe.
+# recipe (methods/recipe.py), and a run records the resolved recipe; the monitor's history records
+# the alignment over training (Γ_l, cos(W, B)) every k-th epoch.
 TRAINING_CODE_VERSION = 3
 CODE_VERSION = f"{__version__}+train{TRAINING_CODE_VERSION}"
 

@@ -187,6 +187,36 @@ def monitor_snapshot(model, x: torch.Tensor, y: torch.Tensor) -> MonitorSnapshot
     return MonitorSnapshot(h_norms, g_norms, max_block_growth(h_norms), stats[-2], stats[-1], bp.loss)
 
 
+def alignment_every(epochs: int) -> int:
+    """How often the training-time monitor records the alignment over training (Γ_l, cos(W, B)):
+    every k-th epoch, k = ⌈epochs/20⌉, so a run gets about 20 points (every epoch up to 20 epochs);
+    the monitors add epoch 0 and the last epoch."""
+    return max(1, math.ceil(epochs / 20))
+
+
+def credit_alignment(model, credit, x: torch.Tensor, y: torch.Tensor) -> list[float] | None:
+    """Γ_l, l = 0 … L, of a credit [a_0 … a_L] on the batch (x, y) against ∂CE/∂h_l
+    (`gradient_cosine`, as the diagnosis measures it); one host read. None when `credit` is not
+    a list of L + 1 tensors shaped like h_0 … h_L (the diagnosis says what is wrong with it)."""
+    bp = bp_gradients(model, x, y)
+    if not (isinstance(credit, (list, tuple)) and len(credit) == len(bp.hidden) and all(
+            isinstance(a, torch.Tensor) and a.shape == h.shape for a, h in zip(credit, bp.hidden))):
+        return None
+    return gradient_cosine(credit, bp.grads)
+
+
+def weight_alignment(pairs: Sequence[tuple[str, torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """cos(W, B) = ⟨vec W, vec B⟩ / (‖vec W‖ ‖vec B‖) per (name, W, B) pair, in float64: how far a
+    rule's feedback weights B have aligned with the forward weights W they stand in for (Lillicrap
+    et al. 2016's "align, then learn"; 1 when B = W, as for backprop). One host read. A zero W or B
+    gives NaN (no direction to compare)."""
+    if not pairs:
+        return {}
+    cos = [torch.dot(w.detach().flatten().double(), b.detach().flatten().double())
+           / (w.detach().double().norm() * b.detach().double().norm()) for _, w, b in pairs]
+    return dict(zip([name for name, _, _ in pairs], torch.stack(cos).tolist()))
+
+
 @torch.no_grad()
 def accuracy(model, batches) -> float:
     """Top-1 accuracy over an iterable of (x, y) batches."""

@@ -9,7 +9,8 @@
     report = mon.finish()                    # seals the run folder and diagnoses the model
 
 Every epoch the Monitor records exactly the line `creditaudit train` records (metrics.monitor_snapshot
-on one fixed eval batch, the same fields), checkpoints the model beside its initial weights, and
+on one fixed eval batch, the same fields; Γ_l over training at the trainer's alignment epochs only
+when `credit=` is given, and no cos(W, B): it sees no feedback weights), checkpoints the model beside its initial weights, and
 reports a flag's first fire as a `FlagFired` warning (and to `on_flag`). With
 `stop_when_flagged=N` it ends the run once a flag held N epochs (verdict.stop_rule) by raising
 `StopRun`; a non-finite loss or stream ends it as "diverged" the same way. Inside a `with` block
@@ -45,7 +46,7 @@ import torch
 from . import __version__, evidence, store
 from .adapter import Adapter, check_reproduces, check_residual, stream_of
 from .errors import CreditAuditError, CreditAuditWarning
-from .metrics import MonitorSnapshot, accuracy, monitor_snapshot
+from .metrics import MonitorSnapshot, accuracy, alignment_every, credit_alignment, monitor_snapshot
 from .monitor_control import check_control_of, control_check, frozen_control
 from .monitor_diagnosis import diagnose_monitored
 # the folder's format, sealing and reading back live in monitored.py; its public names stay
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
 # the fields of a monitor line the monitor measures (train._record's): user logs never overwrite them
-MEASURED_FIELDS = ("epoch", "train_loss", "test_acc", "wall_time",
+MEASURED_FIELDS = ("epoch", "train_loss", "test_acc", "wall_time", "gamma", "weight_alignment",
                    *MonitorSnapshot([], [], 0.0, 0.0, 0.0, 0.0).to_dict())
 
 
@@ -493,13 +494,25 @@ class Monitor:
         was = self.model.training
         self.model.eval()
         dev = _device_of(self.model)
+        align = {}
         try:
             snap = monitor_snapshot(self.stream, self.x.to(dev), self.y.to(dev))
+            # with a credit function, Γ_l over training as the trainer records it: every k-th
+            # epoch, under a forked RNG (probing never changes the user's run)
+            if self.credit is not None and all(math.isfinite(v) for v in snap.h_norms) and (
+                    epoch in (0, self.epochs) or epoch % alignment_every(self.epochs) == 0):
+                with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+                    credit = self.credit(self.x.to(dev), self.y.to(dev))
+                gamma = credit_alignment(self.stream, credit, self.x.to(dev), self.y.to(dev))
+                if gamma is None:         # refused at the first line, not after the user's training
+                    raise CreditAuditError(f"credit must return [a_0, …, a_L]: {len(snap.h_norms)} "
+                                           "tensors shaped like h_0 … h_L on the eval batch")
+                align = {"gamma": gamma}
         finally:
             self.model.train(was)
         if epoch == 0 and test_acc is None and self.test_batches is not None:
             test_acc = self._measure_test_acc()
-        return {"epoch": epoch, "train_loss": train_loss, "test_acc": test_acc, **snap.to_dict(),
+        return {"epoch": epoch, "train_loss": train_loss, "test_acc": test_acc, **snap.to_dict(), **align,
                 **logs, "wall_time": time.perf_counter() - self._t0}
 
     def _append(self, record: dict) -> None:

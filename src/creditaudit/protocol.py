@@ -45,6 +45,53 @@ from .verdict import (FLAG_NAMES, FLAGS, Thresholds, Verdict, _fmt, decide, disa
 
 
 # ---------------------------------------------------------------------------------------------
+# Deep Γ: the one definition (the audit, the report and the terminal read it from here)
+# ---------------------------------------------------------------------------------------------
+
+EXACT_NOTE = "n/a (exact by construction)"
+
+
+def deep_gamma(gamma: Sequence | None, exact: Sequence[int] = (), null: dict | None = None) -> dict:
+    """The deep Γ of one diagnosis, JSON-ready (`Report.to_dict` carries these keys):
+
+        gamma_deep        mean of Γ_l over the project's deep positions: l = 1 … L less the
+                          positions where the rule's credit equals ∂CE/∂h_l by construction
+                          (`Method.exact_positions`, listed as `gamma_exact`); None when every
+                          deep position is exact (`gamma_deep_exact` True: "n/a (exact by
+                          construction)") or Γ was not measured
+        gamma_deep_paper  the paper's deep Γ, the mean over l = 1 … L (exact positions included),
+                          for comparing with the paper's figures
+        null_deep_mean, null_deep_std   the null's per-layer mean and std, averaged over the same
+                          positions as gamma_deep; gamma_deep_z = (gamma_deep − null_deep_mean)/null_deep_std
+
+    `gamma` is Γ_0 … Γ_L (floats, or JSON numbers with None for NaN); `null` a NullCalibration's
+    dict. A position whose Γ is NaN makes its mean None, never a silently partial mean."""
+    exact = sorted({int(l) for l in exact})
+    out = {"gamma_exact": exact, "gamma_deep": None, "gamma_deep_paper": None,
+           "gamma_deep_exact": False, "null_deep_mean": None, "null_deep_std": None,
+           "gamma_deep_z": None}
+    if not gamma or len(gamma) < 2:
+        return out
+    paper = list(range(1, len(gamma)))
+    deep = [l for l in paper if l not in exact]
+
+    def mean(values, at):
+        vals = [_num(values[l]) for l in at]
+        return None if not vals or any(math.isnan(v) for v in vals) else sum(vals) / len(vals)
+
+    out["gamma_deep_paper"] = mean(gamma, paper)
+    out["gamma_deep_exact"] = not deep
+    out["gamma_deep"] = mean(gamma, deep)
+    if null and deep:
+        out["null_deep_mean"] = mean(null["mean"], deep)
+        out["null_deep_std"] = mean(null["std"], deep)
+        g, m, sd = out["gamma_deep"], out["null_deep_mean"], out["null_deep_std"]
+        if g is not None and m is not None and sd is not None and sd > 0:
+            out["gamma_deep_z"] = (g - m) / sd
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # The report
 # ---------------------------------------------------------------------------------------------
 
@@ -73,6 +120,7 @@ class Report:
     reasons: list[str]                        # one sentence per fired flag
     notes: list[str] = field(default_factory=list)   # (b)/(b′) disagreement and other caveats
     gamma: list[float] | None = None          # Γ_l, l = 0 … L
+    gamma_exact: list[int] = field(default_factory=list)   # positions exact by construction
     gamma_interpretable: bool | None = None
     null: M.NullCalibration | None = None
     gamma_z: list[float] | None = None
@@ -111,6 +159,13 @@ class Report:
     def trustworthy(self) -> bool:
         return self.project.trustworthy
 
+    def deep_gamma(self) -> dict:
+        """`deep_gamma` of this report: the project's deep Γ (exact positions left out), the
+        paper's, and the null and z over the same positions."""
+        null = None if self.null is None else self.null.to_dict()
+        return deep_gamma(json_safe(self.gamma) if self.gamma is not None else None,
+                          self.gamma_exact, json_safe(null) if null else None)
+
     def to_dict(self) -> dict:
         d = {
             "label": self.label, "verdict": self.verdict, "paper_verdict": self.paper_verdict,
@@ -127,6 +182,7 @@ class Report:
             "gamma": self.gamma, "gamma_interpretable": self.gamma_interpretable,
             "null": None if self.null is None else self.null.to_dict(),
             "gamma_z": self.gamma_z,
+            **self.deep_gamma(),
             "rho": None if self.rho is None else [r.to_dict() for r in self.rho],
             "depth": None if self.depth is None else self.depth.to_dict(),
             "first_fire": self.first_fire, "diverged": self.diverged,
@@ -161,14 +217,15 @@ class Report:
         lines += [head, "-" * len(head)]
         for l, (hn, gn) in enumerate(zip(self.residual_norms, self.bp_grad_norms)):
             row = f"{l:>5}  {_fmt(hn, '10.3e')}  {_fmt(gn, '10.3e')}  {_fmt(self.stability[l], '+7.3f')}"
+            exact = l in self.gamma_exact
             if self.gamma is not None:
                 mark = "" if self.gamma_interpretable else "*"
-                row += f"  {_fmt(self.gamma[l], '+7.3f') + mark:>8}"
+                row += f"  {'exact' if exact else _fmt(self.gamma[l], '+7.3f') + mark:>8}"
             if self.null is not None:
                 ms = f"{_fmt(self.null.mean[l], '+.3f')}±{_fmt(self.null.std[l], '.3f')}"
                 # an uninterpretable Γ gets no z: its distance from the null is no evidence
                 z = _fmt(self.gamma_z[l], '+7.1f') if self.gamma_interpretable else "n/a*"
-                row += f"  {ms:>15}  {z:>7}"
+                row += f"  {'—' if exact else ms:>15}  {'—' if exact else z:>7}"
             if self.rho:
                 r = rho_by_layer.get(l)
                 row += (f"  {_fmt(r.method, '+8.3f') if r and r.method is not None else '':>8}"
@@ -179,6 +236,8 @@ class Report:
         if self.gamma is not None and not self.gamma_interpretable:
             lines.append("  * Γ uninterpretable: (b) or (b′) fired, the reference gradient is invalid"
                          + ("; no z against the null is given" if self.null is not None else ""))
+        if self.gamma is not None:
+            lines.append("  " + _deep_gamma_line(self.deep_gamma()))
         lines += ["", f"{'diagnostic':<17} {'value':>11}  {'threshold':>10}  flag",
                   f"{'(a) max growth':<17} {_fmt(self.max_growth, '11.4g')}  "
                   f"{'> ' + format(t.growth, 'g'):>10}  {self._flag('a')}",
@@ -216,6 +275,21 @@ class Report:
     def _flag(self, key: str) -> str:
         on = self.flags.get(key)
         return "not evaluated" if on is None else (FLAG_NAMES[key].split(" ", 1)[1] if on else "ok")
+
+
+def _deep_gamma_line(deep: dict) -> str:
+    """One line under the per-layer table: the project's deep Γ (which positions, which left out)
+    beside its null, and the paper's mean over 1 … L."""
+    exact = deep["gamma_exact"]
+    left_out = (f", l = {', '.join(map(str, exact))} left out (exact by construction)" if exact else "")
+    if deep["gamma_deep_exact"]:
+        text = f"deep Γ: {EXACT_NOTE}"
+    else:
+        text = f"deep Γ {_fmt(deep['gamma_deep'], '+.3f')}{left_out}"
+        if deep["null_deep_mean"] is not None:
+            text += (f"; null {_fmt(deep['null_deep_mean'], '+.3f')} ± {_fmt(deep['null_deep_std'], '.3f')}"
+                     + (f", z {deep['gamma_deep_z']:+.1f}" if deep["gamma_deep_z"] is not None else ""))
+    return text + f"; the paper's deep Γ (mean over l = 1 … L) {_fmt(deep['gamma_deep_paper'], '+.3f')}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,6 +361,20 @@ def _rho_layers(rho) -> bool | list[int]:
         raise CreditAuditError(f"diagnose: rho must be True, False or a list of layer indices "
                                f"0 … L (residual positions h_l), got {rho!r}")
     return layers
+
+
+def _exact_positions(method, n_blocks: int) -> list[int]:
+    """The positions the method declares exact by construction (`Method.exact_positions`); none
+    for a plain credit callable or a method that declares none. A declaration outside 0 … L is
+    the method's bug, said in one line."""
+    declare = getattr(method, "exact_positions", None)
+    if declare is None:
+        return []
+    exact = sorted(declare(n_blocks))
+    if any(isinstance(l, bool) or not isinstance(l, int) or not 0 <= l <= n_blocks for l in exact):
+        raise CreditAuditError(f"method {getattr(method, 'name', '')!r}: exact_positions({n_blocks}) "
+                               f"returned {exact}; return residual positions 0 … {n_blocks}")
+    return exact
 
 
 def _check_null(method, null) -> None:
@@ -560,6 +648,7 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     if credit_fn is not None:
         credits = _credits(credit_fn, batches, [[h.shape for h in b.hidden] for b in bps])
         report.gamma = M.gradient_cosine(M.pool_samples(credits), pooled.grads)
+        report.gamma_exact = _exact_positions(method, stream.n_blocks)
         bad = [l for l, a in enumerate(M.pool_samples(credits)) if not bool(torch.isfinite(a).all())]
         report.gamma_interpretable = not (flags["b"] or flags["b_prime"] or bad)
         if bad:

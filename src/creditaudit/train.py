@@ -2,8 +2,9 @@
 
 It knows nothing about a method's update rule or about verdicts: it draws batches, calls the
 step, steps the schedules, evaluates, records the training-time monitor ((a), (b), (b′)
-statistics and accuracy on one fixed eval batch, plus the method's own `epoch_log`), and
-checkpoints.
+statistics and accuracy on one fixed eval batch, plus the method's own `epoch_log`; every k-th
+epoch also the alignment over training: Γ_l of the method's credit and, for a rule with feedback
+weights, cos(W, B) — `_alignment`), and checkpoints.
 
 A single run is a stack of one (SPEC §8). `train_runs` trains K runs that share a model shape
 and everything but their seed and trainable blocks (`stack_key`) as one stack: when their method
@@ -55,7 +56,7 @@ from .data import ArrayDataset, load_dataset
 from .errors import CreditAuditError
 from .methods import METHODS, method_class
 from .methods.members import MemberStack
-from .metrics import accuracy, monitor_snapshot
+from .metrics import accuracy, alignment_every, credit_alignment, monitor_snapshot, weight_alignment
 from .model import ARCH_CLASSES
 from .runs import (Run, as_device, build_method, build_model, data_shape, existing_run_is_done, load_run,
                    record_method_origin)
@@ -129,7 +130,8 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
               device: str | torch.device | None = None, data: ArrayDataset | None = None,
               progress: bool = True, stop_rule: StopRule | None = None,
               compile_step: bool | None = False,
-              on_epoch: Callable[[Sequence[dict]], None] | None = None) -> Run:
+              on_epoch: Callable[[Sequence[dict]], None] | None = None,
+              align_every: int | None = None) -> Run:
     """Train `config` into folder `out`, resuming from its checkpoint if one exists: a stack of
     one (`train_runs`).
 
@@ -142,11 +144,12 @@ def train_run(config: RunConfig, out: str | Path, *, data_dir: str | Path | None
     checkpoint stays readable and the same call resumes from it. `on_epoch(history)`, when given,
     sees the monitor history after each recorded epoch (e.g. trackers.TensorBoardLog).
     device: where to train (default: where `data` are, else the CPU). compile_step: compile the
-    step (False, the default: eager; None: on CUDA only; `compile_mode_for`). Neither changes the
-    run's config.
+    step (False, the default: eager; None: on CUDA only; `compile_mode_for`). align_every: record
+    Γ_l and cos(W, B) every k-th epoch (None: `alignment_every`; epoch 0 and the last always). None
+    of them changes the run's config or its weights.
     """
     return train_runs([config], [out], data_dir=data_dir, device=device, data=data, progress=progress,
-                      stop_rule=stop_rule, compile_step=compile_step,
+                      stop_rule=stop_rule, compile_step=compile_step, align_every=align_every,
                       on_epoch=None if on_epoch is None else (lambda i, history: on_epoch(history)))[0].run
 
 
@@ -220,7 +223,8 @@ def train_runs(configs: Sequence[RunConfig], outs: Sequence[str | Path], *,
                data_dir: str | Path | None = None, device: str | torch.device | None = None,
                data: ArrayDataset | None = None, progress: bool = True,
                stop_rule: StopRule | None = None, compile_step: bool | None = False,
-               on_epoch: Callable[[int, Sequence[dict]], None] | None = None) -> list[Trained]:
+               on_epoch: Callable[[int, Sequence[dict]], None] | None = None,
+               align_every: int | None = None) -> list[Trained]:
     """Train runs that can share a stack (one `stack_key`, all `can_stack`; or a single run of
     any method) into their folders: THE trainer. Members that start from the same epoch (fresh
     runs; resumed runs at one checkpoint epoch) train as one stack on the member axis when their
@@ -229,6 +233,9 @@ def train_runs(configs: Sequence[RunConfig], outs: Sequence[str | Path], *,
     folder is what a lone run writes. Finished folders are returned as they are. Raises what
     `train_run` raises. on_epoch(i, history): after each recorded epoch of member i."""
     configs, outs = list(configs), [Path(o) for o in outs]
+    if align_every is not None and (isinstance(align_every, bool) or not isinstance(align_every, int)
+                                    or align_every < 1):
+        raise CreditAuditError(f"align_every must be a positive number of epochs, got {align_every!r}")
     if len(configs) != len(outs):
         raise ValueError("train_runs needs one folder per config")
     if len(configs) > 1 and (len({stack_key(c) for c in configs}) > 1 or not all(map(can_stack, configs))):
@@ -255,7 +262,8 @@ def train_runs(configs: Sequence[RunConfig], outs: Sequence[str | Path], *,
         by_epoch.setdefault(members[i].history[-1]["epoch"] if members[i].history else 0, []).append(i)
     for group in by_epoch.values():
         _train_stack([members[i] for i in group], data, dev, progress, stop_rule, compile_step,
-                     None if on_epoch is None else (lambda j, h, group=group: on_epoch(group[j], h)))
+                     None if on_epoch is None else (lambda j, h, group=group: on_epoch(group[j], h)),
+                     align_every)
         for i in group:
             results[i] = Trained(members[i].run, len(group), True)
     return results                                       # type: ignore[return-value]
@@ -330,7 +338,8 @@ def _retire(stack: MemberStack | None, k: int, m: _Member, live: list[int]) -> N
 
 def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, progress: bool,
                  stop_rule: StopRule | None, compile_step: bool | None,
-                 on_epoch: Callable[[int, Sequence[dict]], None] | None) -> None:
+                 on_epoch: Callable[[int, Sequence[dict]], None] | None,
+                 align_every: int | None = None) -> None:
     """Train members that start from one epoch, together, to their end; each folder finished."""
     first = members[0]
     K = len(members)
@@ -344,7 +353,7 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
     for k, m in enumerate(members):
         if not m.history:  # epoch 0: the model at init, the reference for every later growth figure
             with _own_rng(m):
-                m.history.append(_record(0, None, m.model, data, eval_x, eval_y, 0.0, {}))
+                m.history.append(_record(0, None, m.model, data, eval_x, eval_y, 0.0, {}, m.method))
             _save(m, 0, data)
         if on_epoch is not None:
             on_epoch(k, m.history)
@@ -380,7 +389,8 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
             train_loss = losses[k] / len(data.y_train)
             with _own_rng(m):
                 record = _record(epoch, train_loss, m.model, data, eval_x, eval_y, wall,
-                                 m.method.epoch_log())
+                                 m.method.epoch_log(),
+                                 m.method if _probes_alignment(epoch, m.config.epochs, align_every) else None)
             if not (_finite(train_loss) and all(_finite(v) for v in record["h_norms"])
                     and weights_finite(m.model)):
                 bad = store.json_safe(record)
@@ -414,14 +424,48 @@ def weights_finite(model: torch.nn.Module) -> bool:
     return bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all())
 
 
+def _probes_alignment(epoch: int, epochs: int, every: int | None) -> bool:
+    every = alignment_every(epochs) if every is None else every
+    return epoch == 0 or epoch == epochs or epoch % every == 0
+
+
+def _alignment(model, method, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    """Alignment over training on the monitor's fixed eval batch: "gamma" = Γ_l, l = 0 … L, the
+    cosine of the method's credit with ∂CE/∂h_l (metrics.gradient_cosine, as the diagnosis
+    measures it), and for a rule with feedback weights (`Method.feedback_pairs`)
+    "weight_alignment" = cos(W, B) per pair. The credit runs under a forked global RNG, so probing
+    never changes what the run trains; the lone Method of a stack member reads its own synced
+    state, so a member's values are its lone run's."""
+    dev = x.device
+    out: dict[str, Any] = {}
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        try:
+            credit = method.credit(x, y)
+        except Exception:  # noqa: BLE001 — a rule's broken credit is the diagnosis' to report
+            credit = None
+    # a credit that raised or is malformed gets no Γ here: training does not need it, and the
+    # diagnosis refuses it in one line naming the fault (protocol._credits)
+    gamma = credit_alignment(model, credit, x, y) if credit is not None else None
+    if gamma is not None:
+        out["gamma"] = gamma
+    pairs = method.feedback_pairs()
+    if pairs:
+        out["weight_alignment"] = weight_alignment(pairs)
+    return out
+
+
 def _record(epoch: int, train_loss: float | None, model, data: ArrayDataset, eval_x: torch.Tensor,
-            eval_y: torch.Tensor, wall: float, method_log: dict[str, float]) -> dict[str, Any]:
-    """One line of the metrics log: losses, test accuracy, the monitor on the fixed eval batch."""
+            eval_y: torch.Tensor, wall: float, method_log: dict[str, float],
+            method=None) -> dict[str, Any]:
+    """One line of the metrics log: losses, test accuracy, the monitor on the fixed eval batch,
+    and with `method` (at the epochs `_probes_alignment` picks) the alignment over training."""
     model.eval()
     snap = monitor_snapshot(model, eval_x, eval_y)
+    finite = all(_finite(v) for v in snap.h_norms)     # a diverged line is discarded anyway
+    align = _alignment(model, method, eval_x, eval_y) if method is not None and finite else {}
     return {"epoch": epoch, "train_loss": train_loss,
             "test_acc": accuracy(model, data.eval_batches("test", 1000)),
-            **snap.to_dict(), **method_log, "wall_time": wall}
+            **snap.to_dict(), **align, **method_log, "wall_time": wall}
 
 
 def _write_error(out: Path, err: Exception, kept_epoch: int | None) -> CreditAuditError:

@@ -17,7 +17,8 @@ from ..methods import method_class
 from ..runs import canonical_control
 from ..verdict import (SeedEvidence, SeedNoise, Thresholds, flag_table, interval, method_verdict,
                        seed_noise, threshold_sensitivity, verdict_of)
-from .common import Execution, Outcome, dataset, deep_mean, mean_std, median_of, run_all
+from ..protocol import deep_gamma
+from .common import Execution, Outcome, dataset, mean_std, median_of, run_all
 
 STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
 
@@ -53,6 +54,38 @@ def _null_note(method: str) -> str:
         return ""
 
 
+def _deep(report: dict) -> dict:
+    """`protocol.deep_gamma` of a stored diagnosis (a report without `gamma_exact`, written before
+    exact positions were declared, keeps every position)."""
+    return deep_gamma(report.get("gamma"), report.get("gamma_exact") or (), report.get("null"))
+
+
+def _z(gamma: float | None, mean: float | None, std: float | None) -> float | None:
+    """(Γ − null mean)/null std of the seed means; None without a null or with a zero spread."""
+    return None if gamma is None or mean is None or not std else (gamma - mean) / std
+
+
+def alignment_over_training(main: Sequence[Outcome]) -> dict | None:
+    """The alignment the monitor recorded over training (train._alignment), per epoch it probed,
+    as the mean over the method's main runs (seeds) that have it: "gamma" Γ_l per position
+    (l = 0 … L), "weight_alignment" cos(W, B) per feedback pair (rules with feedback weights);
+    "seeds" how many runs each epoch's mean is over. None when no run recorded any (a run of an
+    older trainer, or a run from the user's own loop)."""
+    epochs = sorted({int(r["epoch"]) for o in main for r in o.history if r.get("gamma") is not None})
+    if not epochs:
+        return None
+    at = {e: [r for o in main for r in o.history if int(r["epoch"]) == e and r.get("gamma") is not None]
+          for e in epochs}
+    n_pos = max(len(r["gamma"]) for rs in at.values() for r in rs)
+    gamma = [[mean_std([_num(r["gamma"][l]) for r in at[e] if len(r["gamma"]) == n_pos])[0]
+              for l in range(n_pos)] for e in epochs]
+    names = sorted({n for rs in at.values() for r in rs for n in (r.get("weight_alignment") or {})})
+    weights = {n: [mean_std([_num((r.get("weight_alignment") or {}).get(n)) for r in at[e]])[0]
+                   for e in epochs] for n in names}
+    return {"epochs": epochs, "seeds": [len(at[e]) for e in epochs], "gamma": gamma,
+            "weight_alignment": weights}
+
+
 def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thresholds,
                      noise: SeedNoise | None = None, n_test: int | None = None) -> dict:
     """Seed-aggregated row of the audit table for one method (its main runs and controls).
@@ -73,6 +106,9 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
     rep = lambda key: [_num(o.report[key]) for o in diagnosed]
     gammas = [o.report["gamma"] for o in diagnosed if o.report.get("gamma")]
     nulls = [o.report["null"] for o in diagnosed if o.report.get("null")]
+    # deep Γ per seed, from protocol.deep_gamma (exact positions left out; the paper's beside it)
+    deeps = [_deep(o.report) for o in diagnosed if o.report.get("gamma")]
+    deep_over_seeds = lambda key: mean_std([d[key] for d in deeps])[0]
     rhos = [o.report["rho"] for o in diagnosed if o.report.get("rho")]
     deep_rho = lambda key: mean_std([statistics.fmean(_num(r[key]) for r in rs) for rs in rhos
                                      if all(r.get(key) is not None for r in rs)])
@@ -92,7 +128,8 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
             "gap": None if o.test_acc is None or frozen_acc is None else o.test_acc - frozen_acc,
             "h_L": (r.get("residual_norms") or [None])[-1], "gain": r.get("readout_gain"),
             "max_growth": r.get("max_growth"), "init_growth": r.get("init_growth"),
-            "stack_growth": r.get("stack_growth"), "gamma_deep": deep_mean(r.get("gamma")),
+            "stack_growth": r.get("stack_growth"), "gamma_deep": _deep(r)["gamma_deep"],
+            "gamma_deep_paper": _deep(r)["gamma_deep_paper"], "gamma_deep_exact": _deep(r)["gamma_deep_exact"],
             "rho_bp_model_precision": r.get("rho_bp_model_precision"),
             "verdict": r.get("verdict", o.status), "verdicts": r.get("verdicts")}
     return {
@@ -117,11 +154,16 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
         "gain": median_of(rep("readout_gain")), "max_growth": median_of(rep("max_growth")),
         "stability_mid": mean_std(rep("stability_mid"))[0],
         "gamma_layers": [mean_std([_num(g[l]) for g in gammas])[0] for l in range(len(gammas[0]))] if gammas else None,
-        "gamma_deep": mean_std([deep_mean(g) for g in gammas])[0],
+        "gamma_deep": deep_over_seeds("gamma_deep"),
+        "gamma_deep_paper": deep_over_seeds("gamma_deep_paper"),
+        "gamma_exact": sorted({l for d in deeps for l in d["gamma_exact"]}),
+        "gamma_deep_exact": bool(deeps) and all(d["gamma_deep_exact"] for d in deeps),
         "gamma_mean_all": mean_gamma,
         "gamma_interpretable": all(o.report.get("gamma_interpretable") for o in diagnosed) if gammas else None,
-        "null_deep_mean": mean_std([deep_mean(n["mean"]) for n in nulls])[0],
-        "null_deep_std": mean_std([deep_mean(n["std"]) for n in nulls])[0],
+        "null_deep_mean": deep_over_seeds("null_deep_mean"),
+        "null_deep_std": deep_over_seeds("null_deep_std"),
+        "gamma_deep_z": _z(deep_over_seeds("gamma_deep"), deep_over_seeds("null_deep_mean"),
+                           deep_over_seeds("null_deep_std")),
         "null_layers": ([mean_std([_num(n["mean"][l]) for n in nulls])[0] for l in range(len(nulls[0]["mean"]))],
                         [mean_std([_num(n["std"][l]) for n in nulls])[0] for l in range(len(nulls[0]["std"]))])
         if nulls else None,
@@ -130,6 +172,7 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
         "rho_layers": {key: [mean_std([_num(rs[i][key]) for rs in rhos])[0] for i in range(len(rhos[0]))]
                        for key in ("method", "bp", "random")} if rhos else None,
         "first_fire": first_fire,
+        "alignment": alignment_over_training(main),
         "flag_counts": judged["flag_counts"], "flags": judged["flags"],
         "paper_flags": judged["paper_flags"], "verdicts": judged["verdicts"],
         "verdict": judged["verdict"], "paper_verdict": judged["paper_verdict"],

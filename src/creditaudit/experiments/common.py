@@ -30,7 +30,6 @@ from ..runner import make_executor
 from ..runs import (DONE, Run, as_device, control_evidence, diagnosis_binding, existing_run_is_done,
                     failure_record,
                     load_run, read_status, run_dir_for, write_diagnosis)
-from ..store import json_number as _num
 from ..train import group_stacks, train_run, train_runs
 from ..verdict import Thresholds, stop_rule
 
@@ -298,7 +297,8 @@ class Outcome:
                 "epochs_completed": self.epochs_completed, "epochs_planned": self.config.epochs,
                 "run_dir": str(self.run_dir), "config": self.config.to_dict(),
                 "monitor": [{k: r.get(k) for k in ("epoch", "test_acc", "train_loss", "h_norms",
-                                                    "g_norms", "max_growth", "gain")}
+                                                    "g_norms", "max_growth", "gain", "gamma",
+                                                    "weight_alignment")}
                             for r in self.history],
                 "report": self.report}
 
@@ -453,11 +453,3 @@ def median_of(values: Sequence[float]) -> float | None:
     """Median of the measured values (NaN = not measured); None when there are none."""
     vals = [v for v in values if not math.isnan(v)]
     return statistics.median(vals) if vals else None
-
-
-def deep_mean(values: Sequence[Any] | None) -> float | None:
-    """Mean over the deep residual positions l = 1 … L (every block output)."""
-    if not values or len(values) < 2:
-        return None
-    vals = [_num(v) for v in values[1:]]
-    return None if any(math.isnan(v) for v in vals) else statistics.fmean(vals)

@@ -306,6 +306,23 @@ class Method(ABC):
     def credit(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
         """The credit signal a_l this method would use on this batch, l = 0 … L (detached)."""
 
+    def exact_positions(self, n_blocks: int) -> frozenset[int]:
+        """The residual positions l (0 … L = n_blocks) where this rule's credit a_l equals the true
+        gradient g_l = ∂CE/∂h_l by construction, up to a positive per-sample factor (fa's a_L: the
+        readout backpropagates exactly). Γ_l = 1 there says nothing about the rule, so the
+        project's deep Γ and its null leave these positions out (protocol.deep_gamma); the paper's
+        mean over 1 … L keeps them. Default: none — a rule of your own keeps every position.
+        Each built-in claim is measured (Γ_l = 1 to 1e-6) in tests/test_gamma_exact.py."""
+        return frozenset()
+
+    def feedback_pairs(self) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        """(name, W, B) for every forward weight W whose error travels back through a feedback
+        weight B of W's shape instead of W itself (fa, sign-symmetry, kolen-pollack). The
+        training-time monitor records cos(W, B) of the flattened pair per name (the weight
+        alignment of Lillicrap et al. 2016). Default: none. A rule of your own with feedback
+        weights returns its pairs here to have them recorded."""
+        return []
+
     def fresh_feedback_credit(self, x: torch.Tensor, y: torch.Tensor,
                               gen: torch.Generator) -> list[torch.Tensor]:
         """Credit with a freshly drawn set of feedback matrices (same distribution) — the null."""

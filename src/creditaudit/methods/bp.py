@@ -37,6 +37,11 @@ class BP(Method):
     def credit(self, x, y):
         return bp_gradients(self.model, x, y).grads
 
+    def exact_positions(self, n_blocks):
+        """Every position: bp's credit is the reference itself, so its Γ_l = 1 everywhere and its
+        deep Γ is "n/a (exact by construction)" — a Γ of 1 is no finding about bp."""
+        return frozenset(range(n_blocks + 1))
+
     def member_gradients(self, stack, x, y):
         net = stack.net
         h = net.embed_input(x)

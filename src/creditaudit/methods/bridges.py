@@ -217,6 +217,11 @@ class StateBridge(_Bridge):
     predicts_state = True
     member_archs = (ResidualMLP,)
 
+    def exact_positions(self, n_blocks):
+        """{L}: the bridge L → L is the identity, a_L = ∂ℓ/∂h_L (per sample, no 1/N). cb has no
+        exact position: its a_L = ∇_{h_L} V_φ only learns to match ∂ℓ/∂h_L."""
+        return frozenset({n_blocks})
+
     def _credit_and_aux_loss(self, hidden, e, y, with_aux: bool = True):
         """The lone step's: `_member_credit` of a stack of one (aux loss 0 without blocks)."""
         credit, loss = self._member_credit(probe_params(self.aux), self._lone_states(hidden),

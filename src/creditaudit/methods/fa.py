@@ -280,6 +280,16 @@ class FA(Method):
     def fresh_feedback_credit(self, x, y, gen):
         return self._credit(x, y, draw_feedback(self.model, gen))
 
+    def exact_positions(self, n_blocks):
+        """{L}: out_ln and the head backpropagate with their true weights, so a_L = g_L."""
+        return frozenset({n_blocks})
+
+    def feedback_pairs(self):
+        """(block.module, W, B) of every routed Linear/Conv2d (B as the backward pass uses it;
+        sign-symmetry's B is rebuilt from W before each step and each credit)."""
+        return [(f"{l}.{name}", module.weight, self.feedback[l][name])
+                for l, block in enumerate(self.model.blocks) for name, module in routed_modules(block)]
+
     def extra_state(self):
         return {"feedback": {f"block{l}": dict(pair) for l, pair in enumerate(self.feedback)}}
 

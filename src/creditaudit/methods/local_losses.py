@@ -155,6 +155,10 @@ class LocalLosses(LocalMethod):
         _, hidden = self.model(x, return_hidden=True)
         return self._credit(hidden, y, with_aux=False)
 
+    def exact_positions(self, n_blocks):
+        """{L}: no auxiliary loss reads h_L, so a_L = N·∂CE/∂h_L, the readout's own gradient."""
+        return frozenset({n_blocks})
+
     def extra_state(self):
         return {"aux": dict(self.aux.state_dict())}
 

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -25,10 +26,17 @@ FIGURES = {
                    "x so that equal ones (EP at a small nudge and BP) stay visible.",
     "gamma.png": "Γ_l (mean over seeds) per residual position; hatched band (the method's colour and "
                  "hatching, dotted edges): its random-feedback null, mean ± 2 std. Dashed line: "
-                 "uninterpretable, (b) or (b′) fired. Each method's points sit slightly apart along "
-                 "x so that equal curves stay visible.",
+                 "uninterpretable, (b) or (b′) fired. Hollow grey rings: positions where the rule's "
+                 "credit equals the BP gradient by construction (Γ_l = 1, left out of the deep Γ). "
+                 "Each method's points sit slightly apart along x so that equal curves stay visible.",
     "rho.png": "Perturbation correlation ρ_l per method (mean over seeds) beside its controls: "
                "a = BP gradient (≈ 1) and a = random vector (≈ 0).",
+    "alignment.png": "Alignment over training, recorded by the training-time monitor on its fixed "
+                     "eval batch (mean over seeds). First, per method: Γ_l against epoch, one line "
+                     "per residual position l (positions exact by construction are not drawn: their "
+                     "Γ_l is 1 throughout, so bp has no panel). Below, for rules with feedback weights: "
+                     "cos(W, B) of each block's forward weight W and the feedback weight B its error "
+                     "travels back through, flattened (1 = B is W, as in backprop).",
 }
 _DPI = 110
 
@@ -214,7 +222,7 @@ def gamma_figure(audit: dict) -> Figure:
     """Γ_l per method with its null band (mean ± 2 std) where the method has one."""
     fig = Figure(figsize=(8, 4.6))
     ax = fig.subplots()
-    colors, styles, drawn = _colors(audit), _styles(audit), False
+    colors, styles, drawn, marked_exact = _colors(audit), _styles(audit), False, False
     for row in audit.get("methods") or []:
         gamma = [_plottable(v) for v in row.get("gamma_layers") or []]
         if not _has_values(gamma):
@@ -234,6 +242,12 @@ def gamma_figure(audit: dict) -> Figure:
         bad = row.get("gamma_interpretable") is False
         ax.plot(xs, gamma, ls="--" if bad else "-", marker=style["marker"], color=color,
                 lw=2, label=_method_name(row) + (" (uninterpretable)" if bad else ""))
+        exact = [l for l in row.get("gamma_exact") or [] if 0 <= l < len(gamma)]
+        if exact:      # exact by construction: hollow grey rings, left out of the deep Γ
+            ax.plot([xs[l] for l in exact], [gamma[l] for l in exact], ls="none", marker="o", ms=13,
+                    mfc="none", mec="0.45", mew=1.5,
+                    label=None if marked_exact else "exact by construction (left out of deep Γ)")
+            marked_exact = True
         drawn = True
     ax.axhline(0, color="0.5", lw=0.8)
     if drawn:
@@ -291,9 +305,70 @@ def rho_figure(audit: dict) -> Figure:
     return fig
 
 
+def alignment_figure(audit: dict) -> Figure:
+    """Γ_l and cos(W, B) against epoch per method, from each row's "alignment" (a pure view: the
+    means over seeds are audit.json's). One panel per method with a position that is not exact
+    by construction (bp has none), then one per rule with feedback weights."""
+    rows = [r for r in audit.get("methods") or [] if isinstance(r.get("alignment"), dict)
+            and r["alignment"].get("epochs")]
+    n_pos = max((len(g) for r in rows for g in r["alignment"]["gamma"]), default=0)
+    gamma_rows = [r for r in rows if set(range(n_pos)) - set(r.get("gamma_exact") or ())]
+    weight_rows = [r for r in rows if r["alignment"].get("weight_alignment")]
+    if not gamma_rows and not weight_rows:
+        fig = Figure(figsize=(6, 2.5))
+        _no_data(fig.subplots(), "no alignment was recorded over training")
+        return fig
+    ncols = min(4, max(len(gamma_rows), len(weight_rows)))
+    up = lambda n: -(-n // ncols)
+    nrows = up(len(gamma_rows)) + up(len(weight_rows))
+    fig = Figure(figsize=(3.6 * ncols + 0.4, 2.9 * nrows + 0.5))
+    grid = fig.subplots(nrows, ncols, squeeze=False)
+    for ax in grid.flat:
+        ax.set_visible(False)
+    cmap = matplotlib.colormaps["viridis"]
+    shade = lambda i, n: cmap(i / max(1, n - 1) * 0.9)
+    panels = [(r, "gamma", divmod(i, ncols)) for i, r in enumerate(gamma_rows)]
+    panels += [(r, "weights", (up(len(gamma_rows)) + i // ncols, i % ncols)) for i, r in enumerate(weight_rows)]
+    for row, kind, (gi, gj) in panels:
+        ax = grid[gi][gj]
+        ax.set_visible(True)
+        al = row["alignment"]
+        epochs = al["epochs"]
+        if kind == "gamma":
+            exact = set(row.get("gamma_exact") or ())
+            for l in range(n_pos):
+                ys = [_plottable(g[l]) if l < len(g) else math.nan for g in al["gamma"]]
+                if l not in exact and _has_values(ys):
+                    ax.plot(epochs, ys, marker="o", ms=3, color=shade(l, n_pos), label=f"l = {l}")
+            skipped = f", l = {', '.join(map(str, sorted(exact)))} exact: not drawn" if exact else ""
+            ax.set_title(f"{_method_name(row)}: Γ_l{skipped}", fontsize=9)
+            ax.set_ylabel(r"$\Gamma_l$ = mean cos($a_l$, $g_l$)", fontsize=8)
+        else:
+            pairs = al["weight_alignment"]
+            blocks = sorted({n.split(".", 1)[0] for n in pairs}, key=lambda b: (len(b), b))
+            modules = sorted({n.split(".", 1)[1] for n in pairs if "." in n})
+            for name, ys in pairs.items():
+                block, _, module = name.partition(".")
+                ax.plot(epochs, [_plottable(v) for v in ys], marker=".", color=shade(blocks.index(block), len(blocks)),
+                        ls=("-", "--", ":", "-.")[modules.index(module) % 4] if module in modules else "-",
+                        label=f"block {block} {module}".strip())
+            ax.set_title(f"{_method_name(row)}: cos(W, B) per feedback weight", fontsize=9)
+            ax.set_ylabel("cos(vec W, vec B)", fontsize=8)
+        ax.axhline(0, color="0.5", lw=0.8)
+        ax.set_ylim(-1.05, 1.05)
+        ax.set_xlabel("epoch", fontsize=8)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6.5, loc="lower right", ncol=2)
+    fig.suptitle("Alignment over training (training-time monitor on its eval batch, mean over seeds)",
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 FIGURE_MAKERS: dict[str, Callable[[dict], Figure]] = {
     "norms.png": norms_figure, "monitor.png": monitor_figure,
-    "gamma.png": gamma_figure, "rho.png": rho_figure,
+    "gamma.png": gamma_figure, "rho.png": rho_figure, "alignment.png": alignment_figure,
 }
 
 

@@ -79,6 +79,8 @@ def _first_fire(first: dict | None) -> str:
 def _gamma_cells(row: dict) -> tuple[str, str]:
     """(deep Γ, its null with z). "*" marks Γ uninterpretable ((b) or (b′) fired); such a Γ gets
     no z ("z n/a"): a distance from the null means nothing against a reference with no signal."""
+    if row.get("gamma_deep_exact"):       # every deep position exact: Γ = 1 there says nothing
+        return "n/a (exact by construction)", "—"
     gamma = _f(row.get("gamma_deep"))
     if gamma is None:
         return "—", "—"
@@ -90,7 +92,9 @@ def _gamma_cells(row: dict) -> tuple[str, str]:
     null = f"{_signed(mean)} ± {'—' if std is None else f'{std:.3f}'}"
     if uninterpretable:
         null += " (z n/a*)"
-    elif std is not None and std > 0:
+    elif _f(row.get("gamma_deep_z")) is not None:
+        null += f" (z {_f(row['gamma_deep_z']):+.1f})"
+    elif "gamma_deep_z" not in row and std is not None and std > 0:    # an audit.json before it was stored
         null += f" (z {(gamma - mean) / std:+.1f})"
     return _signed(gamma) + mark, null
 

@@ -102,8 +102,9 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
         classes = {(i, j): _verdict_class(row, rule) for i, row in enumerate(methods)
                    for j, rule in verdicts.items()}
         # Γ marked uninterpretable ((b) or (b′) fired): its cells greyed, its z not shown
+        # and so is a deep Γ whose every position is exact by construction (bp's)
         classes.update({(i, j): "na" for i, row in enumerate(methods)
-                        if row.get("gamma_interpretable") is False
+                        if row.get("gamma_interpretable") is False or row.get("gamma_deep_exact")
                         for j, col in enumerate(head) if col in ("deep Γ", "Γ null (z)")})
         parts += [f"<h3>{e(title)}</h3>", '<div class="scroll">' + _html_table(
             head, cells, wrap=list(verdicts) + first, breaks={i: ("; ", "<br>") for i in first},

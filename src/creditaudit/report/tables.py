@@ -107,7 +107,7 @@ def _credit_cells(row: dict) -> list[str]:
         rho += f" ± {_f(row['rho_deep_std']):.3f}"
     controls = ("—" if _f(row.get("rho_bp")) is None and _f(row.get("rho_random")) is None
                 else f"{_signed(row.get('rho_bp'))} / {_signed(row.get('rho_random'))}")
-    return [_method_name(row), gamma, null, rho, controls]
+    return [_method_name(row), gamma, null, _signed(row.get("gamma_deep_paper")), rho, controls]
 
 
 def _recipe_cells(row: dict) -> list[str]:
@@ -122,7 +122,7 @@ AUDIT_TABLES = (
     ("Scale and reference (median over seeds)",
      ("method", "‖h_L‖", "(a) max growth", "(a′) since init", "(a′) ‖h_L‖/‖h_0‖",
       "‖g_L‖", "(b′) gain", "ρ_BP fp32", "(c) s(L/2)", "first fire (per seed)"), _scale_cells),
-    ("Credit", ("method", "deep Γ", "Γ null (z)", "deep ρ", "ρ BP / rand"), _credit_cells),
+    ("Credit", ("method", "deep Γ", "Γ null (z)", "paper's deep Γ", "deep ρ", "ρ BP / rand"), _credit_cells),
     ("Recipes", ("method", "optimiser and schedule", "recipe", "where it is published"), _recipe_cells),
 )
 PER_SEED_COLUMNS = ("method", "seed", "epochs", "acc %", "frozen %", "gap", "‖h_L‖", "gain",
@@ -142,7 +142,8 @@ def _per_seed_cells(audit: dict) -> list[list[str]]:
             out.append([_method_name(row), str(seed), str(s.get("epochs") or "—"), _pct(s.get("acc")),
                         _pct(s.get("frozen_acc")), "—" if gap is None else f"{100 * gap:+.1f}",
                         _sci(s.get("h_L")), _sci(s.get("gain")), _g(s.get("init_growth")),
-                        _signed(s.get("gamma_deep")), str(s.get("verdict") or "—")])
+                        "exact" if s.get("gamma_deep_exact") else _signed(s.get("gamma_deep")),
+                        str(s.get("verdict") or "—")])
     return out
 
 
@@ -259,7 +260,13 @@ def _legend(audit: dict) -> list[str]:
         "‖h_L‖, ‖g_L‖, gain, growth: median over samples of the diagnosed quantity, then the median over "
         "seeds; a reason quotes one named seed's value. ρ_BP fp32: the BP gradient's own perturbation "
         "correlation in the model's precision (1 = numerically intact).",
-        "deep Γ, deep ρ: mean over residual positions l = 1 … L, then over seeds (ρ: ± std over seeds); "
+        "deep Γ: mean of Γ_l over the residual positions l = 1 … L less those where the rule's credit "
+        "equals the BP gradient by construction (e.g. l = L where the readout backpropagates exactly, as "
+        "in feedback alignment: Γ_L = 1 there says nothing about the rule; \"n/a (exact by "
+        "construction)\" when every deep position is, as for bp), then over seeds; "
+        "its null and z over the same positions. paper's deep Γ: the paper's mean over l = 1 … L, exact "
+        "positions included, for comparing with the paper's figures. "
+        "deep ρ: mean over l = 1 … L, then over seeds (± std over seeds); "
         "Γ null: the same Γ under fresh random feedback draws (mean ± std), z = (Γ − null)/std; "
         "* = Γ uninterpretable because (b) or (b′) fired: the BP reference it is a cosine against "
         "carries no usable loss signal, so no z is given (\"z n/a\") — however far Γ sits from its "
@@ -385,12 +392,18 @@ def calibration_table(report: dict) -> str:
     nudge = {n["layer"]: n for n in report.get("nudge") or []}
     gamma = report.get("gamma") or [None] * len(report["bp_grad_norms"])
     z = report.get("gamma_z") or [None] * len(gamma)
+    exact = set(report.get("gamma_exact") or ())
     rows = []
     for l, g in enumerate(report["bp_grad_norms"]):
         r = rho.get(l, {})
         nm = (null.get("mean") or [None] * len(gamma))[l]
         ns = (null.get("std") or [None] * len(gamma))[l]
         interpretable = bool(report.get("gamma_interpretable"))
+        if l in exact:       # the credit is ∂CE/∂h_l by construction: Γ_l = 1 is no finding
+            rows.append([str(l), _sci(g), f"exact ({_signed(gamma[l])})", "—", "—",
+                         _signed(r.get("method")), _signed(r.get("bp")), _signed(r.get("random")),
+                         _signed(nudge.get(l, {}).get("relative"))])
+            continue
         rows.append([str(l), _sci(g), _signed(gamma[l]) + ("" if interpretable else "*"),
                      "—" if nm is None else f"{_signed(nm)} ± {_g(ns)}",
                      _g(z[l]) if interpretable or z[l] is None else "n/a*",
@@ -405,6 +418,11 @@ def calibration_table(report: dict) -> str:
                      "attenuated; its z against the null is not shown, as no z makes such a Γ evidence.")
     if not null:
         lines.append("\n(no null: this method has no random feedback to redraw)")
+    if report.get("gamma") is not None:
+        lines.append(f"\ndeep Γ {'n/a (exact by construction)' if report.get('gamma_deep_exact') else _signed(report.get('gamma_deep'))}"
+                     + (f" (l = {', '.join(map(str, sorted(exact)))} exact by construction, left out)"
+                        if exact else "")
+                     + f"; the paper's deep Γ, mean over l = 1 … L: {_signed(report.get('gamma_deep_paper'))}")
     lines.append("\nnudge: ΔCE after h_l ← h_l − 0.01·â_l (â rescaled per sample to ‖g_l‖), "
                  "relative to the same nudge along the BP gradient (1 = as good as BP).")
     return "\n".join(lines)
@@ -548,7 +566,7 @@ def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
     head = ["method", "recipe", "acc %", "frozen %", "(d) gap", "‖h_L‖", "gain", "growth", "deep Γ", "verdict"]
     rows = []
     for row in audit.get("methods") or []:
-        gamma, _ = _gamma_cells(row)
+        gamma = "exact" if row.get("gamma_deep_exact") else _gamma_cells(row)[0]   # n/a: exact by construction
         depth = row.get("depth") if isinstance(row.get("depth"), dict) else {}
         gap = _f(depth.get("mean"))
         rows.append([_method_name(row), _recipe(row, "label"), _pct(row.get("acc"), row.get("acc_std")),
