@@ -27,6 +27,8 @@ import math
 import torch
 
 from ..model.resmlp import ResidualMLP
+from ..model.resnet import SmallResNet
+from ..model.vit import ViTMini
 from ..seeding import derived_generator
 from .local import LocalMethod, output_error, rms_normalise
 
@@ -55,7 +57,7 @@ class DFA(LocalMethod):
     name = "dfa"
     paper = True
     random_feedback = True
-    member_archs = (ResidualMLP,)
+    member_archs = (ResidualMLP, ViTMini, SmallResNet)
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
