@@ -408,6 +408,7 @@ def _cmd_audit(args) -> int:
     from .config import audit_config_from_dict
     from .experiments import audit
     from .report import compact_table, write_report
+    from .report.tables import schedule_line
     from .verdict import Thresholds, verdict_of
     raw = _audit_raw(args)
     config = audit_config_from_dict(raw, where=args.config or "the audit settings")
@@ -431,6 +432,8 @@ def _cmd_audit(args) -> int:
     print(f"\nfull table, per-seed values and reasons: {Path(config.out) / 'audit.md'}")
     print(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
           f"{result['runs_trained_now']} runs trained now, {result['wall_time']:.0f} s")
+    if schedule_line(result):
+        print(schedule_line(result))
     parts = []
     if failed:
         parts.append(_failed_runs_advice(failed, "audit.md"))
