@@ -219,8 +219,8 @@ CPU_STACK_PAYS = False
 # stack wall ÷ the same 4 runs one after another, median of 3): bp 0.90, dfa 0.94 (earlier, at load
 # ≈ 1.3–1.5: bp 0.95, ep 0.97, sb 0.98, cb 1.05; README "Speed").
 CPU_STACK_NOTE = ("creditaudit: --stack on a CPU trains stacked as asked, but stacking does not pay there: "
-                  "a stack of 4 took 0.90–0.94× the time of its 4 runs one after another (bp, dfa; "
-                  "benchmarks/method_speed.py --stack 4), while lone runs spread over the cores")
+                  "a stack of 4 took 0.90–0.94× the time of its 4 runs one after another "
+                  "(benchmarks/method_speed.py --stack 4), while lone runs spread over the cores")
 
 
 def _alone_because(config: RunConfig, record: dict, group_size: int, use_stack: bool,
