@@ -1,4 +1,4 @@
-"""vit-mini and resnet-small on the member axis (issue 30 stage 3): bp, fa, dfa and dfa-penalty
+"""vit-mini and resnet-small on the member axis (issue 30 stage 3): bp, fa, dfa, dfa-penalty and ep
 train K runs of one shape as one stack (`model.members.MemberViTMini`, `MemberSmallResNet`), and
 each member is the lone run it stands for.
 
@@ -29,7 +29,7 @@ from creditaudit.train import can_stack, stack_key, train_run, train_runs
 from member_reference import F64Dataset, fingerprint, worst_difference
 
 ARCHS = ("vit-mini", "resnet-small")
-METHOD_NAMES = ("bp", "fa", "dfa", "dfa-penalty")
+METHOD_NAMES = ("bp", "fa", "dfa", "dfa-penalty", "ep")
 SIZES = {"vit-mini": dict(width=16, blocks=2, arch_options={"heads": 2, "patch": 4}),
          "resnet-small": dict(width=8, blocks=2)}
 RTOL = 1e-9
@@ -209,7 +209,7 @@ def test_stacking_refuses_models_of_other_shapes_or_classes():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", ["bp", "fa", "dfa-penalty"])
+@pytest.mark.parametrize("name", ["bp", "fa", "dfa-penalty", "ep"])
 def test_the_member_step_compiles_whole_without_recompiling(arch, name, double):
     """A stack of 3 (two seeds and a frozen control): `gradients` compiles with fullgraph=True,
     later batches reuse the graph (BatchNorm's in-place buffer updates included), and the compiled

@@ -115,7 +115,11 @@ class MemberNet:
         self.buffers = {name: torch.stack([dict(m.named_buffers())[name] for m in models]).clone()
                         for name, _ in first.named_buffers()}
         self.n_members, self.n_blocks, self.n_classes = len(models), first.n_blocks, first.n_classes
+        self.stream_shape = tuple(first.stream_shape)           # per sample, as the lone model's
         self.training = first.training
+        names = {id(p): n for n, p in first.named_parameters()}
+        self.embed_names = [names[id(p)] for p in first.embed_parameters()]
+        self.head_names = [names[id(p)] for p in first.head_parameters()]
 
     @staticmethod
     def _signature(model: nn.Module) -> tuple:
@@ -136,6 +140,14 @@ class MemberNet:
     def block_params(self, l: int) -> list[torch.Tensor]:
         """The stacked parameters of block l."""
         return [p for name, p in self.params.items() if name.startswith(f"blocks.{l}.")]
+
+    def embed_params(self) -> list[torch.Tensor]:
+        """The stacked parameters of the lone model's `embed_parameters()`, in its order."""
+        return [self.params[n] for n in self.embed_names]
+
+    def head_params(self) -> list[torch.Tensor]:
+        """The stacked parameters of the lone model's `head_parameters()`, in its order."""
+        return [self.params[n] for n in self.head_names]
 
     def embed_input(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
