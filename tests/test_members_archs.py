@@ -42,10 +42,10 @@ def config(arch: str, method: str, **changes) -> RunConfig:
 
 @pytest.fixture(scope="module")
 def f64():
-    """256 train / 128 test digits (8×8, one channel) in float64: 4 batches an epoch."""
+    """192 train / 64 test digits (8×8, one channel) in float64: 3 batches an epoch."""
     d = load_digits()
-    return F64Dataset(d.name, d.x_train[:256].double(), d.y_train[:256], d.x_test[:128].double(),
-                      d.y_test[:128], d.n_classes, d.mean, d.std)
+    return F64Dataset(d.name, d.x_train[:192].double(), d.y_train[:192], d.x_test[:64].double(),
+                      d.y_test[:64], d.n_classes, d.mean, d.std)
 
 
 @pytest.fixture
@@ -81,12 +81,12 @@ MEMBERS = {"main": {}, "seed123": {"seed": 123}, "frozen": {"trainable_blocks": 
 def test_a_stack_of_k_equals_k_lone_runs(tmp_path, f64, double, lone_step, arch, method, monkeypatch):
     """Main run, another seed, the frozen control and a ladder rung in one stack: each member's
     folder is the lone run's (full fingerprint), its frozen blocks bit-identical to the lone run's
-    (= init), a stack of one too."""
+    (= init); (bp) a stack of one too."""
     configs = {tag: config(arch, method, **c) for tag, c in MEMBERS.items()}
     assert all(map(can_stack, configs.values())) and len({stack_key(c) for c in configs.values()}) == 1
     trained = train_runs(list(configs.values()), [tmp_path / t for t in configs], data=f64, progress=False)
     assert [t.stack_size for t in trained] == [4] * 4
-    one = train_run(configs["main"], tmp_path / "one", data=f64, progress=False)
+    one = train_run(configs["main"], tmp_path / "one", data=f64, progress=False) if method == "bp" else None
     lone_step()
     assert not can_stack(configs["main"])
     for (tag, c), t in zip(configs.items(), trained):
@@ -97,7 +97,7 @@ def test_a_stack_of_k_equals_k_lone_runs(tmp_path, f64, double, lone_step, arch,
             if name.startswith("blocks.") and int(name.split(".")[1]) not in c.trainable_block_ids \
                     and "running" not in name and "num_batches" not in name:
                 assert torch.equal(got[name], want[name]), (tag, name)
-        if tag == "main":
+        if tag == "main" and one is not None:
             assert worst_difference(_fp(one), _fp(lone)) < RTOL
 
 
@@ -129,7 +129,7 @@ def test_permuting_members_permutes_results_and_a_duplicated_seed_gives_equal_sl
                                                   ("resnet-small", "bp", "blocks.0.conv1.weight")])
 def test_a_nan_in_one_member_leaves_the_others_bit_identical(tmp_path, f64, double, arch, method, weight,
                                                              monkeypatch):
-    """Member 1 goes NaN in epoch 2 (after step 5 of 4 per epoch; for the ResNet its BatchNorm
+    """Member 1 goes NaN in epoch 2 (after step 5 of 3 per epoch; for the ResNet its BatchNorm
     statistics go NaN with it): the other members end bit-identical to the same stack without
     the NaN, member 1 diverged alone with its epoch-1 folder, its slices (parameters and buffers)
     reset to that checkpoint."""
