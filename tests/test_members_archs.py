@@ -1,5 +1,5 @@
-"""vit-mini and resnet-small on the member axis (issue 30 stage 3): bp, fa, dfa, dfa-penalty and ep
-train K runs of one shape as one stack (`model.members.MemberViTMini`, `MemberSmallResNet`), and
+"""vit-mini and resnet-small on the member axis (issue 30 stage 3): bp, fa, dfa, dfa-penalty, ep,
+sb and cb train K runs of one shape as one stack (`model.members.MemberViTMini`, `MemberSmallResNet`), and
 each member is the lone run it stands for.
 
 "The lone run" is the lone step (`Method.train_step` on the lone model), trained here through the
@@ -29,14 +29,16 @@ from creditaudit.train import can_stack, stack_key, train_run, train_runs
 from member_reference import F64Dataset, fingerprint, worst_difference
 
 ARCHS = ("vit-mini", "resnet-small")
-METHOD_NAMES = ("bp", "fa", "dfa", "dfa-penalty", "ep")
+METHOD_NAMES = ("bp", "fa", "dfa", "dfa-penalty", "ep", "sb", "cb")
+OPTIONS = {"sb": {"hidden": 16, "t_dim": 4, "lam": 1e-2}, "cb": {"hidden": 16, "t_dim": 4, "lam": 1e-2}}
 SIZES = {"vit-mini": dict(width=16, blocks=2, arch_options={"heads": 2, "patch": 4}),
          "resnet-small": dict(width=8, blocks=2)}
 RTOL = 1e-9
 
 
 def config(arch: str, method: str, **changes) -> RunConfig:
-    base = RunConfig(method=method, dataset="digits", arch=arch, epochs=2, batch_size=64, **SIZES[arch])
+    base = RunConfig(method=method, dataset="digits", arch=arch, epochs=2, batch_size=64,
+                     options=OPTIONS.get(method, {}), **SIZES[arch])
     return base.replace(**changes) if changes else base
 
 
@@ -109,7 +111,7 @@ def _history(run_dir) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "wall_time"} for r in load_run(run_dir).history]
 
 
-@pytest.mark.parametrize("arch, method", [("vit-mini", "fa"), ("resnet-small", "dfa-penalty")])
+@pytest.mark.parametrize("arch, method", [("vit-mini", "fa"), ("resnet-small", "dfa-penalty"), ("vit-mini", "sb")])
 def test_permuting_members_permutes_results_and_a_duplicated_seed_gives_equal_slices(
         tmp_path, f64, double, arch, method):
     configs = [config(arch, method, **MEMBERS[t]) for t in ("main", "frozen", "rung1", "main")]
@@ -126,7 +128,8 @@ def test_permuting_members_permutes_results_and_a_duplicated_seed_gives_equal_sl
 
 
 @pytest.mark.parametrize("arch, method, weight", [("vit-mini", "dfa", "blocks.0.qkv.weight"),
-                                                  ("resnet-small", "bp", "blocks.0.conv1.weight")])
+                                                  ("resnet-small", "bp", "blocks.0.conv1.weight"),
+                                                  ("resnet-small", "cb", "blocks.0.conv1.weight")])
 def test_a_nan_in_one_member_leaves_the_others_bit_identical(tmp_path, f64, double, arch, method, weight,
                                                              monkeypatch):
     """Member 1 goes NaN in epoch 2 (after step 5 of 3 per epoch; for the ResNet its BatchNorm
@@ -162,6 +165,31 @@ def test_a_nan_in_one_member_leaves_the_others_bit_identical(tmp_path, f64, doub
         assert _history(tmp_path / f"clean{i}") == _history(tmp_path / f"hit{i}")
     assert _history(tmp_path / "hit1") == _history(tmp_path / "clean1")[:2]
     assert clean[1].run.status["status"] == "finished"
+
+
+def test_a_killed_resnet_stack_resumes_each_member_as_its_lone_run(tmp_path, f64, double, lone_step,
+                                                                   monkeypatch):
+    """Killed after two members saved epoch 1: those two resume as one stack from their
+    checkpoints (BatchNorm running statistics and AdamW state included), the third from epoch 0
+    alone; each ends as its lone run does (the full fingerprint)."""
+    configs = [config("resnet-small", "bp", **MEMBERS[t]) for t in ("main", "seed123", "rung1")]
+    dirs = [tmp_path / f"m{i}" for i in range(3)]
+    real_save = store.save_checkpoint
+
+    def dying_save(run_dir, epoch, *args, **kwargs):
+        real_save(run_dir, epoch, *args, **kwargs)
+        if epoch == 1 and run_dir.name == "m1":
+            raise KeyboardInterrupt
+    monkeypatch.setattr(store, "save_checkpoint", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        train_runs(configs, dirs, data=f64, progress=False)
+    monkeypatch.setattr(store, "save_checkpoint", real_save)
+    trained = train_runs(configs, dirs, data=f64, progress=False)
+    assert [t.stack_size for t in trained] == [2, 2, 1]
+    lone_step()
+    for i, (c, t) in enumerate(zip(configs, trained)):
+        lone = train_run(c, tmp_path / f"lone{i}", data=f64, progress=False)
+        assert worst_difference(_fp(t.run), _fp(lone)) < RTOL, i
 
 
 def _lone_pair(arch: str, seed: int, shape=(3, 8, 8)):
@@ -209,7 +237,7 @@ def test_stacking_refuses_models_of_other_shapes_or_classes():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", ["bp", "fa", "dfa-penalty", "ep"])
+@pytest.mark.parametrize("name", ["bp", "fa", "dfa-penalty", "ep", "cb"])
 def test_the_member_step_compiles_whole_without_recompiling(arch, name, double):
     """A stack of 3 (two seeds and a frozen control): `gradients` compiles with fullgraph=True,
     later batches reuse the graph (BatchNorm's in-place buffer updates included), and the compiled
@@ -219,7 +247,8 @@ def test_the_member_step_compiles_whole_without_recompiling(arch, name, double):
     def stack():
         methods = []
         for seed, blocks in ((0, (0, 1)), (1, (0, 1)), (0, ())):
-            settings = MethodSettings(epochs=3, seed=seed, lr=1e-2, trainable_blocks=blocks)
+            settings = MethodSettings(epochs=3, seed=seed, lr=1e-2, trainable_blocks=blocks,
+                                      options=OPTIONS.get(name, {}))
             methods.append(method_class(name)(_lone_pair(arch, seed), settings))
         return MemberStack(methods)
     eager, compiled = stack(), stack()

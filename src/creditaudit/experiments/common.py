@@ -234,7 +234,8 @@ def _alone_because(config: RunConfig, record: dict, group_size: int, use_stack: 
         if config.stop_when_flagged is not None:
             return "an early-stop rule reads its monitor"
         user = ":" in config.method
-        return f"{'user rule' if user else config.method} not on the member axis" + ("" if user else f" for {config.arch}")
+        return ("user rule not on the member axis" if user
+                else f"{config.method} not on the member axis for {config.arch}")
     if group_size > 1:
         return "resumed at another epoch than its stack"
     return "no other run of its shape"
@@ -347,7 +348,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
         bar.close()
     trained: list[dict] = [{}] * len(configs)
     stacks: list[dict] = [{}] * len(configs)
-    for j, (g, res) in enumerate(zip(groups, results)):   # a dead worker's record has no "members": the whole unit failed
+    # a dead worker's record has no "members": the whole unit failed
+    for j, (g, res) in enumerate(zip(groups, results)):
         for i, r in zip(g, res.get("members") or [res] * len(g)):
             trained[i] = r
             size = int(r.get("stack_size") or 1)

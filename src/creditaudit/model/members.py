@@ -39,6 +39,7 @@ place through views of the (K, C) stacks, which vmap cannot write into.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
@@ -116,7 +117,8 @@ class MemberNet:
                         for name, _ in first.named_buffers()}
         self.n_members, self.n_blocks, self.n_classes = len(models), first.n_blocks, first.n_classes
         self.stream_shape = tuple(first.stream_shape)           # per sample, as the lone model's
-        self.training = first.training
+        self.training = True        # built to train, like a fresh nn.Module (a resumed lone model's
+        #                             mode is whatever its last use left); `train(False)` for eval
         names = {id(p): n for n, p in first.named_parameters()}
         self.embed_names = [names[id(p)] for p in first.embed_parameters()]
         self.head_names = [names[id(p)] for p in first.head_parameters()]
@@ -312,6 +314,38 @@ class MemberSmallResNet(MemberNet):
     def readout(self, h: torch.Tensor) -> torch.Tensor:
         """logits = out_head(global average pool of h_L) per member, (K, B, C)."""
         return member_linear(h.mean((3, 4)), self.params["out_head.weight"], self.params["out_head.bias"])
+
+
+class FlatMembers:
+    """A member net seen with every state flattened per sample, (K, B, D), D = prod(stream_shape):
+    for a method whose member arithmetic is written on flat states (sb's and cb's probes read h_l
+    as D values, as their lone steps do). The same parameters, buffers and forward; only views."""
+
+    def __init__(self, net: MemberNet):
+        self.net, self.params, self.buffers = net, net.params, net.buffers
+        self.n_members, self.n_blocks, self.n_classes = net.n_members, net.n_blocks, net.n_classes
+        self.stream_shape = (math.prod(net.stream_shape),)
+
+    def _stream(self, h: torch.Tensor) -> torch.Tensor:
+        return h.reshape(h.shape[:2] + self.net.stream_shape)
+
+    def block_params(self, l: int) -> list[torch.Tensor]:
+        return self.net.block_params(l)
+
+    def embed_input(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net.embed_input(x).flatten(2)
+
+    def block(self, l: int, h: torch.Tensor, layer: Layer = member_layer) -> torch.Tensor:
+        return self.net.block(l, self._stream(h), layer).flatten(2)
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        return self.net.readout(self._stream(h))
+
+
+def flat_members(net: MemberNet) -> MemberNet | FlatMembers:
+    """`net` with flat states (`FlatMembers`); a net whose states are flat already (the ResMLP's)
+    as it is."""
+    return net if len(net.stream_shape) == 1 else FlatMembers(net)
 
 
 MEMBER_NETS: dict[type, type[MemberNet]] = {ResidualMLP: MemberResMLP, ViTMini: MemberViTMini,
