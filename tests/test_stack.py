@@ -204,7 +204,7 @@ def test_a_small_audit_gives_the_same_verdicts_stacked_and_serial(tmp_path, devi
             "dataset": "digits", "methods": ["bp", "dfa"], "seeds": [42, 123], "epochs": 2,
             "jobs": 1, "stack": stack, "out": str(tmp_path / str(stack)), "device": str(device),
             "model": {"width": 16, "blocks": 2}})
-        results[stack] = audit(config, progress=stack)
+        results[stack] = audit(config, progress=False)
         write_report(results[stack], tmp_path / str(stack))
     assert capsys.readouterr().err.count(CPU_STACK_NOTE) == (device.type == "cpu")
     # stacked: per method, 2 main runs + 2 ladder-free frozen controls share a shape; 2 shallow

@@ -160,12 +160,12 @@ def can_stack(config: RunConfig) -> bool:
 
 def stackable() -> str:
     """The built-in methods on the member axis, per architecture, in words (for --help)."""
-    parts = []
+    archs: dict[tuple[str, ...], list[str]] = {}       # architectures with the same methods, together
     for arch, cls in ARCH_CLASSES.items():
-        names = [name for name, m in METHODS.items() if m.on_member_axis(cls)]
+        names = tuple(name for name, m in METHODS.items() if m.on_member_axis(cls))
         if names:
-            parts.append(f"{', '.join(names)} on {arch}")
-    return "; ".join(parts)
+            archs.setdefault(names, []).append(arch)
+    return "; ".join(f"{', '.join(names)} on {', '.join(a)}" for names, a in archs.items())
 
 
 def stack_key(config: RunConfig) -> str:

@@ -217,10 +217,12 @@ CPU_STACK_PAYS = False
 # The one line `--stack` on a CPU prints (run_all, once). Measured with benchmarks/method_speed.py
 # --methods bp,dfa --epochs 1 --repeats 3 --stack 4 (one thread, the 2-core shared box at load ≈ 9;
 # stack wall ÷ the same 4 runs one after another, median of 3): bp 0.90, dfa 0.94 (earlier, at load
-# ≈ 1.3–1.5: bp 0.95, ep 0.97, sb 0.98, cb 1.05; README "Speed").
-CPU_STACK_NOTE = ("creditaudit: --stack on a CPU trains stacked as asked, but stacking does not pay there: "
-                  "a stack of 4 took 0.90–0.94× the time of its 4 runs one after another "
-                  "(benchmarks/method_speed.py --stack 4), while lone runs spread over the cores")
+# ≈ 1.3–1.5: bp 0.95, ep 0.97, sb 0.98, cb 1.05; README "Speed"); benchmarks/stack_archs_speed.py
+# (CPU time, load ≈ 9.6): resnet-small width 16 bp 0.96, dfa 0.93; vit-mini d=64 bp 1.11, dfa 1.14.
+CPU_STACK_NOTE = ("creditaudit: --stack on a CPU: stacking does not pay there (a stack of 4 took 0.90–0.94× the "
+                  "time of its 4 runs one after another on the ResMLP, 0.93–1.14× on resnet-small and vit-mini: "
+                  "benchmarks/method_speed.py and stack_archs_speed.py), while lone runs use every core; "
+                  "training stacked as asked")
 
 
 def _alone_because(config: RunConfig, record: dict, group_size: int, use_stack: bool,
@@ -326,7 +328,7 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     train_jobs = [Job(c.to_dict(), str(d), execution.data_dir, str(dev), threads, asdict(thresholds),
                       execution.compile_step) for c, d in zip(configs, dirs)]
     use_stack = stacking_pays(dev) if execution.stack is None else execution.stack
-    if progress and execution.stack and dev.type == "cpu":
+    if execution.stack and dev.type == "cpu":            # asked for where it does not pay: say so, once
         print(CPU_STACK_NOTE, file=sys.stderr)
     groups = (group_stacks(configs, max_size=math.ceil(len(configs) / workers) if dev.type == "cpu" else None)
               if use_stack else [[i] for i in range(len(configs))])
