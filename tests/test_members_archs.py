@@ -1,15 +1,15 @@
 """vit-mini and resnet-small on the member axis (issue 30 stage 3): bp, fa, dfa, dfa-penalty, ep,
-sb and cb train K runs of one shape as one stack (`model.members.MemberViTMini`, `MemberSmallResNet`), and
-each member is the lone run it stands for.
+sb and cb train K runs of one shape as one stack (`model.members.MemberViTMini`,
+`MemberSmallResNet`), and each member is the lone run it stands for.
 
 "The lone run" is the lone step (`Method.train_step` on the lone model), trained here through the
 one trainer with the method taken off the member axis (`member_archs` without the architecture,
 the path every run of these architectures took before this stage). CPU, float64, one thread: the
 only difference left is floating-point reassociation of batched vs plain products, so the bound is
 1e-9 relative (measured: vit-mini ≤ 5.5e-13, ep's the largest; resnet-small ≤ 2.2e-16) on the
-full fingerprint (tests/member_reference.py): weights
-and BatchNorm buffers, AdamW moments and step counts, learning rates, RNG states, the method's
-generator and feedback draws, every metrics line.
+full fingerprint (tests/member_reference.py): weights and BatchNorm buffers, AdamW moments and
+step counts, learning rates, RNG states, the method's generator and feedback draws and auxiliary
+nets, every metrics line.
 """
 from __future__ import annotations
 
