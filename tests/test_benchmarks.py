@@ -28,3 +28,12 @@ def test_epoch_speed_core_runs(method):
     bench = _load("epoch_speed")
     data = bench.random_cifar(256, torch.device("cpu"))
     assert bench.own_epoch(method, data, torch.device("cpu")) > 0
+
+
+@pytest.mark.parametrize("arch", ["vit-mini", "resnet-small"])
+def test_stack_archs_speed_core_runs(arch):
+    bench = _load("stack_archs_speed")
+    sizes = {"vit-mini": dict(width=8, blocks=1, options={"heads": 2, "patch": 4}),
+             "resnet-small": dict(width=4, blocks=1)}[arch]
+    r, ms = bench.ratio(arch, "bp", k=2, batch=4, steps=1, repeats=1, shape=(3, 8, 8), sizes=sizes)
+    assert r > 0 and ms > 0

@@ -168,9 +168,9 @@ def test_members_with_later_checkpoints_resume(tmp_path, f64, monkeypatch):
 
 def test_grouping():
     base = RunConfig(method="dfa", **TINY)
-    configs = [base, base.replace(seed=1), base.replace(method="bp"), base.replace(trainable_blocks=0),
-               base.replace(blocks=0), base.replace(method="drtp"), base.replace(stop_when_flagged=2),
-               base.replace(method="bp", seed=5)]
+    configs = [base, base.replace(seed=1), base.replace(method="bp", options={}), base.replace(trainable_blocks=0),
+               base.replace(blocks=0), base.replace(method="drtp", options={}), base.replace(stop_when_flagged=2),
+               base.replace(method="bp", options={}, seed=5)]
     assert not can_stack(configs[5]) and not can_stack(configs[6])
     assert group_stacks(configs) == [[0, 1, 3], [2, 7], [4], [5], [6]]
     assert group_stacks(configs, max_size=2) == [[0, 1], [3], [2, 7], [4], [5], [6]]
@@ -188,10 +188,16 @@ def test_stack_job(tmp_path, device):
     assert load_run(dirs[1]).finished
 
 
-def test_a_small_audit_gives_the_same_verdicts_stacked_and_serial(tmp_path, device):
-    """The audit's `stack` knob changes how runs execute, not what they conclude."""
+def test_a_small_audit_gives_the_same_verdicts_stacked_and_serial(tmp_path, device, capsys):
+    """The audit's `stack` knob changes how runs execute, not what they conclude; each run's
+    record says which stack it trained in and its size (or why it trained alone), audit.md says
+    in one line how the audit was scheduled, and `--stack` on a CPU says once that it does not
+    pay there."""
     from creditaudit.config import audit_config_from_dict
     from creditaudit.experiments import audit
+    from creditaudit.experiments.common import CPU_STACK_NOTE
+    from creditaudit.report import write_report
+    from creditaudit.report.tables import schedule_line
     results = {}
     for stack in (True, False):
         config = audit_config_from_dict({
@@ -199,9 +205,39 @@ def test_a_small_audit_gives_the_same_verdicts_stacked_and_serial(tmp_path, devi
             "jobs": 1, "stack": stack, "out": str(tmp_path / str(stack)), "device": str(device),
             "model": {"width": 16, "blocks": 2}})
         results[stack] = audit(config, progress=False)
+        write_report(results[stack], tmp_path / str(stack))
+    assert capsys.readouterr().err.count(CPU_STACK_NOTE) == (device.type == "cpu")
+    # stacked: per method, 2 main runs + 2 ladder-free frozen controls share a shape; 2 shallow
+    # controls another (blocks = 0): bp and dfa each one stack of 4 and one of 2
+    stacked_runs = results[True]["runs"]
+    assert all(r["stack"]["size"] > 1 and r["stack"]["alone"] is None for r in stacked_runs)
+    by_id = {}
+    for r in stacked_runs:
+        by_id.setdefault(r["stack"]["id"], set()).add(r["method"])
+        assert sum(q["stack"]["id"] == r["stack"]["id"] for q in stacked_runs) == r["stack"]["size"]
+    assert all(len(methods) == 1 for methods in by_id.values())
+    sizes = sorted(r["stack"]["size"] for r in stacked_runs)
+    line = schedule_line(results[True])
+    assert line == f"stacked: {len(by_id)} stacks of {sizes[0]}–{sizes[-1]} runs", line
+    assert line in (tmp_path / "True" / "audit.md").read_text()
+    assert all(r["stack"] == {"id": r["stack"]["id"], "size": 1, "alone": "stacking off (--no-stack)"}
+               for r in results[False]["runs"])
+    assert schedule_line(results[False]) == (f"stacked: none; {len(results[False]['runs'])} runs alone "
+                                             "(stacking off (--no-stack))")
     stacked = {m["method"]: m for m in results[True]["methods"]}
     serial = {m["method"]: m for m in results[False]["methods"]}
     for name in serial:
         assert stacked[name]["verdict"] == serial[name]["verdict"]
         assert stacked[name]["paper_verdict"] == serial[name]["paper_verdict"]
         assert abs(stacked[name]["acc"] - serial[name]["acc"]) < 2e-3
+
+
+def test_the_schedule_line_counts_stacks_and_says_why_runs_trained_alone():
+    from creditaudit.report.tables import schedule_line
+    runs = ([{"stack": {"id": 0, "size": 3, "alone": None}}] * 3 + [{"stack": {"id": 1, "size": 6, "alone": None}}] * 6
+            + [{"stack": {"id": 2, "size": 1, "alone": "user rule not on the member axis"}}]
+            + [{"stack": {"id": 3, "size": 1, "alone": "finished before, reused"}}] * 2)
+    assert schedule_line({"runs": runs}) == ("stacked: 2 stacks of 3–6 runs; 3 runs alone "
+                                             "(2: finished before, reused; 1: user rule not on the member axis)")
+    assert schedule_line({"runs": runs[-3:-2]}) == "stacked: none; 1 run alone (user rule not on the member axis)"
+    assert schedule_line({"runs": [{"label": "an audit.json from before"}]}) == ""

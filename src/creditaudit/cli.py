@@ -374,7 +374,7 @@ def _cmd_audit(args) -> int:
     from .config import audit_config_from_dict
     from .experiments import audit
     from .report import compact_table, write_report
-    from .report.tables import work_done
+    from .report.tables import schedule_line, work_done
     from .verdict import Thresholds, verdict_of
     raw = _audit_raw(args)
     config = audit_config_from_dict(raw, where=args.config or "the audit settings")
@@ -409,6 +409,8 @@ def _cmd_audit(args) -> int:
                                width, subsequent_indent="    ", break_long_words=False))
     print(textwrap.fill(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
                         f"{work_done(result)}, {result['wall_time']:.0f} s", width, subsequent_indent="    "))
+    if schedule_line(result):
+        print(textwrap.fill(schedule_line(result), width, subsequent_indent="    "))
     parts = []
     if failed:
         parts.append(_failed_runs_advice(failed, "audit.md"))

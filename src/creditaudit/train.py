@@ -9,11 +9,10 @@ weights, cos(W, B) — `_alignment`), and checkpoints.
 A single run is a stack of one (SPEC §8). `train_runs` trains K runs that share a model shape
 and everything but their seed and trainable blocks (`stack_key`) as one stack: when their method
 is on the member axis for the architecture (`Method.on_member_axis`: bp, fa, dfa, dfa-penalty,
-ep, sb and cb on the ResMLP), the step is `methods.members.MemberStack`'s — one batched step of every member on
+ep, sb and cb on the ResMLP, vit-mini and resnet-small), the step is `methods.members.MemberStack`'s — one batched step of every member on
 (K, B, …) batches, each member with its own data order, init, feedback draws, clipping, frozen
 mask, auxiliary nets, AdamW state and LR schedule — and `train_run` is `train_runs` of one. A method that is not
-on the member axis (the zoo's other rules, a user's `PKG:CLASS`, any method on vit-mini / resnet-small in
-this stage) trains as a stack of one through its lone `train_step`, exactly as before. Each
+on the member axis (the zoo's other rules, a user's `PKG:CLASS`) trains as a stack of one through its lone `train_step`, exactly as before. Each
 member's folder is what a lone run writes (config.json, checkpoints, metrics.jsonl, sealed
 status.json); the global torch RNG is each member's own while its work runs, and is what its
 checkpoint records. A member that goes non-finite is finished as "diverged" alone (its folder as
@@ -165,12 +164,12 @@ def can_stack(config: RunConfig) -> bool:
 
 def stackable() -> str:
     """The built-in methods on the member axis, per architecture, in words (for --help)."""
-    parts = []
+    archs: dict[tuple[str, ...], list[str]] = {}       # architectures with the same methods, together
     for arch, cls in ARCH_CLASSES.items():
-        names = [name for name, m in METHODS.items() if m.on_member_axis(cls)]
+        names = tuple(name for name, m in METHODS.items() if m.on_member_axis(cls))
         if names:
-            parts.append(f"{', '.join(names)} on {arch}")
-    return "; ".join(parts)
+            archs.setdefault(names, []).append(arch)
+    return "; ".join(f"{', '.join(names)} on {', '.join(a)}" for names, a in archs.items())
 
 
 def stack_key(config: RunConfig) -> str:

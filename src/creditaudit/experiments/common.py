@@ -11,6 +11,7 @@ import inspect
 import math
 import os
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,7 +31,8 @@ from ..runner import make_executor
 from ..runs import (DONE, Run, as_device, control_evidence, diagnosis_binding, existing_run_is_done,
                     failure_record,
                     load_run, read_status, run_dir_for, write_diagnosis)
-from ..train import group_stacks, train_run, train_runs
+from ..store import json_number as _num
+from ..train import can_stack, group_stacks, train_run, train_runs
 from ..verdict import Thresholds, stop_rule
 
 
@@ -260,6 +262,35 @@ def stacking_pays(device: torch.device) -> bool:
 CPU_STACK_PAYS = False
 
 
+# The one line `--stack` on a CPU prints (run_all, once). Measured with benchmarks/method_speed.py
+# --methods bp,dfa --epochs 1 --repeats 3 --stack 4 (one thread, the 2-core shared box at load ≈ 9;
+# stack wall ÷ the same 4 runs one after another, median of 3): bp 0.90, dfa 0.94 (earlier, at load
+# ≈ 1.3–1.5: bp 0.95, ep 0.97, sb 0.98, cb 1.05; README "Speed"); benchmarks/stack_archs_speed.py
+# (CPU time, load ≈ 9.6): resnet-small width 16 bp 0.96, dfa 0.93; vit-mini d=64 bp 1.11, dfa 1.14.
+CPU_STACK_NOTE = ("creditaudit: --stack on a CPU: stacking does not pay there (a stack of 4 took 0.90–0.94× the "
+                  "time of its 4 runs one after another on the ResMLP, 0.93–1.14× on resnet-small and vit-mini: "
+                  "benchmarks/method_speed.py and stack_archs_speed.py), while lone runs use every core; "
+                  "training stacked as asked")
+
+
+def _alone_because(config: RunConfig, record: dict, group_size: int, use_stack: bool,
+                   execution: Execution) -> str:
+    """Why a run of `run_all` trained alone (stack size 1), in a few words."""
+    if not record.get("trained"):
+        return "finished before, reused" if record.get("status") in DONE else "not trained"
+    if not use_stack:
+        return "stacking off" + (" (--no-stack)" if execution.stack is False else " on a CPU")
+    if not can_stack(config):
+        if config.stop_when_flagged is not None:
+            return "an early-stop rule reads its monitor"
+        user = ":" in config.method
+        return ("user rule not on the member axis" if user
+                else f"{config.method} not on the member axis for {config.arch}")
+    if group_size > 1:
+        return "resumed at another epoch than its stack"
+    return "no other run of its shape"
+
+
 def default_workers(device: torch.device, n_jobs: int) -> int:
     """CPU: one single-threaded worker per core (small nets scale better across runs than
     within one); CUDA: one process owns the GPU."""
@@ -283,6 +314,10 @@ class Outcome:
     report: dict | None = None
     epochs_planned: int = 0
     diagnosis_reused: bool = False     # its sealed diagnosis of the same run and settings was reused
+    # how it was scheduled: {"id": the stack (unit of work) it trained in, "size": how many runs
+    # trained in it together (1: alone), "alone": why it trained alone, or None}; None: not
+    # trained by run_all (a user's own loop)
+    stack: dict | None = None
 
     @property
     def epochs_completed(self) -> int:
@@ -295,7 +330,7 @@ class Outcome:
                 "message": self.message, "trained_now": self.trained,
                 "diagnosis_reused": self.diagnosis_reused, "test_acc": self.test_acc,
                 "epochs_completed": self.epochs_completed, "epochs_planned": self.config.epochs,
-                "run_dir": str(self.run_dir), "config": self.config.to_dict(),
+                "run_dir": str(self.run_dir), "config": self.config.to_dict(), "stack": self.stack,
                 "monitor": [{k: r.get(k) for k in ("epoch", "test_acc", "train_loss", "h_norms",
                                                     "g_norms", "max_growth", "gain", "gamma",
                                                     "weight_alignment")}
@@ -344,6 +379,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     train_jobs = [Job(c.to_dict(), str(d), execution.data_dir, str(dev), threads, asdict(thresholds),
                       execution.compile_step) for c, d in zip(configs, dirs)]
     use_stack = stacking_pays(dev) if execution.stack is None else execution.stack
+    if execution.stack and dev.type == "cpu":            # asked for where it does not pay: say so, once
+        print(CPU_STACK_NOTE, file=sys.stderr)
     groups = (group_stacks(configs, max_size=math.ceil(len(configs) / workers) if dev.type == "cpu" else None)
               if use_stack else [[i] for i in range(len(configs))])
     units = [StackJob([configs[i].to_dict() for i in g], [str(dirs[i]) for i in g], execution.data_dir,
@@ -363,12 +400,17 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     finally:
         bar.close()
     trained: list[dict] = [{}] * len(configs)
-    for g, res in zip(groups, results):   # a dead worker's record has no "members": the whole unit failed
+    stacks: list[dict] = [{}] * len(configs)
+    # a dead worker's record has no "members": the whole unit failed
+    for j, (g, res) in enumerate(zip(groups, results)):
         for i, r in zip(g, res.get("members") or [res] * len(g)):
             trained[i] = r
+            size = int(r.get("stack_size") or 1)
+            stacks[i] = {"id": j, "size": size,
+                         "alone": None if size > 1 else _alone_because(configs[i], r, len(g), use_stack, execution)}
     outcomes = []
-    for c, d, res in zip(configs, dirs, trained):
-        o = Outcome(c, d, res["status"], res["message"], bool(res.get("trained")))
+    for c, d, res, st in zip(configs, dirs, trained, stacks):
+        o = Outcome(c, d, res["status"], res["message"], bool(res.get("trained")), stack=st)
         if o.status in DONE:
             o.history = store.load_checkpoint(d)[1]["history"]
             o.test_acc = o.history[-1]["test_acc"]

@@ -17,9 +17,10 @@ Only blocks listed in `settings.trainable_blocks` may change; the rest stay bit-
 
 The member axis (SPEC §8): a method whose step is also written over a leading member axis
 implements `member_gradients` (and, with per-run tensors such as feedback matrices,
-`member_feedback`); the trainer then trains K runs of it on K ResidualMLPs of one shape as one
-stack (`methods.members.MemberStack`), a lone run being a stack of one. A method that does not
-(or a subclass that changed the lone step since) trains as a stack of one through its lone step.
+`member_feedback`); the trainer then trains K runs of it on K models of one shape (the
+architectures in `member_archs`) as one stack (`methods.members.MemberStack`), a lone run being
+a stack of one. A method that does not (or a subclass that changed the lone step since) trains as
+a stack of one through its lone step.
 """
 from __future__ import annotations
 
@@ -276,8 +277,8 @@ class Method(ABC):
 
     def member_gradients(self, stack, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """`gradients` over a leading member axis: fill the .grad of `stack.net.params` (stacked
-        (K, …) leaves of a `model.members.MemberResMLP`) for a batch x (K, B, …), y (K, B) and
-        return each member's CE, (K,). `stack` (a `methods.members.MemberStack`) also holds
+        (K, …) leaves of a `model.members.MemberNet`: the ResMLP, vit-mini or resnet-small) for a
+        batch x (K, B, …), y (K, B) and return each member's CE, (K,). `stack` (a `methods.members.MemberStack`) also holds
         `feedback` (the members' `member_feedback`, stacked (K, …)), `modules` (the members'
         `member_modules`' parameters, stacked), `drawn` (this step's `member_prepare_step`),
         `log` (an object the step may leave (K,)-leading tensors on, for `member_sync`), `trains`

@@ -16,13 +16,15 @@ import torch.nn.functional as F
 from ..metrics import bp_gradients
 from ..model.members import member_cross_entropy
 from ..model.resmlp import ResidualMLP
+from ..model.resnet import SmallResNet
+from ..model.vit import ViTMini
 from .base import Method
 
 
 class BP(Method):
     name = "bp"
     paper = True
-    member_archs = (ResidualMLP,)
+    member_archs = (ResidualMLP, ViTMini, SmallResNet)
 
     def __init__(self, model, settings):
         super().__init__(model, settings)

@@ -67,8 +67,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..metrics import ce_gradient
-from ..model.members import member_linear
+from ..model.members import flat_members, member_linear
 from ..model.resmlp import ResidualMLP
+from ..model.resnet import SmallResNet
+from ..model.vit import ViTMini
 from ..seeding import draw_on_host
 from .local import LocalMethod, output_error
 
@@ -111,8 +113,9 @@ def member_ce_gradient(readout, h: torch.Tensor, y: torch.Tensor) -> torch.Tenso
 class _Bridge(LocalMethod):
     """Shared plumbing: options, the aux net with its optimizer, the local update.
 
-    The probe's arithmetic is written once, over a leading member axis (K runs of one ResMLP
-    shape, each with its own probe: `member_probe`, stacked parameters from `MemberStack.modules`);
+    The probe's arithmetic is written once, over a leading member axis (K runs of one model
+    shape — ResMLP, vit-mini or resnet-small, their states seen flat (`flat_members`) —, each
+    with its own probe: `member_probe`, stacked parameters from `MemberStack.modules`);
     a lone run computes it as a stack of one (`probe_params`, states flattened and unsqueezed)."""
 
     # the knobs both bridges read; cb's own (its bridge target's draws, noise, τ, EMA) are declared
@@ -215,7 +218,7 @@ class StateBridge(_Bridge):
     paper = True
     summary = "state bridge: a_l = ∇_{h_l} CE(readout(G_ψ(h_l, t_l, e))), G_ψ trained to predict h_L"
     predicts_state = True
-    member_archs = (ResidualMLP,)
+    member_archs = (ResidualMLP, ViTMini, SmallResNet)
 
     def exact_positions(self, n_blocks):
         """{L}: the bridge L → L is the identity, a_L = ∂ℓ/∂h_L (per sample, no 1/N). cb has no
@@ -260,7 +263,7 @@ class StateBridge(_Bridge):
     def member_gradients(self, stack, x, y):
         """The lone step per member: each member's G_ψ (its slices of `stack.modules["aux"]`)
         gives its credit and is fitted on its own states; the local update as dfa's."""
-        net = stack.net
+        net = flat_members(stack.net)                # the probes read flat states, as lone
         fwd = self.member_local_forward(net, x, stack.trained)
         e = output_error(fwd.logits.detach(), y)                                  # s = e, (K, B, C)
         credit, aux_loss = self._member_credit(stack.modules["aux"], fwd.hidden, e, y, net.readout)
@@ -304,7 +307,7 @@ class CreditBridge(_Bridge):
 
     name = "cb"
     paper = True
-    member_archs = (ResidualMLP,)
+    member_archs = (ResidualMLP, ViTMini, SmallResNet)
     summary = "credit bridge: a_l = ∇_{h_l} V_φ, V_φ a value net trained by bridge consistency"
     option_defaults = {**_Bridge.option_defaults, **{k: DEFAULTS[k] for k in ("draws", "noise", "tau", "ema")}}
     # draws: each is one probe pass over the batch per block and step; the default is 4, and
@@ -444,7 +447,7 @@ class CreditBridge(_Bridge):
     def member_gradients(self, stack, x, y):
         """The lone step per member: member k's V_φ, V̄ (its slices of `stack.modules`) and ε
         (`stack.drawn`); the aux gradient in closed form per member; the local update as dfa's."""
-        net = stack.net
+        net = flat_members(stack.net)                # the probes read flat states, as lone
         fwd = self.member_local_forward(net, x, stack.trained)
         e = output_error(fwd.logits.detach(), y)                                  # s = e, (K, B, C)
         aux = stack.modules["aux"]

@@ -43,6 +43,8 @@ import math
 import torch
 
 from ..model.resmlp import ResidualMLP
+from ..model.resnet import SmallResNet
+from ..model.vit import ViTMini
 from ..seeding import derived_generator
 from .local import LocalMethod, output_error, rms_normalise
 
@@ -76,7 +78,7 @@ class DFA(LocalMethod):
     name = "dfa"
     paper = True
     random_feedback = True
-    member_archs = (ResidualMLP,)
+    member_archs = (ResidualMLP, ViTMini, SmallResNet)
     option_defaults = {"normalise": 1}
     option_ranges = {"normalise": (0, 1)}
     option_help = {"normalise": NORMALISE_HELP}

@@ -86,7 +86,8 @@ before). Measurements (MNIST-1D, d=256, L=4, batch 128, seed 42, 15 epochs, one 
     β = 2 / 3 (plain sweeps, 2 / 3 of them): acc 0.709 / 0.701, but ep_residual up to 0.1.
 No gradient clipping: the EP estimator approximates the BP gradient.
 
-On the member axis (K runs of one ResMLP shape, `member_gradients`): the relaxation is the same
+On the member axis (K runs of one ResMLP, vit-mini or resnet-small shape, `member_gradients`):
+the relaxation is the same
 code (`_relax`) over a `_Chain` whose samples are indexed (K, N) instead of (N,): every per-sample
 quantity (F_i, the step length, the L-BFGS pairs and γ, the acceptance mask) is per member and
 sample, every batch-wide one (the scale, the tol test and its flag, the sweep count) per member.
@@ -101,6 +102,8 @@ with the squared error at strength β, the update (1/β)(ρ(u_i^β)ρ(u_j^β) �
     (one backward per sweep), not by the network's own leaky dynamics; its residual is logged.
   * each block's parameters learn from −(1/β)∂E/∂θ at h^β, i.e. backprop of a_{l+1} through the
     block's two layers, not a two-factor Hebbian product per weight.
+Each block is called as often as in the lone step, so a resnet-small member's BatchNorm running
+statistics move exactly as its lone run's.
 """
 from __future__ import annotations
 
@@ -111,8 +114,10 @@ import torch
 import torch.nn.functional as F
 
 from ..metrics import ce_gradient
-from ..model.members import MemberResMLP, member_cross_entropy
+from ..model.members import MemberNet, member_cross_entropy
 from ..model.resmlp import ResidualMLP
+from ..model.resnet import SmallResNet
+from ..model.vit import ViTMini
 from .base import Method
 
 DEFAULTS = {"beta": 1.0, "steps": 2, "alpha": 1.0, "tol": 0.0}
@@ -160,13 +165,14 @@ class _Chain:
 
 
 class _MemberChain(_Chain):
-    """The same for K members (`MemberResMLP`): samples (K, N); the CE is Σ_k of each member's
+    """The same for K members (a `MemberNet`): samples (K, N); the CE is Σ_k of each member's
     mean (member k's gradient is its own mean's); batch-wide sums per member, (K, 1)."""
 
     lead = 2
 
-    def __init__(self, net: MemberResMLP):
+    def __init__(self, net: MemberNet):
         self.net, self.n_blocks = net, net.n_blocks
+        self.state_dims = 2 + len(net.stream_shape)          # a state (K, N, *stream_shape)
 
     def embed(self, x):
         return self.net.embed_input(x)
@@ -185,8 +191,9 @@ class _MemberChain(_Chain):
         return F.cross_entropy(logits.reshape(k * n, c), y.reshape(k * n), reduction="none").view(k, n) / n
 
     def total(self, t):
-        k = t.shape[1] if t.dim() > 3 else t.shape[0]          # stacked (L, K, N, D) or (K, N, D)
-        per = t.transpose(0, 1) if t.dim() > 3 else t
+        stacked = t.dim() > self.state_dims                  # stacked (L, K, N, …) or one (K, N, …)
+        k = t.shape[1] if stacked else t.shape[0]
+        per = t.transpose(0, 1) if stacked else t
         return per.reshape(k, -1).sum(-1, keepdim=True)
 
 
@@ -218,7 +225,7 @@ class Relaxed:
 class EP(Method):
     name = "ep"
     paper = True
-    member_archs = (ResidualMLP,)
+    member_archs = (ResidualMLP, ViTMini, SmallResNet)
     option_defaults = DEFAULTS
     # steps: each sweep is one forward and one backward through the blocks per batch; published
     # EP relaxations run tens to a few hundred, so 1000 (500× the default) bounds a plan, not a typo
@@ -398,12 +405,11 @@ class EP(Method):
         total = chain.ce(rel.logits, y)
         for f, al in zip(rel.branches, a):
             total = total + (f * al).sum()
-        params = ([p for l in stack.trained for p in net.block_params(l)]
-                  + [net.params[n] for n in ("out_ln.weight", "out_ln.bias", "out_head.weight", "out_head.bias")])
+        params = [p for l in stack.trained for p in net.block_params(l)] + net.head_params()
         grads = torch.autograd.grad(total, params + rel.leaves + [rel.h_last], allow_unused=True)
         leaf_grads, grad_last = grads[len(params):-1], grads[-1]
         a0 = a[0] + leaf_grads[0]                                           # (I + ∂f_0)ᵀ a_1
-        embed = [net.params["embed.weight"], net.params["embed.bias"]]
+        embed = net.embed_params()
         grads = grads[:len(params)] + torch.autograd.grad(rel.h0, embed, a0, allow_unused=True)
         for p, g in zip(params + embed, grads):
             p.grad = g.contiguous()      # a bmm's weight gradient may come strided: AdamW wants the layout of p

@@ -59,6 +59,8 @@ from torch.func import functional_call
 from ..errors import CreditAuditError
 from ..model.members import member_cross_entropy, member_linear
 from ..model.resmlp import ResidualMLP
+from ..model.resnet import SmallResNet
+from ..model.vit import ViTMini
 from .base import Method
 
 ROUTED = (nn.Linear, nn.Conv2d)
@@ -123,6 +125,19 @@ class MemberFeedbackLinear(torch.autograd.Function):
         grad_w = torch.bmm(grad_out.transpose(1, 2), x) if ctx.needs_input_grad[1] else None  # δyᵀ · x
         grad_b = grad_out.sum(1) if ctx.needs_input_grad[2] else None                         # Σ δy
         return grad_x, grad_w, grad_b, None
+
+
+def member_feedback_layer(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          feedback: torch.Tensor) -> torch.Tensor:
+    """`model.members.member_layer` with the input error sent through `feedback` (W's shape):
+    a linear (W (K, out, in), x (K, …, in)) through `MemberFeedbackLinear`, a conv (W (K, out, in,
+    kh, kw), x grouped (B, K·in, H, W)) through `FeedbackConv2d` with groups = K."""
+    if weight.dim() == 3:
+        k = x.shape[0]
+        y = MemberFeedbackLinear.apply(x.reshape(k, -1, x.shape[-1]), weight, bias, feedback)
+        return y.view(x.shape[:-1] + (weight.shape[1],))
+    return FeedbackConv2d.apply(x, weight.flatten(0, 1), None if bias is None else bias.flatten(),
+                                feedback.flatten(0, 1), 1, weight.shape[-1] // 2, 1, weight.shape[0])
 
 
 def _linear_forward(module: nn.Linear, feedback: dict[str, torch.Tensor], name: str, called: set):
@@ -204,7 +219,7 @@ class FA(Method):
     name = "fa"
     paper = True
     random_feedback = True
-    member_archs = (ResidualMLP,)
+    member_archs = (ResidualMLP, ViTMini, SmallResNet)
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
@@ -252,14 +267,15 @@ class FA(Method):
         return {f"{l}.{name}": b for l, pair in enumerate(self.feedback) for name, b in pair.items()}
 
     def member_gradients(self, stack, x, y):
-        """The step on the member axis: each block's W1, W2 of member k send δ back through that
-        member's B (`MemberFeedbackLinear`); a member's frozen block computes (and the stack
+        """The step on the member axis: each block Linear/Conv2d of member k (W1, W2 of the ResMLP;
+        qkv, proj, fc1, fc2 of the ViT; conv1, conv2 of the ResNet) sends δ back through that
+        member's B (`member_feedback_layer`); a member's frozen block computes (and the stack
         discards) a weight gradient, but its error still flows through its B as in the lone step."""
         net = stack.net
         h = net.embed_input(x)
         for l in range(net.n_blocks):
             def routed(z, w, b, name, l=l):
-                return MemberFeedbackLinear.apply(z, w, b, stack.feedback[f"{l}.{name}"])
+                return member_feedback_layer(z, w, b, stack.feedback[f"{l}.{name}"])
             h = h + net.block(l, h, routed)
         ce = member_cross_entropy(net.readout(h), y)
         ce.sum().backward()

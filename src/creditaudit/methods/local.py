@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..model.members import MemberResMLP, member_cross_entropy
+from ..model.members import MemberNet, member_cross_entropy
 from .base import Method
 
 
@@ -117,7 +117,7 @@ class LocalMethod(Method):
 
     # -- the same step over a leading member axis ------------------------------------------------
     @staticmethod
-    def member_local_forward(net: MemberResMLP, x: torch.Tensor, trained: tuple[int, ...]) -> LocalForward:
+    def member_local_forward(net: MemberNet, x: torch.Tensor, trained: tuple[int, ...]) -> LocalForward:
         """`local_forward` of K members at once (x (K, B, …)): a block that some member trains
         (`trained`) keeps its graph — the members that do not train it weigh its local loss by 0
         in `member_local_gradients` — and a block that no member trains runs without one."""
@@ -135,7 +135,7 @@ class LocalMethod(Method):
             hidden.append(h)
         return LocalForward(net.readout(h), hidden, h0, branches)
 
-    def member_local_gradients(self, net: MemberResMLP, y: torch.Tensor, fwd: LocalForward,
+    def member_local_gradients(self, net: MemberNet, y: torch.Tensor, fwd: LocalForward,
                                credit: list[torch.Tensor], trains: torch.Tensor,
                                lam: float = 0.0) -> torch.Tensor:
         """`local_gradients` per member: J = Σ_k J_k with J_k member k's objective (its CE,

@@ -3,7 +3,8 @@
 The K lone models and Methods are built exactly as lone runs build them (`runs.build_model`,
 `runs.build_method`: each seed's init and each seed's feedback draws), then stacked:
 
-    parameters   MemberResMLP(models): one leaf (K, *shape) per parameter name
+    parameters   stack_models(models) (model/members.py: the ResMLP, vit-mini, resnet-small):
+                 one leaf (K, *shape) per parameter name, one (K, *shape) tensor per buffer
     feedback     the members' `member_feedback()` stacked (K, …): member k reads run k's draws
     modules      the members' auxiliary nets (`member_modules()`: sb's G_ψ, cb's V_φ and V̄),
                  each parameter stacked (K, *shape) like the model's; the trainable ones join
@@ -40,7 +41,7 @@ from typing import Sequence
 
 import torch
 
-from ..model.members import MemberResMLP
+from ..model.members import stack_models
 from .base import _FUSED, Method, compiled_step
 
 
@@ -61,8 +62,8 @@ class MemberStack:
             # the stack steps one fused AdamW and hands member 0's scheduled lr to every member: an
             # SGD or Adam recipe trains lone (`train.can_stack`), never silently as AdamW here
             raise ValueError("MemberStack needs Methods of one AdamW recipe (another trains lone)")
-        self.net = MemberResMLP([m.model for m in self.methods])
-        device = self.net.params["embed.weight"].device
+        self.net = stack_models([m.model for m in self.methods])
+        device = self.net.device
         L = self.net.n_blocks
         self.trains = torch.tensor([[m.trainable(l) for l in range(L)] for m in self.methods],
                                    dtype=torch.bool, device=device).view(len(self.methods), L)
@@ -171,7 +172,7 @@ class MemberStack:
         the weights and auxiliary nets of `method` (its folder's last checkpoint, finite) and are
         masked from now on like a frozen block's, so nothing non-finite of it enters the stack's
         arithmetic again."""
-        idx = torch.tensor([k], device=self.net.params["embed.weight"].device)
+        idx = torch.tensor([k], device=self.net.device)
         optimised = {id(p) for p in self.params}
         aux = {id(p) for module in self.modules.values() for p in module.values()}
         stacked = self.stacked()
@@ -179,6 +180,7 @@ class MemberStack:
             stacked[name][k] = p.detach()
             if id(stacked[name]) in optimised | aux:         # aux: e.g. cb's V̄, moved by its EMA
                 self.frozen.append((stacked[name], idx, stacked[name].detach()[idx].clone()))
+        self.net.restack_buffers(k, method.model)          # BatchNorm's running statistics
 
     @torch.no_grad()
     def sync(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import textwrap
+from collections import Counter
 from typing import Sequence
 
 from .. import store
@@ -338,6 +339,27 @@ def work_done(audit: dict) -> str:
     return text
 
 
+def schedule_line(audit: dict) -> str:
+    """How the audit's runs were scheduled, in one line, from each run's "stack" record, e.g.
+    "stacked: 14 stacks of 3–6 runs; 4 runs alone (user rule not on the member axis)"; "" when
+    the runs carry none (trained in the user's own loop, or an audit.json from before)."""
+    records = [r["stack"] for r in audit.get("runs") or [] if isinstance(r.get("stack"), dict)]
+    if not records:
+        return ""
+    sizes = {(s.get("id"), s.get("size")): s.get("size") for s in records if (s.get("size") or 1) > 1}
+    alone = Counter(str(s.get("alone") or "alone") for s in records if (s.get("size") or 1) <= 1)
+    plural = lambda n, word: f"{n} {word}{'' if n == 1 else 's'}"
+    if sizes:
+        low, high = min(sizes.values()), max(sizes.values())
+        parts = [f"stacked: {plural(len(sizes), 'stack')} of {low if low == high else f'{low}–{high}'} runs"]
+    else:
+        parts = ["stacked: none"]
+    if alone:
+        why = "; ".join(reason if len(alone) == 1 else f"{n}: {reason}" for reason, n in alone.most_common())
+        parts.append(f"{plural(sum(alone.values()), 'run')} alone ({why})")
+    return "; ".join(parts)
+
+
 def audit_table(audit: dict) -> str:
     """The audit as Markdown: the header, the main table (one row per method), runs that did not
     finish, the reporting-strategy comparison, each verdict's reasons and the threshold-sensitivity
@@ -345,6 +367,8 @@ def audit_table(audit: dict) -> str:
     out = ["# Credit-assignment audit", "", str(audit.get("header") or "")]
     if _meta(audit):
         out += ["", _meta(audit)]
+    if schedule_line(audit):
+        out += ["", schedule_line(audit)]
     out += ["", f"**{verdict_summary(audit)}**", ""]
     out += [f"- **{name}**: {meaning}" for name, meaning in VERDICT_MEANINGS]
     out += ["", "## Audit"]
