@@ -1,0 +1,106 @@
+"""Scheduling stacks (SPEC §8, experiments/sizing.py): how large a stack may be from measured
+memory per member and free memory (the measurement injected: no GPU needed), what a unit of work
+asks Ray for, and two stacks trained at once in two worker processes giving exactly the audit of
+one stack at a time."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from creditaudit.config import RunConfig, audit_config_from_dict
+from creditaudit.experiments import audit
+from creditaudit.experiments.sizing import (CONTEXT_BYTES, MARGIN, cpu_sizing, gpu_share, plan_stacks,
+                                            size_stacks)
+from creditaudit.report.tables import schedule_line
+
+MiB = 2 ** 20
+
+
+def same_numbers(fragment) -> str:
+    """An audit.json fragment as text, every number exactly (NaN as NaN), wall times left out."""
+    drop = lambda v: ({k: drop(x) for k, x in v.items() if k not in ("wall_time", "run_dir")} if isinstance(v, dict)
+                      else [drop(x) for x in v] if isinstance(v, list) else v)
+    return json.dumps(drop(fragment), sort_keys=True, default=str)
+
+
+@pytest.mark.parametrize("per, fixed, free, workers, n, want", [
+    (100 * MiB, 0, 10_000 * MiB, 1, 1000, (MARGIN * 10_000 * MiB - CONTEXT_BYTES) // (100 * MiB)),
+    (100 * MiB, 1000 * MiB, 10_000 * MiB, 1, 1000, (MARGIN * 10_000 * MiB - CONTEXT_BYTES - 1000 * MiB) // (100 * MiB)),
+    (100 * MiB, 0, 10_000 * MiB, 4, 1000, (MARGIN * 10_000 * MiB / 4 - CONTEXT_BYTES) // (100 * MiB)),
+    (1 * MiB, 0, 80_000 * MiB, 1, 12, 12),                  # never more than the runs there are
+    (100 * MiB, 0, 600 * MiB, 1, 12, 1),                    # no room beyond the context: alone
+    (5000 * MiB, 0, 8000 * MiB, 2, 12, 1),                  # not even one member fits a share: alone
+])
+def test_stack_size_fits_each_workers_share_of_free_memory(per, fixed, free, workers, n, want):
+    sizing = size_stacks(per, fixed, free, workers, n)
+    assert sizing.max_size == int(want) and sizing.max_size >= 1
+    # the size really fits: its members, the fixed part and the context inside the share
+    if sizing.max_size > 1:
+        assert sizing.max_size * per + fixed + CONTEXT_BYTES <= MARGIN * free / workers
+        assert sizing.max_size == n or (sizing.max_size + 1) * per + fixed + CONTEXT_BYTES > MARGIN * free / workers
+    assert f"{per / MiB:.0f} MiB per member" in sizing.why and f"{workers} worker" in sizing.why
+    assert sizing.to_dict()["per_member_bytes"] == per
+
+
+@pytest.mark.parametrize("args", [(0, 0, 1, 1, 1), (-1, 0, 1, 1, 1), (1, 0, -1, 1, 1), (1, 0, 1, 0, 1),
+                                  (1, 0, 1, 1, 0)])
+def test_impossible_sizing_inputs_are_refused(args):
+    with pytest.raises(ValueError):
+        size_stacks(*args)
+
+
+def test_the_plan_probes_each_stackable_shape_once_and_takes_the_tightest():
+    base = RunConfig(method="bp", dataset="synthetic", width=16, blocks=2, epochs=1)
+    wide = base.replace(width=64)
+    configs = [base, base.replace(seed=1), base.replace(trainable_blocks=0), wide, wide.replace(seed=1),
+               base.replace(method="drtp", options={})]                 # drtp: not on the member axis
+    probed = []
+
+    def measure(c):
+        probed.append(c.width)
+        return (10 * MiB if c.width == 16 else 100 * MiB), 0
+
+    sizing = plan_stacks(configs, 1, 2000 * MiB, measure)
+    assert sorted(probed) == [16, 64]
+    assert sizing.max_size == size_stacks(100 * MiB, 0, 2000 * MiB, 1, 2).max_size == 2
+    assert sizing.per_member_bytes == 100 * MiB and "tightest of 2 shapes" in sizing.why
+    assert plan_stacks(configs[-1:], 1, 2000 * MiB, measure) is None
+
+
+def test_a_unit_of_work_asks_ray_for_a_share_of_a_gpu_only_on_cuda():
+    assert gpu_share(torch.device("cuda"), 1) == 1.0
+    assert gpu_share(torch.device("cuda"), 4) == 0.25
+    assert gpu_share(torch.device("cpu"), 4) == 0.0
+    assert cpu_sizing(7, 2).max_size == 4 and cpu_sizing(7, 1).max_size == 7
+
+
+def test_two_stacks_at_once_in_two_workers_equal_one_at_a_time(tmp_path, capsys):
+    """--jobs 2 --stack on a CPU: the audit's stacks train in two worker processes at once, and its
+    tables and every run's numbers equal those of --jobs 1 (the same stacks, one after another)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                   # --jobs 1 trains in this process: one thread like a worker
+    try:
+        results = {jobs: audit(audit_config_from_dict({
+            "dataset": "digits", "methods": ["bp", "dfa"], "seeds": [42], "epochs": 1, "jobs": jobs,
+            "stack": True, "out": str(tmp_path / str(jobs)), "device": "cpu",
+            "model": {"width": 16, "blocks": 2}}), progress=False) for jobs in (1, 2)}
+    finally:
+        torch.set_num_threads(threads)
+    capsys.readouterr()
+    one, two = results[1], results[2]
+    stacks = lambda res: sorted(tuple(sorted(r["label"] for r in res["runs"] if r["stack"]["id"] == i))
+                                for i in {r["stack"]["id"] for r in res["runs"]})
+    assert stacks(one) == stacks(two)
+    assert sum(len(s) > 1 for s in stacks(two)) >= 2           # two stacks, so two at once
+    assert two["runs_trained_now"] == one["runs_trained_now"] == len(one["runs"])
+    assert same_numbers(one["methods"]) == same_numbers(two["methods"])
+    assert [same_numbers({k: r[k] for k in ("label", "status", "test_acc", "report", "monitor")})
+            for r in one["runs"]] == [same_numbers({k: r[k] for k in ("label", "status", "test_acc", "report",
+                                                                      "monitor")}) for r in two["runs"]]
+    assert [m["verdict"] for m in one["methods"]] == [m["verdict"] for m in two["methods"]]
+    n = len(two["runs"])
+    assert all(r["stack"]["limit"] == -(-n // 2) for r in two["runs"])
+    assert schedule_line(two).endswith(f"stack size: CPU: at most {-(-n // 2)} runs per stack, "
+                                       "one stack per worker (2)")
