@@ -11,8 +11,9 @@ import torch
 
 from creditaudit.config import RunConfig, audit_config_from_dict
 from creditaudit.experiments import audit
+from creditaudit.data import load_dataset
 from creditaudit.experiments.sizing import (CONTEXT_BYTES, MARGIN, cpu_sizing, gpu_share, plan_stacks,
-                                            size_stacks)
+                                            probe_step, size_stacks)
 from creditaudit.report.tables import schedule_line
 
 MiB = 2 ** 20
@@ -67,6 +68,20 @@ def test_the_plan_probes_each_stackable_shape_once_and_takes_the_tightest():
     assert sizing.max_size == size_stacks(100 * MiB, 0, 2000 * MiB, 1, 2).max_size == 2
     assert sizing.per_member_bytes == 100 * MiB and "tightest of 2 shapes" in sizing.why
     assert plan_stacks(configs[-1:], 1, 2000 * MiB, measure) is None
+
+
+@pytest.mark.parametrize("arch, method, sizes", [
+    ("resmlp", "bp", {}), ("vit-mini", "dfa", {"arch_options": {"heads": 2, "patch": 4}}),
+    ("resnet-small", "ep", {"width": 8})])
+def test_the_probe_step_is_a_training_step_of_the_stack(arch, method, sizes, tmp_path):
+    """What the CUDA probe measures is one real step of 1 and of 2 members (here on the CPU): a
+    finite loss per member, member 0's the same alone and stacked (same seed, same batch)."""
+    data = load_dataset("digits", tmp_path, "cpu")
+    config = RunConfig(method=method, dataset="digits", arch=arch, width=16, blocks=2, epochs=1,
+                       batch_size=64).replace(**sizes)
+    alone, stacked = probe_step(config, data, torch.device("cpu"), 1), probe_step(config, data, torch.device("cpu"), 2)
+    assert alone.shape == (1,) and stacked.shape == (2,) and bool(stacked.isfinite().all())
+    assert float(stacked[0]) == pytest.approx(float(alone[0]), rel=1e-5)
 
 
 def test_a_unit_of_work_asks_ray_for_a_share_of_a_gpu_only_on_cuda():

@@ -85,7 +85,7 @@ def probe_member_bytes(config: RunConfig, data: ArrayDataset, device: torch.devi
         for size in (1, k):
             start = torch.cuda.memory_allocated(dev)
             torch.cuda.reset_peak_memory_stats(dev)
-            _probe_step(config, on_dev, dev, size)
+            probe_step(config, on_dev, dev, size)
             torch.cuda.synchronize(dev)
             peaks[size] = torch.cuda.max_memory_allocated(dev) - start
             torch.cuda.empty_cache()
@@ -95,8 +95,9 @@ def probe_member_bytes(config: RunConfig, data: ArrayDataset, device: torch.devi
     return per, max(0, peaks[1] - per) + data_bytes
 
 
-def _probe_step(config: RunConfig, data: ArrayDataset, dev: torch.device, size: int) -> None:
-    """One step of a stack of `size` runs of `config`'s shape, as `train._train_stack` takes it."""
+def probe_step(config: RunConfig, data: ArrayDataset, dev: torch.device, size: int) -> torch.Tensor:
+    """One step of a stack of `size` runs of `config`'s shape, as `train._train_stack` takes it
+    (on any device); the members' losses, (size,)."""
     configs = [config.replace(seed=config.seed + i) for i in range(size)]
     models = [build_model(c, data.input_shape, data.n_classes).to(dev) for c in configs]
     methods = [build_method(c, m) for c, m in zip(configs, models)]
@@ -104,9 +105,8 @@ def _probe_step(config: RunConfig, data: ArrayDataset, dev: torch.device, size: 
     x, y = torch.stack([b[0] for b in batches]), torch.stack([b[1] for b in batches])
     with precision_context(config.precision, dev):
         if size > 1:
-            MemberStack(methods).train_step(x, y)
-        else:
-            methods[0].train_step(x[0], y[0])
+            return MemberStack(methods).train_step(x, y).detach()
+        return methods[0].train_step(x[0], y[0]).detach().reshape(1)
 
 
 def plan_stacks(configs: Sequence[RunConfig], workers: int, free: int,
