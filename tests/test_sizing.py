@@ -69,6 +69,14 @@ def test_the_plan_probes_each_stackable_shape_once_and_takes_the_tightest():
     assert sizing.per_member_bytes == 100 * MiB and "tightest of 2 shapes" in sizing.why
     assert plan_stacks(configs[-1:], 1, 2000 * MiB, measure) is None
 
+    def fails_wide(c):
+        if c.width == 64:
+            raise RuntimeError("CUDA out of memory")
+        return measure(c)
+
+    failed = plan_stacks(configs, 1, 2000 * MiB, fails_wide)
+    assert failed.max_size == 1 and "probe step of bp failed (RuntimeError: CUDA out of memory)" in failed.why
+
 
 @pytest.mark.parametrize("arch, method, sizes", [
     ("resmlp", "bp", {}), ("vit-mini", "dfa", {"arch_options": {"heads": 2, "patch": 4}}),
@@ -116,6 +124,7 @@ def test_two_stacks_at_once_in_two_workers_equal_one_at_a_time(tmp_path, capsys)
                                                                       "monitor")}) for r in two["runs"]]
     assert [m["verdict"] for m in one["methods"]] == [m["verdict"] for m in two["methods"]]
     n = len(two["runs"])
-    assert all(r["stack"]["limit"] == -(-n // 2) for r in two["runs"])
+    assert all(r["stack"]["sizing"]["max_size"] == -(-n // 2) for r in two["runs"])
+    assert two["schedule"] == two["runs"][0]["stack"]["sizing"] and two["schedule"]["workers"] == 2
     assert schedule_line(two).endswith(f"stack size: CPU: at most {-(-n // 2)} runs per stack, "
                                        "one stack per worker (2)")

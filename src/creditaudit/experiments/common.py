@@ -332,8 +332,9 @@ class Outcome:
     epochs_planned: int = 0
     diagnosis_reused: bool = False     # its sealed diagnosis of the same run and settings was reused
     # how it was scheduled: {"id": the stack (unit of work) it trained in, "size": how many runs
-    # trained in it together (1: alone), "alone": why it trained alone, or None}; None: not
-    # trained by run_all (a user's own loop)
+    # trained in it together (1: alone), "alone": why it trained alone, or None, and with stacking
+    # on "sizing": the audit's largest stack and why (`sizing.StackSizing`)}; None: not trained by
+    # run_all (a user's own loop)
     stack: dict | None = None
 
     @property
@@ -426,7 +427,7 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             size = int(r.get("stack_size") or 1)
             stacks[i] = {"id": j, "size": size,
                          "alone": None if size > 1 else _alone_because(configs[i], r, len(g), use_stack, execution),
-                         **({"limit": sizing.max_size, "sizing": sizing.why} if sizing else {})}
+                         **({"sizing": sizing.to_dict()} if sizing else {})}
     outcomes = []
     for c, d, res, st in zip(configs, dirs, trained, stacks):
         o = Outcome(c, d, res["status"], res["message"], bool(res.get("trained")), stack=st)

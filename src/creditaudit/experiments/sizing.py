@@ -124,8 +124,14 @@ def plan_stacks(configs: Sequence[RunConfig], workers: int, free: int,
     for c in configs:
         if can_stack(c):
             counts[stack_key(c)] = counts.get(stack_key(c), 0) + 1
-    fits = [size_stacks(*measure(c), free, workers, counts[key]) for key, c in shapes.items()]
-    worst = min(fits, key=lambda s: (s.max_size, -s.per_member_bytes))
+    fits = []
+    for key, c in shapes.items():
+        try:
+            fits.append(size_stacks(*measure(c), free, workers, counts[key]))
+        except Exception as err:  # noqa: BLE001 — a probe that fails (out of memory, a rule's bug) stacks nothing
+            what = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+            fits.append(StackSizing(1, f"the probe step of {c.method} failed ({what}): no stacks", workers=workers))
+    worst = min(fits, key=lambda s: (s.max_size, -(s.per_member_bytes or 0)))
     if len(fits) > 1:
         worst = StackSizing(worst.max_size, f"{worst.why} (the tightest of {len(fits)} shapes probed)",
                             worst.per_member_bytes, worst.fixed_bytes, worst.free_bytes, workers)

@@ -358,7 +358,7 @@ def schedule_line(audit: dict) -> str:
     if alone:
         why = "; ".join(reason if len(alone) == 1 else f"{n}: {reason}" for reason, n in alone.most_common())
         parts.append(f"{plural(sum(alone.values()), 'run')} alone ({why})")
-    sizing = sorted({str(s["sizing"]) for s in records if s.get("sizing")})   # why stacks are no larger
+    sizing = sorted({str(s["sizing"].get("why")) for s in records if isinstance(s.get("sizing"), dict)})
     parts += [f"stack size: {why}" for why in sizing]
     return "; ".join(parts)
 
