@@ -128,3 +128,21 @@ def test_two_stacks_at_once_in_two_workers_equal_one_at_a_time(tmp_path, capsys)
     assert two["schedule"] == two["runs"][0]["stack"]["sizing"] and two["schedule"]["workers"] == 2
     assert schedule_line(two).endswith(f"stack size: CPU: at most {-(-n // 2)} runs per stack, "
                                        "one stack per worker (2)")
+
+
+def test_on_cuda_run_all_sizes_by_the_probe_and_gives_every_worker_a_stack(monkeypatch, tmp_path):
+    """run_all's sizing on CUDA (`common.stack_sizing`), the GPU's numbers injected: the probe's
+    fit, then at most ⌈runs / workers⌉ so that `--jobs N` workers each get a stack."""
+    from creditaudit.experiments import common
+    base = RunConfig(method="bp", dataset="digits", width=16, blocks=2, epochs=1)
+    configs = [base.replace(seed=s) for s in range(8)]
+    monkeypatch.setattr(common, "cuda_free_bytes", lambda dev: 4000 * MiB)
+    monkeypatch.setattr(common, "probe_member_bytes", lambda c, data, dev: (100 * MiB, 0))
+    cuda = torch.device("cuda")
+    alone = common.stack_sizing(configs, cuda, 1, str(tmp_path))
+    assert alone.max_size == 8 and alone.free_bytes == 4000 * MiB       # (0.8·4000 − 512) / 100 = 26 ≥ 8 runs
+    shared = common.stack_sizing(configs, cuda, 3, str(tmp_path))
+    assert shared.max_size == 3 and "each of the 3 workers gets a stack" in shared.why
+    monkeypatch.setattr(common, "probe_member_bytes", lambda c, data, dev: (1000 * MiB, 0))
+    tight = common.stack_sizing(configs, cuda, 2, str(tmp_path))
+    assert tight.max_size == 1 and "no room for more than 1" in tight.why   # 0.8·2000 − 512 < 1000·2

@@ -65,7 +65,7 @@ def size_stacks(per_member: int, fixed: int, free: int, workers: int, n_runs: in
     fit = max(1, min(n_runs, math.floor(room / per_member))) if room > 0 else 1
     why = (f"{_mib(per_member)} per member (probe step), {_mib(fixed)} fixed; {_mib(free)} free on the GPU, "
            f"{margin:.0%} of it over {workers} worker{'s' if workers > 1 else ''}: "
-           + (f"stacks of at most {fit}" if room >= per_member else "no room for more than 1 per stack"))
+           + (f"stacks of at most {fit}" if room >= 2 * per_member else "no room for more than 1 per stack"))
     return StackSizing(fit, why, int(per_member), int(fixed), int(free), workers)
 
 
