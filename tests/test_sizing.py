@@ -146,3 +146,9 @@ def test_on_cuda_run_all_sizes_by_the_probe_and_gives_every_worker_a_stack(monke
     monkeypatch.setattr(common, "probe_member_bytes", lambda c, data, dev: (1000 * MiB, 0))
     tight = common.stack_sizing(configs, cuda, 2, str(tmp_path))
     assert tight.max_size == 1 and "no room for more than 1" in tight.why   # 0.8·2000 − 512 < 1000·2
+    # a run alone because no second member fit says so, not "no other run of its shape"
+    why = common._alone_because(configs[0], {"trained": True, "status": "finished"}, 1, True,
+                                common.Execution(), tight.max_size)
+    assert why == "stacks limited to 1 run (stack size)"
+    assert common._alone_because(configs[0], {"trained": True, "status": "finished"}, 1, True,
+                                 common.Execution(), 8) == "no other run of its shape"

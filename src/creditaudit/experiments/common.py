@@ -275,7 +275,7 @@ CPU_STACK_NOTE = ("creditaudit: --stack on a CPU: stacking does not pay there (a
 
 
 def _alone_because(config: RunConfig, record: dict, group_size: int, use_stack: bool,
-                   execution: Execution) -> str:
+                   execution: Execution, limit: int | None = None) -> str:
     """Why a run of `run_all` trained alone (stack size 1), in a few words."""
     if not record.get("trained"):
         return "finished before, reused" if record.get("status") in DONE else "not trained"
@@ -289,6 +289,8 @@ def _alone_because(config: RunConfig, record: dict, group_size: int, use_stack: 
                 else f"{config.method} not on the member axis for {config.arch}")
     if group_size > 1:
         return "resumed at another epoch than its stack"
+    if limit == 1:
+        return "stacks limited to 1 run (stack size)"
     return "no other run of its shape"
 
 
@@ -426,7 +428,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             trained[i] = r
             size = int(r.get("stack_size") or 1)
             stacks[i] = {"id": j, "size": size,
-                         "alone": None if size > 1 else _alone_because(configs[i], r, len(g), use_stack, execution),
+                         "alone": None if size > 1 else _alone_because(configs[i], r, len(g), use_stack, execution,
+                                                                     sizing.max_size if sizing else None),
                          **({"sizing": sizing.to_dict()} if sizing else {})}
     outcomes = []
     for c, d, res, st in zip(configs, dirs, trained, stacks):
