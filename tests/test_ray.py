@@ -165,6 +165,38 @@ def test_finished_runs_are_reused_across_executors(audits, second, first):
     assert _numbers_differ(audits[first], audits[second]) == []
 
 
+def test_a_stack_is_one_ray_task_and_equals_the_local_executors(ray_instance, tmp_path, data_dir, monkeypatch):
+    """Under --executor ray --stack, each stack is one Ray task asking for one CPU and (on a CPU)
+    no GPU, and the audit's numbers equal the local executor's stacks."""
+    real, asked, tasks = ray.remote, [], []
+
+    class Named:                               # the remote function, its task names recorded
+        def __init__(self, fn):
+            self.fn = fn
+
+        def options(self, **kw):
+            tasks.append(kw["name"])
+            return self.fn.options(**kw)
+
+    def spy(**kw):
+        asked.append(kw)
+        return lambda fn: Named(real(**kw)(fn))
+
+    monkeypatch.setattr(ray, "remote", spy)
+    results = {}
+    for executor in ("ray", "local"):
+        config = _audit_config(tmp_path / executor, executor, data_dir)
+        results[executor] = audit(AuditConfig(**{**config.__dict__, "stack": True}), progress=False)
+    on_ray = results["ray"]
+    ids = {r["stack"]["id"] for r in on_ray["runs"]}
+    assert any(r["stack"]["size"] > 1 for r in on_ray["runs"])
+    trained = [t for t in tasks if t.startswith("train_any[")]
+    assert sorted(trained) == sorted(f"train_any[{i}]" for i in ids)          # one task per stack
+    assert asked and all(kw["num_cpus"] == 1 and kw["num_gpus"] == 0.0 for kw in asked)
+    assert [r["stack"] for r in on_ray["runs"]] == [r["stack"] for r in results["local"]["runs"]]
+    assert _numbers_differ(results["local"], on_ray) == []
+
+
 # -- 3: a worker killed mid-run is retried and resumes from its checkpoint -------------------------
 def _checkpoint_epoch(run_dir: Path) -> int:
     try:

@@ -351,7 +351,9 @@ class AuditConfig:
     out: str = field(default="audits/audit", metadata=_help("audit folder"))
     data_dir: str = field(default="data", metadata=_help("where datasets live"))
     device: str = field(default="auto", metadata=_help("cpu, cuda, cuda:N or auto"))
-    jobs: int = field(default=0, metadata=_help("parallel runs (0 = one per CPU core; 1 on CUDA)"))
+    jobs: int = field(default=0, metadata=_help(
+        "parallel workers, each a run or a stack at a time (0 = one per CPU core; 1 on CUDA, where N "
+        "workers share the GPU and a Ray task asks 1/N of it)"))
     controls: tuple[str, ...] = CONTROLS
     eval_batches: int = field(default=8, metadata=_help("disjoint eval batches for the diagnostics (≥ 8 for (c))"))
     executor: str = field(default="local", metadata=_help("where runs execute"))

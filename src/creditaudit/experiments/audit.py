@@ -248,6 +248,8 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
         "thresholds": asdict(thresholds),
         "wall_time": time.perf_counter() - t0,
         "runs_trained_now": sum(o.trained for o in outcomes),
+        # how large a stack could be and why (experiments.sizing); None with stacking off
+        "schedule": next((o.stack["sizing"] for o in outcomes if o.stack and o.stack.get("sizing")), None),
         "diagnoses": sum(o.report is not None for o in outcomes),
         "diagnoses_reused": sum(o.diagnosis_reused for o in outcomes),   # sealed, of the same run and settings
         **table,

@@ -13,7 +13,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -34,6 +34,7 @@ from ..runs import (DONE, Run, as_device, control_evidence, diagnosis_binding, e
 from ..store import json_number as _num
 from ..train import can_stack, group_stacks, train_run, train_runs
 from ..verdict import Thresholds, stop_rule
+from .sizing import StackSizing, cpu_sizing, cuda_free_bytes, gpu_share, plan_stacks, probe_member_bytes
 
 
 def eval_batches(data: ArrayDataset, k: int, size: int = 128) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -274,7 +275,7 @@ CPU_STACK_NOTE = ("creditaudit: --stack on a CPU: stacking does not pay there (a
 
 
 def _alone_because(config: RunConfig, record: dict, group_size: int, use_stack: bool,
-                   execution: Execution) -> str:
+                   execution: Execution, limit: int | None = None) -> str:
     """Why a run of `run_all` trained alone (stack size 1), in a few words."""
     if not record.get("trained"):
         return "finished before, reused" if record.get("status") in DONE else "not trained"
@@ -288,7 +289,25 @@ def _alone_because(config: RunConfig, record: dict, group_size: int, use_stack: 
                 else f"{config.method} not on the member axis for {config.arch}")
     if group_size > 1:
         return "resumed at another epoch than its stack"
+    if limit == 1:
+        return "stacks limited to 1 run (stack size)"
     return "no other run of its shape"
+
+
+def stack_sizing(configs: Sequence[RunConfig], dev: torch.device, workers: int, data_dir: str) -> StackSizing | None:
+    """The largest stack run_all forms, and why (`sizing`): on CUDA measured by a probe step per
+    stackable shape against the free memory, and at most ⌈runs / workers⌉ so that `--jobs N`
+    workers each get a stack; on a CPU one stack per worker."""
+    if dev.type != "cuda":
+        return cpu_sizing(len(configs), workers)
+    data = dataset(configs[0].dataset, data_dir, "cpu")
+    planned = plan_stacks(configs, workers, cuda_free_bytes(dev),
+                          lambda c: probe_member_bytes(c, data, dev))
+    share = math.ceil(len(configs) / workers)
+    if planned is None or workers == 1 or planned.max_size <= share:
+        return planned
+    return replace(planned, max_size=share,
+                   why=f"{planned.why}; at most {share} so that each of the {workers} workers gets a stack")
 
 
 def default_workers(device: torch.device, n_jobs: int) -> int:
@@ -315,8 +334,9 @@ class Outcome:
     epochs_planned: int = 0
     diagnosis_reused: bool = False     # its sealed diagnosis of the same run and settings was reused
     # how it was scheduled: {"id": the stack (unit of work) it trained in, "size": how many runs
-    # trained in it together (1: alone), "alone": why it trained alone, or None}; None: not
-    # trained by run_all (a user's own loop)
+    # trained in it together (1: alone), "alone": why it trained alone, or None, and with stacking
+    # on "sizing": the audit's largest stack and why (`sizing.StackSizing`)}; None: not trained by
+    # run_all (a user's own loop)
     stack: dict | None = None
 
     @property
@@ -372,16 +392,17 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     check_eval_batches(len(data.y_test), n_eval)
     # the data's contents are part of every run's key: other data under the same --out are other runs
     configs = [c.bind_data(dataset(c.dataset, execution.data_dir, "cpu").digest) for c in configs]
+    # a unit of work (a stack or a lone run) asks Ray for 1/workers of a GPU: --jobs N stacks share one
     executor = make_executor(execution.executor, workers=workers, address=execution.address,
-                             max_retries=execution.max_retries,
-                             gpus_per_job=1.0 if dev.type == "cuda" else 0.0)
+                             max_retries=execution.max_retries, gpus_per_job=gpu_share(dev, workers))
     dirs = [run_dir_for(root, c) for c in configs]
     train_jobs = [Job(c.to_dict(), str(d), execution.data_dir, str(dev), threads, asdict(thresholds),
                       execution.compile_step) for c, d in zip(configs, dirs)]
     use_stack = stacking_pays(dev) if execution.stack is None else execution.stack
     if execution.stack and dev.type == "cpu":            # asked for where it does not pay: say so, once
         print(CPU_STACK_NOTE, file=sys.stderr)
-    groups = (group_stacks(configs, max_size=math.ceil(len(configs) / workers) if dev.type == "cpu" else None)
+    sizing = stack_sizing(configs, dev, workers, execution.data_dir) if use_stack else None
+    groups = (group_stacks(configs, max_size=sizing.max_size if sizing else None)
               if use_stack else [[i] for i in range(len(configs))])
     units = [StackJob([configs[i].to_dict() for i in g], [str(dirs[i]) for i in g], execution.data_dir,
                       str(dev), threads, execution.compile_step) if len(g) > 1 else train_jobs[g[0]]
@@ -407,7 +428,9 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             trained[i] = r
             size = int(r.get("stack_size") or 1)
             stacks[i] = {"id": j, "size": size,
-                         "alone": None if size > 1 else _alone_because(configs[i], r, len(g), use_stack, execution)}
+                         "alone": None if size > 1 else _alone_because(configs[i], r, len(g), use_stack, execution,
+                                                                     sizing.max_size if sizing else None),
+                         **({"sizing": sizing.to_dict()} if sizing else {})}
     outcomes = []
     for c, d, res, st in zip(configs, dirs, trained, stacks):
         o = Outcome(c, d, res["status"], res["message"], bool(res.get("trained")), stack=st)

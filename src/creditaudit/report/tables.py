@@ -341,7 +341,8 @@ def work_done(audit: dict) -> str:
 
 def schedule_line(audit: dict) -> str:
     """How the audit's runs were scheduled, in one line, from each run's "stack" record, e.g.
-    "stacked: 14 stacks of 3–6 runs; 4 runs alone (user rule not on the member axis)"; "" when
+    "stacked: 14 stacks of 3–6 runs; 4 runs alone (user rule not on the member axis)", then how the
+    largest stack was sized (`experiments.sizing`) where the records say; "" when
     the runs carry none (trained in the user's own loop, or an audit.json from before)."""
     records = [r["stack"] for r in audit.get("runs") or [] if isinstance(r.get("stack"), dict)]
     if not records:
@@ -357,6 +358,8 @@ def schedule_line(audit: dict) -> str:
     if alone:
         why = "; ".join(reason if len(alone) == 1 else f"{n}: {reason}" for reason, n in alone.most_common())
         parts.append(f"{plural(sum(alone.values()), 'run')} alone ({why})")
+    sizing = sorted({str(s["sizing"].get("why")) for s in records if isinstance(s.get("sizing"), dict)})
+    parts += [f"stack size: {why}" for why in sizing]
     return "; ".join(parts)
 
 
