@@ -306,7 +306,18 @@ class AuditConfig:
                     runs.append(base.replace(trainable_blocks=0))
                 if "shallow" in self.controls and base.blocks > 0:
                     runs.append(base.replace(blocks=0))
-        return runs
+        return runs + [c for c in self.yardstick_configs() if REFERENCE_METHOD not in self.methods]
+
+    def yardstick_configs(self) -> list[RunConfig]:
+        """The yardstick of each seed's frozen controls: the reference method's (bp's) frozen
+        control — the same frozen blocks (a seed's initial weights depend on the seed and the
+        model alone), embedding and readout trained by exact gradients on the same data and
+        budget. It is bp's own frozen control when bp is audited; else the audit trains it once
+        per seed (docs/PROTOCOL.md "The yardstick")."""
+        if "frozen" not in self.controls:
+            return []
+        bases = [self.base_config(REFERENCE_METHOD, seed) for seed in self.seeds]
+        return [b.replace(trainable_blocks=0) for b in bases if b.blocks > 0]
 
     def base_config(self, method: str, seed: int) -> RunConfig:
         """The main run of `method` at `seed`: the audit's λ goes to every method that declares it,

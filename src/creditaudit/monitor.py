@@ -48,6 +48,7 @@ from .adapter import Adapter, block_modules, check_reproduces, check_residual, s
 from .errors import CreditAuditError, CreditAuditWarning
 from .evidence import ControlEvidence
 from .metrics import MonitorSnapshot, accuracy, monitor_snapshot
+from .model.stream import parameter_roles
 from .runs import diagnosis_binding, read_status, write_diagnosis
 from .verdict import FLAG_NAMES, Thresholds, first_fire_epochs, stop_rule
 
@@ -543,16 +544,21 @@ class Monitor:
                 for n, p in self.model.named_parameters() if n in self.init}
         ids = {n: id(p) for n, p in self.model.named_parameters()}
         blocks = [same[n] for n in same if ids[n] in in_blocks]
-        rest = [same[n] for n in same if ids[n] not in in_blocks]
         was = self.model.training
         self.model.eval()
         try:
+            x = self.x.to(_device_of(self.model))
             with torch.no_grad():
-                logits = self.stream.forward_from(0, self.stream.embed(self.x.to(_device_of(self.model))))
+                logits = self.stream.forward_from(0, self.stream.embed(x))
+            # the embedding and the readout each its own group (evidence.py)
+            roles = parameter_roles(self.stream, dict(self.model.named_parameters()), x)
         finally:
             self.model.train(was)
+        moved = lambda part: (bool(names := [n for n in roles[part] if n in same and ids[n] not in in_blocks])
+                              and not all(same[n] for n in names))
         finite = all(bool(p.isfinite().all()) for p in self.model.parameters()) and bool(logits.isfinite().all())
-        return {"blocks_at_init": all(blocks), "rest_moved": bool(rest) and not all(rest), "finite": finite}
+        return {"blocks_at_init": all(blocks), "embedding_moved": moved("embedding"),
+                "readout_moved": moved("readout"), "finite": finite}
 
     def _diagnose(self, from_checkpoint: bool = False):
         from .protocol import diagnose
@@ -666,7 +672,8 @@ def control_evidence(control_dir: str | Path, main_info: dict) -> ControlEvidenc
     elif info.get("epochs") != main_info.get("epochs"):
         mismatch = f"it plans {info.get('epochs')} epochs, the run {main_info.get('epochs')}"
     return ControlEvidence(str(control_dir), mismatch, run.finished, run.test_acc,
-                           check.get("blocks_at_init"), check.get("rest_moved"), check.get("finite"))
+                           check.get("blocks_at_init"), check.get("embedding_moved"),
+                           check.get("readout_moved"), check.get("finite"))
 
 
 def control_accuracy(control_dir: str | Path, main_info: dict) -> float | None:

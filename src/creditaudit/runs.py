@@ -249,7 +249,8 @@ def control_evidence(config: RunConfig | None, control: Run, x: torch.Tensor | N
     now = {n: p.detach().cpu() for n, p in model.named_parameters()}
     names = {id(p): n for n, p in model.named_parameters()}
     blocks = {names[id(p)] for b in model.blocks for p in b.parameters()}
-    rest = [names[id(p)] for p in (*model.embed_parameters(), *model.head_parameters())]
+    moved = lambda params: bool(params) and not all(torch.equal(now[names[id(p)]], start[names[id(p)]])
+                                                    for p in params)
     finite = all(bool(p.isfinite().all()) for p in now.values())
     if finite and x is not None:
         with torch.no_grad():
@@ -258,7 +259,8 @@ def control_evidence(config: RunConfig | None, control: Run, x: torch.Tensor | N
         where, finished=control.finished, acc=control.test_acc, finite=finite,
         kind="frozen" if config is not None else control.config.control,
         blocks_at_init=all(torch.equal(now[n], start[n]) for n in blocks),
-        rest_moved=bool(rest) and not all(torch.equal(now[n], start[n]) for n in rest))
+        # each its own group: a readout trained on an untouched embedding is no yardstick
+        embedding_moved=moved(model.embed_parameters()), readout_moved=moved(model.head_parameters()))
 
 
 def run_identity(run_dir: Path) -> str | None:

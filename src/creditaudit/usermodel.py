@@ -33,6 +33,7 @@ from .errors import CreditAuditError
 from .evidence import ControlEvidence
 from .metrics import accuracy, monitor_snapshot
 from .model import ResidualStream
+from .model.stream import parameter_roles
 
 
 
@@ -129,12 +130,14 @@ def _step_module(step) -> torch.nn.Module | None:
     return None
 
 
-def parameter_groups(model: torch.nn.Module) -> dict[str, set[str]] | None:
+def parameter_groups(model: torch.nn.Module, x: torch.Tensor | None = None) -> dict[str, set[str]] | None:
     """Parameter names of the model's blocks, embedding and head (None when the blocks' parameters
     cannot be told apart from the rest: a `.stream()` whose steps are not modules of the model).
 
-    A ResidualModel names its embedding and head parameters; for a `.stream()` model everything
-    outside the blocks counts as "embedding and head" together."""
+    A ResidualModel names its embedding and head parameters; for a `.stream()` model they are the
+    parameters outside the blocks that its embed (its readout) uses on the batch `x`
+    (`model.stream.parameter_roles`); without `x`, everything outside the blocks counts as one
+    group "embedding and head"."""
     names = {id(p): n for n, p in model.named_parameters()}
     stream = model.stream()
     modules = [_step_module(s) for s in stream.steps]
@@ -149,8 +152,12 @@ def parameter_groups(model: torch.nn.Module) -> dict[str, set[str]] | None:
     try:
         groups = {"embedding": {names[id(p)] for p in embed_params()},
                   "head": {names[id(p)] for p in head_params()}}
-    except Exception:  # noqa: BLE001 — not a ResidualModel: one group for everything but the blocks
-        groups = {"embedding and head": rest}
+    except Exception:  # noqa: BLE001 — not a ResidualModel: found through its stream
+        if x is None:
+            groups = {"embedding and head": rest}
+        else:
+            roles = parameter_roles(stream, dict(model.named_parameters()), x)
+            groups = {"embedding": roles["embedding"] & rest, "head": roles["readout"] & rest}
     return {"blocks": blocks, **groups}
 
 
@@ -171,7 +178,7 @@ def control_evidence(model: torch.nn.Module, control: torch.nn.Module, init: tor
         return ControlEvidence(control_path, mismatch="it holds the same weights as --weights (a depth "
                                "gap of 0 by construction); give the weights of the model trained with its "
                                "blocks left at initialisation", finite=finite)
-    groups = parameter_groups(control)
+    groups = parameter_groups(control, x)
     if init is None:
         return ControlEvidence(control_path, finite=finite, unverified=(
             "without --init-weights its blocks cannot be checked against initialisation; give "
@@ -181,13 +188,14 @@ def control_evidence(model: torch.nn.Module, control: torch.nn.Module, init: tor
             "the model's .stream() steps are not modules of the model, so its block parameters "
             "cannot be compared with --init-weights; make each step an nn.Module (or its .block)"))
     start = dict(init.named_parameters())
-    rest = [names for part, names in groups.items() if part != "blocks" and names]
+    moved = lambda part: (bool(groups.get(part)) and
+                          not all(torch.equal(theirs[n], start[n]) for n in groups[part]))
     return ControlEvidence(
         control_path, finite=finite,
         blocks_at_init=all(torch.equal(theirs[n], start[n]) for n in groups["blocks"]),
-        # each of the embedding and the head must have moved (one group when they cannot be told apart)
-        rest_moved=bool(rest) and all(not all(torch.equal(theirs[n], start[n]) for n in names)
-                                      for names in rest))
+        # each of the embedding and the head its own group: a trained readout on an untouched
+        # embedding is refused
+        embedding_moved=moved("embedding"), readout_moved=moved("head"))
 
 
 def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str | None = None,

@@ -152,7 +152,7 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         outcomes.append(_outcome(c, method_of[id(main)], seeds[id(main)]))
 
     t0 = time.perf_counter()
-    table = tabulate(methods, outcomes, thresholds, n_test)
+    table = tabulate(methods, outcomes, thresholds, n_test, yardstick={})
     out = Path(out)
     per_method = "; ".join(
         f"{name} (seed{'s' if len(ss) > 1 else ''} {', '.join(map(str, ss))})"
