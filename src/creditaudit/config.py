@@ -93,8 +93,10 @@ class RunConfig:
 
     def __post_init__(self):
         from .data import DATASET_NAMES
-        from .methods import method_class
+        from .methods import method_class, resolve_method_name
         from .model import ACTIVATIONS, ARCH_OPTIONS, ARCHITECTURES
+        # one rule is one method however it is spelled: its run key and folder name use one name
+        object.__setattr__(self, "method", resolve_method_name(self.method))
         cls = method_class(self.method)
         if self.dataset not in DATASET_NAMES:
             raise CreditAuditError(
@@ -404,10 +406,13 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
     if not isinstance(methods, list) or not methods or not all(isinstance(m, str) for m in methods):
         raise CreditAuditError(f"methods in {where} must be a non-empty list of method names, "
                                f"e.g. methods = [\"bp\"]; got {methods!r}")
-    methods = [resolve_method_name(m) for m in methods]
+    spelled = methods
+    methods = [resolve_method_name(m) for m in methods]     # one rule, one name, however spelled
     dupes = sorted({m for m in methods if methods.count(m) > 1})
     if dupes:
-        raise CreditAuditError(f"methods in {where} lists {', '.join(dupes)} more than once; list each once")
+        ways = [s for s, m in zip(spelled, methods) if m == dupes[0]]
+        raise CreditAuditError(f"methods in {where} lists {dupes[0]} more than once "
+                               f"({', '.join(ways)} are one rule); list each once")
     for method in raw.get("options", {}):
         if not isinstance(raw["options"][method], dict):
             raise CreditAuditError(f"[options.{method}] in {where} must be a table of that method's options")

@@ -263,6 +263,19 @@ def control_evidence(config: RunConfig | None, control: Run, x: torch.Tensor | N
         embedding_moved=moved(model.embed_parameters()), readout_moved=moved(model.head_parameters()))
 
 
+RUN_FOLDER_FILES = ("run.json", "config.json", "diagnosis.json", "status.json", "metrics.jsonl")
+
+
+def refuse_run_folder(out: Path, what: str = "the audit") -> None:
+    """Folders mean one thing: an audit never writes into a run folder (a Monitor's or the
+    trainer's), or `check RUN` would answer with the audit instead of the run. One line."""
+    out = Path(out)
+    found = next((name for name in RUN_FOLDER_FILES if (out / name).exists()), None)
+    if found is not None:
+        raise CreditAuditError(f"{out} is a run folder (it holds {found}); {what} writes a folder of its "
+                               "own — give out= (--out) a new folder, not a run's")
+
+
 def run_identity(run_dir: Path) -> str | None:
     """What names the run in a folder: a Monitor's run id (run.json), else the run key of its
     config.json; None when the folder holds neither."""

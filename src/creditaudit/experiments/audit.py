@@ -14,7 +14,7 @@ from ..config import AuditConfig, RunConfig
 from ..errors import CreditAuditError
 from ..store import json_number as _num
 from ..methods import REFERENCE_METHOD, method_class
-from ..runs import canonical_control
+from ..runs import canonical_control, refuse_run_folder
 from ..verdict import (ERROR_RATE, YARDSTICK_TOLERANCE, SeedEvidence, SeedNoise, Thresholds,
                        flag_table, interval, method_verdict, seed_noise, threshold_sensitivity,
                        verdict_of)
@@ -195,7 +195,7 @@ def tabulate(methods: Sequence[str], outcomes: Sequence[Outcome], thresholds: Th
     reports = [o.report for o in outcomes if o.report and o.config.control == "none"]
     sensitivity = (threshold_sensitivity(reports, thresholds, depth={r["method"]: r["depth"] for r in rows})[0]
                    if reports else None)
-    claims = sum(r["depth"].get("outcome") in ("clears", "undercut") for r in rows)
+    claims = sum((r.get("depth") or {}).get("outcome") in ("clears", "undercut") for r in rows)
     return {"flag_table": flag_table(), "seed_noise": noise.to_dict(), "n_test": n_test,
             "yardstick": {"by_seed": {str(s): a for s, a in sorted(yardstick.items())},
                           "method": REFERENCE_METHOD, "tolerance": YARDSTICK_TOLERANCE},
@@ -218,6 +218,7 @@ def frozen_control_of(config: RunConfig) -> RunConfig | None:
 def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None = False) -> dict:
     """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back."""
     out = Path(config.out)
+    refuse_run_folder(out)
     check_same_audit(out, config)
     thresholds = Thresholds(**config.thresholds)
     canonical = [canonical_control(c) for c in config.run_configs()]

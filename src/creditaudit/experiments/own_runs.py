@@ -18,7 +18,9 @@ from typing import Sequence
 
 from .. import __version__, store
 from ..errors import CreditAuditError
+from ..methods import resolve_method_name
 from ..monitor import FINISHED, MonitoredRun, control_accuracy, load_monitored
+from ..runs import refuse_run_folder
 from ..verdict import Thresholds
 from .audit import read_audit, tabulate
 from .common import Outcome
@@ -64,9 +66,21 @@ def _outcome(run: MonitoredRun, method: str, seed: int) -> Outcome:
                    history=run.history, report=report)
 
 
+def _one_name(name: str | None) -> str | None:
+    """A rule's one name: any spelling of a built-in or of one class (PKG:CLASS) gives the same
+    (`methods.resolve_method_name`); a free name of the user's loop ("my-method") stays as it is."""
+    if not isinstance(name, str) or ":" not in name:
+        return name
+    try:
+        return resolve_method_name(name)
+    except CreditAuditError:
+        return name
+
+
 def _method_of(run: MonitoredRun, method: str | None) -> str:
     """The method a run trains: the name its Monitor recorded, else `method` (else DEFAULT_METHOD)."""
-    recorded = run.info.get("method")
+    recorded = _one_name(run.info.get("method"))
+    method = _one_name(method)
     if recorded is None:
         return method or DEFAULT_METHOD
     if method is not None and method != recorded:
@@ -90,6 +104,7 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     (`api.audit_own_runs` adds the report); `creditaudit check OUT` then gives the verdict as an
     exit code. A run without a finished control of its own keeps the verdict from "trustworthy".
     """
+    refuse_run_folder(Path(out), "audit_own_runs")
     if isinstance(n_test, bool) or not isinstance(n_test, int) or n_test < 1:
         raise CreditAuditError(f"n_test must be the number of test samples your accuracies were "
                                f"measured on (a positive integer), got {n_test!r}")
