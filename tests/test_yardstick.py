@@ -165,6 +165,53 @@ def test_a_control_that_barely_trained_is_weak_and_cannot_clear(weak_audit, rule
     assert md == "" or "yardstick" in md
 
 
+def test_a_lone_run_cannot_clear_against_a_control_no_better_than_the_untrained_model(tmp_path, capsys):
+    """`diagnose RUN --frozen-control CTRL`, where no yardstick is at hand: a control that moved by
+    ε does not beat the untrained model (its seed's initial weights, measured) by the margin, so
+    it is weak; the run's wide gap to it is no clear — the project verdict is incomplete and says
+    why, the paper's column keeps the paper's rule."""
+    for name, extra in (("run", []), ("ctrl", ["--frozen"])):
+        assert quiet(["train", *TINY, "--epochs", 2, "--method", "yardrules:TimidControlBP",
+                      "--seed", 0, *extra, "--out", tmp_path / name]) == 0
+    code, out, err = cli(["diagnose", tmp_path / "run", "--frozen-control", tmp_path / "ctrl",
+                          "--eval-batches", 2, "--threads", 1, "--device", "cpu", "--json"], capsys)
+    report = __import__("json").loads(out)
+    assert report["depth"]["gap"] > 0.05 and report["flags"]["d"] is False      # main: "clears"
+    assert report["verdicts"]["project"]["outcome"] != "trustworthy"
+    assert "weak control" in report["verdict"] and "untrained model" in report["verdict"]
+
+
+def test_a_monitored_control_at_a_tiny_learning_rate_is_weak(tmp_path, digits):
+    """The Monitor: a control trained at lr 1e-9 moves (its biases leave zero) but stays the
+    untrained model; its epoch-0 record gives that accuracy, and the run cannot clear against it."""
+    runs = {}
+    torch.manual_seed(0)
+    model = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+    test = [digits.eval_batch(0, 360)]
+    mon = creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "run", epochs=2, seed=0,
+                              test_batches=test)
+    control = None
+    for who, lr in (("run", 1e-2), ("ctrl", 1e-9)):
+        net = model if who == "run" else control
+        m = mon if who == "run" else creditaudit.Monitor(control, digits.eval_batch(0), tmp_path / who,
+                                                         epochs=2, seed=0, test_batches=test,
+                                                         control_of=mon)
+        opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr)
+        for _ in range(2):
+            for x, y in digits.train_batches(128, torch.Generator().manual_seed(0)):
+                loss = F.cross_entropy(net(x), y)
+                opt.zero_grad(), loss.backward(), opt.step()
+                m.step(loss.detach(), len(y))
+            m.epoch_end()
+        m.finish()
+        runs[who] = m
+        if who == "run":
+            control = mon.frozen_control()
+    report = mon.report
+    assert report.depth is not None and report.depth.gap > 0.05 and report.flags["d"] is False
+    assert report.project.outcome != "trustworthy" and "weak control" in report.verdict
+
+
 def test_an_embedding_left_at_init_is_refused_though_the_readout_trained(tmp_path, capsys):
     """The embedding and the readout are each their own group: a control whose readout trained on
     an embedding still at initialisation is no yardstick (main let it through as one group)."""

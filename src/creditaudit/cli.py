@@ -313,6 +313,7 @@ def _diagnose_user_model(args):
     admitted = evidence.gate(evidence.Evidence(args.model, None, ev["control"]))
     report = diagnose(ev["model"], batches, frozen_acc=admitted.frozen_acc, test_acc=ev["test_acc"],
                       monitor_history=ev["history"], depth_unevaluated=admitted.depth_why,
+                      weak_control=admitted.weak,
                       rho=getattr(args, "rho", False), label=f"{args.model} ({Path(args.weights).name})")
     report.first_fire = None          # two snapshots (init, now) are no training-time monitor
     return report

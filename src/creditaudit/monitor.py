@@ -37,7 +37,7 @@ import numbers
 import time
 import uuid
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -568,9 +568,12 @@ class Monitor:
         status = self.status["status"]
         training = {"status": status, "epochs_completed": self.epochs_completed,
                     "epochs_planned": self.epochs}
-        admitted = evidence.gate(evidence.Evidence(
-            self.label, training, None if self.frozen_control_dir is None
-            else control_evidence(self.frozen_control_dir, self.info)))
+        control = None if self.frozen_control_dir is None else control_evidence(self.frozen_control_dir, self.info)
+        if control is not None and self.history and self.history[0].get("epoch") == 0:
+            # the untrained model's accuracy (epoch 0): a control must beat it by the margin
+            control = replace(control, init_acc=self.history[0].get("test_acc"))
+        admitted = evidence.gate(evidence.Evidence(self.label, training, control),
+                                 self.thresholds.depth_margin)
         model = self.model
         if status == DIVERGED or from_checkpoint:
             # the last (finite) checkpoint, as the trainer's run folder keeps it; the model in
@@ -582,7 +585,7 @@ class Monitor:
         model.eval()
         try:
             report = diagnose(stream, batches, method=self.credit, frozen_acc=admitted.frozen_acc,
-                              depth_unevaluated=admitted.depth_why,
+                              depth_unevaluated=admitted.depth_why, weak_control=admitted.weak,
                               test_acc=self.history[-1]["test_acc"], thresholds=self.thresholds,
                               monitor_history=self.history, label=self.label,
                               diverged=self.status["message"] if status == DIVERGED else None,

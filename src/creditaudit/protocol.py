@@ -400,7 +400,7 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
              rho: bool | Sequence[int] = False, rho_m: int = 32, rho_eps: float = 1e-3,
              rho_seed: int = 0, label: str = "", diverged: str | None = None,
              training: dict | None = None, missing_evidence: Sequence[str] = (),
-             depth_unevaluated: str | None = None) -> Report:
+             depth_unevaluated: str | None = None, weak_control: str | None = None) -> Report:
     """Run the docs/PROTOCOL.md protocol on `model` (a ResidualStream or a model with `.stream()`).
 
     eval_batches:    list of (x, y); protocol: K ≥ 8 disjoint batches of 128 (s_l needs K ≥ 2).
@@ -432,6 +432,10 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
                      from "trustworthy"; the report keeps them (with a non-finite credit's) as
                      `missing_evidence`, which the method verdict across seeds carries on.
     depth_unevaluated: why (d) has no control accuracy, as the evidence gate (evidence.py) said.
+    weak_control:    why the control is weak, as the gate said (`Admission.weak`): short of its
+                     yardstick, or not beating the untrained model by the margin. An undercut
+                     against it stands; a clear does not — the project verdict's (d) is then not
+                     evaluated (the paper's column keeps the paper's rule).
     Never raises on a non-finite model: the report says so instead. Raises CreditAuditError for
     inputs out of range (accuracies outside [0, 1] or NaN, malformed batches or credit).
     """
@@ -462,7 +466,8 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
                                    f"{n_blocks} blocks; layers are 0 … {n_blocks} (positions h_0 … h_L)")
         return _diagnose(model, batches, method, frozen_acc, test_acc, thresholds,
                          monitor_history, null, null_k, null_seed, rho, rho_m, rho_eps, rho_seed,
-                         label, diverged, training, list(missing_evidence), depth_unevaluated)
+                         label, diverged, training, list(missing_evidence), depth_unevaluated,
+                         weak_control)
     finally:
         if module is not None:
             module.train(was_training)
@@ -491,7 +496,7 @@ def _flags(values: dict, t: Thresholds, nonfinite: bool, diverged: str | None
 
 def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, null_k, null_seed,
               rho, rho_m, rho_eps, rho_seed, label, diverged, training, missing,
-              depth_why=None) -> Report:
+              depth_why=None, weak=None) -> Report:
     stream = as_stream(model)
     evidence.check_depth(stream.n_blocks)
     evidence.check_history(history, stream.n_blocks + 1)
@@ -538,6 +543,12 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
                               "(creditaudit diagnose --frozen-control RUN_DIR)")
     if flags["c"] is None:
         not_evaluated["c"] = "s_l needs at least two eval batches with non-zero BP gradients"
+    project_flags = flags
+    if weak and flags["d"] is False:
+        # a clear against a weak control is no clear: the project's (d) is not evaluated
+        project_flags = {**flags, "d": None}
+        missing = missing + [f"(d) cannot clear against a weak control: {weak}; give a yardstick "
+                             "(the same frozen blocks, embedding and readout trained by exact gradients)"]
     evidence_gaps = missing        # the caller's and the credit's: carried into the method verdict
     missing = training_gaps(training) + missing
 
@@ -585,7 +596,7 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
             report.nudge = [M.nudging_test(model, x0, y0, l, a0) for l in layers]
     if history is not None:
         report.first_fire = first_fire_epochs(history, t)
-    report.project = decide(flags, "project", nonfinite, missing)
+    report.project = decide(project_flags, "project", nonfinite, missing)
     report.paper = decide(flags, "paper", nonfinite, missing)
     report.missing_evidence = evidence_gaps
     report.reasons_by_flag = reasons_by_flag(report)   # last: a reason may cite ρ_BP measured above

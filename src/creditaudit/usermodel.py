@@ -215,8 +215,11 @@ def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str |
     control_ev = None
     if frozen:
         control = load_weights(build_user_model(spec), frozen, "frozen-control weights").to(device).eval()
-        control_ev = dataclasses.replace(control_evidence(model, control, start, frozen, x),
-                                         acc=accuracy(control, data.eval_batches("test", 1000)))
+        control_ev = dataclasses.replace(
+            control_evidence(model, control, start, frozen, x),
+            acc=accuracy(control, data.eval_batches("test", 1000)),
+            # the untrained model's accuracy: without a yardstick, a control must beat it by the margin
+            init_acc=None if start is None else accuracy(start, data.eval_batches("test", 1000)))
     history = None
     if start is not None:
         history = [{"epoch": 0, "test_acc": None, **monitor_snapshot(start, x, y).to_dict()},

@@ -11,7 +11,7 @@ import math
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -25,8 +25,8 @@ from ..errors import CreditAuditError
 from ..metrics import accuracy
 from ..protocol import diagnose
 from ..runner import make_executor
-from ..runs import (DONE, Run, as_device, control_evidence, existing_run_is_done, failure_record,
-                    load_run, read_status, run_dir_for, write_diagnosis)
+from ..runs import (DONE, Run, as_device, build_model, control_evidence, existing_run_is_done,
+                    failure_record, load_run, read_status, run_dir_for, write_diagnosis)
 from ..store import json_number as _num
 from ..train import group_stacks, train_run, train_runs
 from ..verdict import Thresholds, stop_rule
@@ -132,11 +132,18 @@ def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: f
     diverged = run.status.get("message") if run.status.get("status") == "diverged" else None
     training = {"status": run.status.get("status", "unfinished"),
                 "epochs_completed": run.epochs_completed, "epochs_planned": run.config.epochs}
+    weak = None
     if control is not None:
-        admitted = evidence.gate(evidence.Evidence(
-            run.config.label, training, control_evidence(run.config, control, batches[0][0])))
-        frozen_acc, depth_why = admitted.frozen_acc, admitted.depth_why
-    report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
+        ev = control_evidence(run.config, control, batches[0][0])
+        if run_data is not None and ev.mismatch is None:
+            # the untrained model's accuracy (the run's seed gives its initial weights): without a
+            # yardstick, a control must beat it by the (d) margin
+            init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
+            init = init.to(next(run.model.parameters()).device).eval()
+            ev = replace(ev, init_acc=accuracy(init, run_data.eval_batches("test", 1000)))
+        admitted = evidence.gate(evidence.Evidence(run.config.label, training, ev), thresholds.depth_margin)
+        frozen_acc, depth_why, weak = admitted.frozen_acc, admitted.depth_why, admitted.weak
+    report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc, weak_control=weak,
                       test_acc=run.test_acc, thresholds=thresholds, monitor_history=run.history,
                       rho=rho, label=run.config.label, diverged=diverged, training=training,
                       missing_evidence=missing_evidence, depth_unevaluated=depth_why,
