@@ -97,6 +97,7 @@ class Evidence:
     diagnosis_binding: dict | None = None
     run_binding: dict | None = None
     check_binding: bool = False
+    depth_margin: float = 0.02      # (d)'s margin: a control with no yardstick must beat init by it
 
 
 @dataclass(frozen=True)
@@ -173,9 +174,8 @@ def _binding(recorded: dict | None, actual: dict | None, label: str) -> None:
                                    "stale — run `creditaudit diagnose` on this run folder again")
 
 
-def gate(evidence: Evidence, margin: float = 0.02) -> Admission:
+def gate(evidence: Evidence) -> Admission:
     """Decide whether `evidence` can support a verdict (the module docstring lists the rules).
-    `margin`: the (d) margin (a control without a yardstick must beat the untrained model by it).
 
     Raises CreditAuditError (one line naming the problem and the fix) for evidence that is
     wrong; returns an `Admission` saying what is usable, what is "not evaluated", and whether the
@@ -185,7 +185,7 @@ def gate(evidence: Evidence, margin: float = 0.02) -> Admission:
     if evidence.control is None:
         return Admission()
     acc, why = _control(evidence.control)
-    return Admission(acc, why, None if acc is None else weakness(evidence.control, margin))
+    return Admission(acc, why, None if acc is None else weakness(evidence.control, evidence.depth_margin))
 
 
 def check_depth(n_blocks: int) -> None:

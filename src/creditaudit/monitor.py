@@ -572,8 +572,8 @@ class Monitor:
         if control is not None and self.history and self.history[0].get("epoch") == 0:
             # the untrained model's accuracy (epoch 0): a control must beat it by the margin
             control = replace(control, init_acc=self.history[0].get("test_acc"))
-        admitted = evidence.gate(evidence.Evidence(self.label, training, control),
-                                 self.thresholds.depth_margin)
+        admitted = evidence.gate(evidence.Evidence(self.label, training, control,
+                                                   depth_margin=self.thresholds.depth_margin))
         model = self.model
         if status == DIVERGED or from_checkpoint:
             # the last (finite) checkpoint, as the trainer's run folder keeps it; the model in

@@ -1052,7 +1052,10 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNois
                      explained=explained)
     paper = decide(paper_flags, "paper", missing=missing)
     return {"flags": flags, "paper_flags": paper_flags, "flag_counts": counts,
-            "depth": depth.to_dict(), "depth_gap": depth.mean,
+            # the mean gap to the control (what the paper reads); depth's mean and bounds are
+            # those of the gaps (d) was decided on (to the yardstick where a control is weak)
+            "depth": depth.to_dict(),
+            "depth_gap": statistics.fmean(g.gap for g in depth.gaps) if depth.gaps else None,
             "depth_gap_interval": {"n": depth.n, "mean": depth.mean,
                                    "one_sided_bounds": None if depth.lower is None else [depth.lower, depth.upper]},
             "n_paired_with_frozen": len(pairs),

@@ -141,7 +141,8 @@ def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: f
             init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
             init = init.to(next(run.model.parameters()).device).eval()
             ev = replace(ev, init_acc=accuracy(init, run_data.eval_batches("test", 1000)))
-        admitted = evidence.gate(evidence.Evidence(run.config.label, training, ev), thresholds.depth_margin)
+        admitted = evidence.gate(evidence.Evidence(run.config.label, training, ev,
+                                                   depth_margin=thresholds.depth_margin))
         frozen_acc, depth_why, weak = admitted.frozen_acc, admitted.depth_why, admitted.weak
     report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc, weak_control=weak,
                       test_acc=run.test_acc, thresholds=thresholds, monitor_history=run.history,
