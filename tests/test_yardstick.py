@@ -318,3 +318,37 @@ def test_one_seed_with_nothing_to_pool_is_incomplete_and_the_terminal_says_why(t
     row = read_audit(tmp_path / "a")["methods"][0]
     assert row["depth"]["outcome"] == "undetermined" and row["verdicts"]["project"]["outcome"] == "incomplete"
     assert code == 3 and "no seed spread" in out and "add a seed" in out
+
+
+def test_audit_own_runs_checks_controls_against_a_yardstick_the_user_gives(tmp_path, digits):
+    """`audit_own_runs(..., yardsticks=[...])`: the user's frozen control trained by backprop, one per
+    seed. A control trained at lr 1e-9 is weak against it, (d) is decided against the yardstick, and
+    a yardstick that is not a frozen control of a run given is refused in one line."""
+    torch.manual_seed(0)
+    model = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+    test = [digits.eval_batch(0, 360)]
+    mon = creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "run", epochs=1, seed=0,
+                              test_batches=test)
+
+    def epoch(net, m, lr):
+        opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr)
+        for x, y in digits.train_batches(128, torch.Generator().manual_seed(0)):
+            loss = F.cross_entropy(net(x), y)
+            opt.zero_grad(), loss.backward(), opt.step()
+            m.step(loss.detach(), len(y))
+        m.epoch_end()
+        m.finish()
+    epoch(model, mon, 1e-2)
+    for name, lr in (("ctrl", 1e-9), ("yard", 1e-2)):
+        control = mon.frozen_control()
+        epoch(control, creditaudit.Monitor(control, digits.eval_batch(0), tmp_path / name, epochs=1, seed=0,
+                                           test_batches=test, control_of=mon), lr)
+    own = creditaudit.audit_own_runs([tmp_path / "run"], [tmp_path / "ctrl"], out=tmp_path / "own",
+                                     n_test=360, yardsticks=[tmp_path / "yard"], quiet=True)
+    row = own["methods"][0]
+    assert row["n_weak_controls"] == 1 and row["per_seed"]["0"]["yardstick_acc"] is not None
+    assert row["verdicts"]["project"]["outcome"] != "trustworthy"
+    assert "yardstick" in (tmp_path / "own" / "audit.md").read_text()
+    with pytest.raises(CreditAuditError, match="yardstick .* is not a frozen control"):
+        creditaudit.audit_own_runs([tmp_path / "run"], [tmp_path / "ctrl"], out=tmp_path / "own2",
+                                   n_test=360, yardsticks=[tmp_path / "run"], quiet=True)

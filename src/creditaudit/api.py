@@ -16,7 +16,8 @@ from .verdict import Thresholds
 
 def audit_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = (), *,
                    out: str | Path, n_test: int, method: str | None = None,
-                   thresholds: Thresholds = Thresholds(), quiet: bool = False) -> dict:
+                   thresholds: Thresholds = Thresholds(), quiet: bool = False,
+                   yardsticks: Sequence[str | Path] = ()) -> dict:
     """Judge the user's monitored runs (every method, one run per method and seed) with their
     frozen controls, like an audit: one row per method, (d)'s seed noise pooled over them all.
 
@@ -26,8 +27,11 @@ def audit_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     report.html and the figures, prints the terminal table `creditaudit audit` prints (unless
     `quiet`), and returns the audit as read back; `creditaudit check OUT` then gives the verdicts
     as an exit code. A run without a finished control of its own keeps its method from "trustworthy".
+    yardsticks: optional frozen controls trained by backprop, one per seed, that every control is
+    checked against (`judge_own_runs`).
     """
-    audit = judge_own_runs(runs, controls, out=out, n_test=n_test, method=method, thresholds=thresholds)
+    audit = judge_own_runs(runs, controls, out=out, n_test=n_test, method=method, thresholds=thresholds,
+                           yardsticks=yardsticks)
     write_report(audit, Path(out))
     if not quiet:
         print(compact_table(audit))
