@@ -52,8 +52,10 @@ TINY_MODEL = ["--width", "16", "--blocks", "2"]
 TINY = ["--dataset", "digits", *TINY_MODEL, "--quiet", "--threads", "1", "--device", "cpu", "--epochs", "1"]
 EXPECTS = ("refusal", "result", "never-trustworthy", "handled")
 # a verdict, not the report's own words about verdicts ("0 are trustworthy", the definition line
-# "trustworthy: these numbers …" / "- **trustworthy**: …", "trustworthy means …")
-TRUSTWORTHY = re.compile(r"(?<!not )(?<!never )(?<!0 are )\btrustworthy\b(?! means)(?!\*{0,2}:)")
+# "trustworthy: these numbers …" / "- **trustworthy**: …", "trustworthy means …"), and not the
+# paper's column ("paper's rule: trustworthy"): SPEC §6 keeps the paper's own rule there, for
+# comparison with the paper (its (d) is the mean gap to the method's own control, no interval)
+TRUSTWORTHY = re.compile(r"(?<!not )(?<!never )(?<!0 are )(?<!paper's rule: )\btrustworthy\b(?! means)(?!\*{0,2}:)")
 
 
 @dataclass
