@@ -82,10 +82,21 @@ def one_error_line(code, err, *needles) -> str:
     return lines[0]
 
 
+FACTORY = '''
+import torch
+from creditaudit.model import ResidualMLP
+
+def make():
+    torch.manual_seed(0)
+    return ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+'''
+
+
 @pytest.fixture(scope="module")
 def pkg(tmp_path_factory):
     root = tmp_path_factory.mktemp("pkg")
     (root / "yardrules.py").write_text(RULES)
+    (root / "yardnets.py").write_text(FACTORY)
     return root
 
 
@@ -352,3 +363,36 @@ def test_audit_own_runs_checks_controls_against_a_yardstick_the_user_gives(tmp_p
     with pytest.raises(CreditAuditError, match="yardstick .* is not a frozen control"):
         creditaudit.audit_own_runs([tmp_path / "run"], [tmp_path / "ctrl"], out=tmp_path / "own2",
                                    n_test=360, yardsticks=[tmp_path / "run"], quiet=True)
+
+
+def test_a_model_trained_elsewhere_is_checked_against_the_yardstick_it_brings(tmp_path, digits, capsys):
+    """`diagnose --model ... --frozen-control C --yardstick Y --init-weights I`: a control trained at
+    a 1e-4 × learning rate is weak against a backprop-trained yardstick; without --yardstick, against
+    the untrained model (measured from --init-weights). Either way the run's wide gap does not clear."""
+    from safetensors.torch import save_file
+    from creditaudit.methods import MethodSettings, method_class
+    torch.manual_seed(0)
+    init = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+    states = {"init": init.state_dict()}
+    for name, blocks, lr in (("trained", (0, 1), 1e-2), ("weak", (), 1e-6), ("yard", (), 1e-2)):
+        model = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+        model.load_state_dict(init.state_dict())
+        bp = method_class("bp")(model, MethodSettings(epochs=2, trainable_blocks=blocks, lr=lr))
+        for _ in range(2):
+            for x, y in digits.train_batches(128, torch.Generator().manual_seed(0)):
+                bp.train_step(x, y)
+        states[name] = model.state_dict()
+    for name, state in states.items():
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / f"{name}.safetensors"))
+    base = ["diagnose", "--model", "yardnets:make", "--weights", tmp_path / "trained.safetensors",
+            "--dataset", "digits", "--eval-batches", 2, "--threads", 1, "--device", "cpu", "--json",
+            "--frozen-control", tmp_path / "weak.safetensors", "--init-weights", tmp_path / "init.safetensors"]
+    for extra, needle in (([], "untrained model"), (["--yardstick", tmp_path / "yard.safetensors"], "yardstick")):
+        code, out, err = cli([*base, *extra], capsys)
+        report = __import__("json").loads(out)
+        assert report["depth"]["gap"] > 0.05 and report["flags"]["d"] is False, report["depth"]
+        assert report["verdicts"]["project"]["outcome"] != "trustworthy"
+        assert "weak control" in report["verdict"] and needle in report["verdict"]
+    # a yardstick that is not frozen at init is refused in one line
+    code, _, err = cli([*base, "--yardstick", tmp_path / "trained.safetensors"], capsys)
+    one_error_line(code, err)

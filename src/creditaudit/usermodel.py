@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .errors import CreditAuditError
-from .evidence import ControlEvidence
+from .evidence import ControlEvidence, Evidence, gate
 from .metrics import accuracy, monitor_snapshot
 from .model import ResidualStream
 from .model.stream import parameter_roles
@@ -199,11 +199,17 @@ def control_evidence(model: torch.nn.Module, control: torch.nn.Module, init: tor
 
 
 def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str | None = None,
-                        init: str | None = None, device: torch.device | None = None) -> dict:
+                        init: str | None = None, device: torch.device | None = None,
+                        yardstick: str | None = None) -> dict:
     """The model and what `protocol.diagnose` needs beside it: its test accuracy, the frozen
     control's evidence (`control`: a ControlEvidence for `evidence.gate`, or None), and a two-row
     monitor history (init, now) when `init` is given. The models are put on `device`, by default
-    where the data are."""
+    where the data are. `yardstick`: weights of the same model, blocks at init, embedding and
+    readout trained by backprop; it must pass the gate as a control would (so `init` is needed to
+    check it), and its accuracy is the control's yardstick_acc."""
+    if yardstick and not (frozen and init):
+        raise CreditAuditError("--yardstick needs --frozen-control (the control it measures) and "
+                               "--init-weights (to check that its blocks are at initialisation)")
     device = data.device if device is None else device
     model = load_weights(build_user_model(spec), weights).to(device).eval()
     x, y = batches[0]
@@ -220,6 +226,14 @@ def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str |
             acc=accuracy(control, data.eval_batches("test", 1000)),
             # the untrained model's accuracy: without a yardstick, a control must beat it by the margin
             init_acc=None if start is None else accuracy(start, data.eval_batches("test", 1000)))
+        if yardstick:
+            yard = load_weights(build_user_model(spec), yardstick, "yardstick weights").to(device).eval()
+            yard_ev = dataclasses.replace(control_evidence(model, yard, start, yardstick, x),
+                                          acc=accuracy(yard, data.eval_batches("test", 1000)))
+            admitted = gate(Evidence(yardstick, None, yard_ev))
+            if admitted.frozen_acc is None:
+                raise CreditAuditError(f"the yardstick is no evidence: {admitted.depth_why}")
+            control_ev = dataclasses.replace(control_ev, yardstick_acc=admitted.frozen_acc)
     history = None
     if start is not None:
         history = [{"epoch": 0, "test_acc": None, **monitor_snapshot(start, x, y).to_dict()},
