@@ -141,7 +141,7 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     points short of it is weak and (d) is decided against the yardstick. Without one, a control
     that does not beat the untrained model (its run's epoch-0 accuracy) by the margin is weak.
     """
-    refuse_run_folder(Path(out), "audit_own_runs")
+    refuse_run_folder(store.as_path(out, "out"), "audit_own_runs")
     if isinstance(n_test, bool) or not isinstance(n_test, int) or n_test < 1:
         raise CreditAuditError(f"n_test must be the number of test samples your accuracies were "
                                f"measured on (a positive integer), got {n_test!r}")
