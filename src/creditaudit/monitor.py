@@ -554,8 +554,13 @@ class Monitor:
             roles = parameter_roles(self.stream, dict(self.model.named_parameters()), x)
         finally:
             self.model.train(was)
-        moved = lambda part: (bool(names := [n for n in roles[part] if n in same and ids[n] not in in_blocks])
-                              and not all(same[n] for n in names))
+        outside = {n for n in same if ids[n] not in in_blocks}
+
+        def moved(part: str) -> bool:
+            # a part with no parameters has nothing to train (vacuously moved); with no parameter
+            # outside the blocks at all, nothing trained
+            mine = [n for n in roles[part] if n in outside]
+            return bool(outside) and (not mine or not all(same[n] for n in mine))
         finite = all(bool(p.isfinite().all()) for p in self.model.parameters()) and bool(logits.isfinite().all())
         return {"blocks_at_init": all(blocks), "embedding_moved": moved("embedding"),
                 "readout_moved": moved("readout"), "finite": finite}

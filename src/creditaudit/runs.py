@@ -249,8 +249,11 @@ def control_evidence(config: RunConfig | None, control: Run, x: torch.Tensor | N
     now = {n: p.detach().cpu() for n, p in model.named_parameters()}
     names = {id(p): n for n, p in model.named_parameters()}
     blocks = {names[id(p)] for b in model.blocks for p in b.parameters()}
-    moved = lambda params: bool(params) and not all(torch.equal(now[names[id(p)]], start[names[id(p)]])
-                                                    for p in params)
+    # a part with no parameters has nothing to train (vacuously moved); with none outside the
+    # blocks at all, nothing trained
+    rest = [*model.embed_parameters(), *model.head_parameters()]
+    moved = lambda params: bool(rest) and (not params or not all(
+        torch.equal(now[names[id(p)]], start[names[id(p)]]) for p in params))
     finite = all(bool(p.isfinite().all()) for p in now.values())
     if finite and x is not None:
         with torch.no_grad():

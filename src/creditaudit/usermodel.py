@@ -188,8 +188,11 @@ def control_evidence(model: torch.nn.Module, control: torch.nn.Module, init: tor
             "the model's .stream() steps are not modules of the model, so its block parameters "
             "cannot be compared with --init-weights; make each step an nn.Module (or its .block)"))
     start = dict(init.named_parameters())
-    moved = lambda part: (bool(groups.get(part)) and
-                          not all(torch.equal(theirs[n], start[n]) for n in groups[part]))
+    # a part with no parameters has nothing to train (vacuously moved); with no parameter outside
+    # the blocks at all, nothing trained
+    outside = set().union(*(names for part, names in groups.items() if part != "blocks"))
+    moved = lambda part: bool(outside) and (not groups.get(part) or
+                                            not all(torch.equal(theirs[n], start[n]) for n in groups[part]))
     return ControlEvidence(
         control_path, finite=finite,
         blocks_at_init=all(torch.equal(theirs[n], start[n]) for n in groups["blocks"]),
