@@ -224,8 +224,10 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
     canonical = [canonical_control(c) for c in config.run_configs()]
     runs = list({c.run_key: c for c in canonical}.values())     # provably equal runs, trained once
     t0 = time.perf_counter()
+    yardsticks = {c.seed: canonical_control(c) for c in config.yardstick_configs()}
     outcomes = run_all(runs, out, execution=execution_of(config, compile_step), thresholds=thresholds,
-                       n_eval=config.eval_batches, frozen_of=frozen_control_of, progress=progress)
+                       n_eval=config.eval_batches, frozen_of=frozen_control_of,
+                       yardstick_of=lambda c: yardsticks.get(c.seed), progress=progress)
     # accuracies are measured on the whole test split: (d)'s binomial floor
     n_test = len(dataset(config.dataset, config.data_dir, "cpu").y_test)
     table = tabulate(config.methods, outcomes, thresholds, n_test)
