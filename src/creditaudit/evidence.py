@@ -156,7 +156,8 @@ def weakness(c: ControlEvidence, margin: float) -> str | None:
         return None
     if c.init_acc is not None and c.acc < c.init_acc + margin - ACC_TOLERANCE:
         return (f"the frozen control {c.where} ({c.acc:.4f}) does not beat the untrained model "
-                f"({c.init_acc:.4f}) by the +{100 * margin:g}-point margin, and no yardstick was given")
+                f"({c.init_acc:.4f}) by the +{100 * margin:g}-point margin, and no yardstick was given "
+                "(the same frozen blocks, embedding and readout trained by exact gradients)")
     return None
 
 

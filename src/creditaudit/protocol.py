@@ -547,8 +547,7 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     if weak and flags["d"] is False:
         # a clear against a weak control is no clear: the project's (d) is not evaluated
         project_flags = {**flags, "d": None}
-        missing = missing + [f"(d) cannot clear against a weak control: {weak}; give a yardstick "
-                             "(the same frozen blocks, embedding and readout trained by exact gradients)"]
+        missing = missing + [f"(d) cannot clear against a weak control: {weak}"]
     evidence_gaps = missing        # the caller's and the credit's: carried into the method verdict
     missing = training_gaps(training) + missing
 
