@@ -98,6 +98,7 @@ class DiagnoseJob(Job):
     frozen_acc: float | None = None           # the control accuracy the evidence gate admitted
     depth_why: str | None = None              # else why (d) is not evaluated
     weak: str | None = None                   # why the admitted control is weak (evidence.gate)
+    weak_decided: bool = False                # weak against a yardstick the audit decides (d) on
     missing_evidence: list = field(default_factory=list)
     n_eval: int = default(AuditConfig, "eval_batches")
     rho: bool = True
@@ -111,6 +112,7 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
         data = dataset(run.config.dataset, job.data_dir, job.device)
         report = diagnose_run(run, eval_batches(data, job.n_eval), frozen_acc=job.frozen_acc,
                               depth_why=job.depth_why, weak_control=job.weak,
+                              weak_decided_across_seeds=job.weak_decided,
                               missing_evidence=job.missing_evidence,
                               thresholds=Thresholds(**job.thresholds), rho=job.rho,
                               run_data=data).to_dict()
@@ -122,7 +124,7 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
 
 def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: float | None = None,
                  depth_why: str | None = None, weak_control: str | None = None,
-                 missing_evidence: Sequence[str] = (),
+                 weak_decided_across_seeds: bool = False, missing_evidence: Sequence[str] = (),
                  thresholds: Thresholds = Thresholds(), rho: bool = False, null_k: int | None = None,
                  run_data: ArrayDataset | None = None):
     """`protocol.diagnose` of a run read from its folder: its method, history and status, and
@@ -149,6 +151,7 @@ def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: f
                                                    depth_margin=thresholds.depth_margin))
         frozen_acc, depth_why, weak = admitted.frozen_acc, admitted.depth_why, admitted.weak
     report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc, weak_control=weak,
+                      weak_decided_across_seeds=weak_decided_across_seeds,
                       test_acc=run.test_acc, thresholds=thresholds, monitor_history=run.history,
                       rho=rho, label=run.config.label, diverged=diverged, training=training,
                       missing_evidence=missing_evidence, depth_unevaluated=depth_why,
@@ -386,6 +389,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
                                      frozen_acc=admitted.frozen_acc if admitted else None,
                                      depth_why=admitted.depth_why if admitted else refused,
                                      weak=admitted.weak if admitted else None,
+                                     # against the yardstick: the audit's (d) across seeds decides
+                                     weak_decided=bool(yardstick_of and yardstick_of(o.config)),
                                      missing_evidence=[refused] if refused else [], n_eval=n_eval,
                                      rho=rho and o.config.control == "none"))
         diag_index.append(i)
