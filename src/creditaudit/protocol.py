@@ -601,7 +601,9 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     if history is not None:
         report.first_fire = first_fire_epochs(history, t)
     report.project = decide(project_flags, "project", nonfinite, missing + weak_gap)
-    report.paper = decide(flags, "paper", nonfinite, missing)
+    # the paper's column keeps the paper's (d) rule, but no column calls a weak control's clear
+    # trustworthy: a yardstick that barely trained is no evidence for either rule
+    report.paper = decide(flags, "paper", nonfinite, missing + weak_gap)
     report.missing_evidence = evidence_gaps
     report.reasons_by_flag = reasons_by_flag(report)   # last: a reason may cite ρ_BP measured above
     report.reasons = list(report.reasons_by_flag.values())

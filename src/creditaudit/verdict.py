@@ -1050,7 +1050,10 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNois
         notes.append(f"(d) {depth.yardstick_note()}.")
     project = decide(flags, "project", missing=missing + ([depth.short()] if undetermined else []),
                      explained=explained)
-    paper = decide(paper_flags, "paper", missing=missing)
+    # the paper's rule decides its (d) on the gaps to the control; a weak control's clear is still
+    # no evidence, so the paper's column is then not "trustworthy" either
+    weak = ([f"(d) {depth.yardstick_note()}"] if depth.weak and paper_flags["d"] is False else [])
+    paper = decide(paper_flags, "paper", missing=missing + weak)
     return {"flags": flags, "paper_flags": paper_flags, "flag_counts": counts,
             # the mean gap to the control (what the paper reads); depth's mean and bounds are
             # those of the gaps (d) was decided on (to the yardstick where a control is weak)
