@@ -52,8 +52,10 @@ TINY_MODEL = ["--width", "16", "--blocks", "2"]
 TINY = ["--dataset", "digits", *TINY_MODEL, "--quiet", "--threads", "1", "--device", "cpu", "--epochs", "1"]
 EXPECTS = ("refusal", "result", "never-trustworthy", "handled")
 # a verdict, not the report's own words about verdicts ("0 are trustworthy", the definition line
-# "trustworthy: these numbers …" / "- **trustworthy**: …", "trustworthy means …")
-TRUSTWORTHY = re.compile(r"(?<!not )(?<!never )(?<!0 are )\btrustworthy\b(?! means)(?!\*{0,2}:)")
+# "trustworthy: these numbers …" / "- **trustworthy**: …", "trustworthy means …"), and not the
+# paper's column ("paper's rule: trustworthy"): SPEC §6 keeps the paper's own rule there, for
+# comparison with the paper (its (d) is the mean gap to the method's own control, no interval)
+TRUSTWORTHY = re.compile(r"(?<!not )(?<!never )(?<!0 are )(?<!paper's rule: )\btrustworthy\b(?! means)(?!\*{0,2}:)")
 
 
 @dataclass
@@ -315,6 +317,34 @@ def bn_training():
 def on_meta():
     with torch.device("meta"):
         return ResidualMLP(64, 16, 2, 10)
+class TimidControl(BP):
+    """Its frozen control steps at 1e-3 x the learning rate: embedding and readout move by ~1e-6."""
+    name = "timidcontrol"
+    def __init__(self, model, settings):
+        super().__init__(model, settings)
+        if not settings.trainable_blocks:
+            for group in self.opt.param_groups:
+                group["lr"] *= 1e-3
+class OneStepControl(BP):
+    """Its frozen control takes one optimizer step, then no more."""
+    name = "onestepcontrol"
+    def gradients(self, x, y):
+        loss = super().gradients(x, y)
+        if not self.settings.trainable_blocks:
+            if getattr(self, "_stepped", False):
+                for p in self.model.parameters():
+                    p.grad = None
+            self._stepped = True
+        return loss
+class ReadoutOnlyControl(BP):
+    """Its frozen control trains its readout only: the embedding stays at initialisation."""
+    name = "readoutonlycontrol"
+    def gradients(self, x, y):
+        loss = super().gradients(x, y)
+        if not self.settings.trainable_blocks:
+            for p in self.model.embed_parameters():
+                p.grad = None
+        return loss
 '''
 
 
@@ -546,6 +576,91 @@ def cases(w: World) -> list[Case]:
     C += python_cases(w)
     C += review_cases(w)
     C += issue28_cases(w)
+    C += yardstick_cases(w)
+    return C
+
+
+def yardstick_cases(w: World) -> list[Case]:
+    """Issue 28: a control is evidence only when it measures up to a yardstick the tool trains
+    (bp's frozen control); the embedding and the readout each their own group; one rule one name;
+    folders mean one thing; one seed with nothing to pool does not decide (d)."""
+    from creditaudit import Monitor, ResidualMLP, audit_own_runs
+    from creditaudit.data.generated import load_digits
+    o, C = w.out, []
+    add = lambda name, expect, run, owner="": C.append(Case("ys " + name, expect, run, owner))
+    two = o / "toml" / "ys-two-seeds.toml"
+    two.parent.mkdir(exist_ok=True)
+    two.write_text('dataset = "digits"\nseeds = [1, 2]\nepochs = 2\njobs = 1\ncontrols = ["frozen"]\n'
+                   '[model]\nwidth = 16\nblocks = 2\n')
+    # controls that barely train, in an audit without bp (the audit trains the yardstick itself)
+    for rule in ("TimidControl", "OneStepControl", "ReadoutOnlyControl"):
+        d = w.fresh(f"ys-{rule}")
+        add(f"audit a rule whose control is {rule}", "never-trustworthy",
+            cli("audit", "--config", two, "--methods", f"sweep_user:{rule}", "--quiet", "--device", "cpu",
+                "--out", d, check=d))
+
+    def lone(rule, epochs="2"):
+        def run():
+            r, c = w.fresh(f"ys-{rule}-run"), w.fresh(f"ys-{rule}-ctl")
+            for d, extra in ((r, []), (c, ["--frozen"])):
+                _must(cli("train", *TINY[:-1], epochs, "--method", f"sweep_user:{rule}", *extra,
+                          "--out", d)(), (rule,))
+            return cli("diagnose", r, "--frozen-control", c, "--threads", "1")()
+        return run
+    for rule in ("TimidControl", "OneStepControl", "ReadoutOnlyControl"):
+        add(f"diagnose a run against its {rule} control (no yardstick at hand)", "never-trustworthy",
+            lone(rule))
+
+    digits = load_digits()
+    test = [digits.eval_batch(0, 360)]
+
+    def monitored(lr_control: float, embedding: bool = True, epochs: int = 2):
+        def run():
+            torch.manual_seed(0)
+            main = Monitor(ResidualMLP(64, d=16, n_blocks=2, n_classes=10), digits.eval_batch(0),
+                           w.fresh("ys-mon"), epochs=epochs, seed=0, test_batches=test)
+            ctl_model = None
+            for who in ("run", "ctl"):
+                net = main.model if who == "run" else ctl_model
+                m = main if who == "run" else Monitor(ctl_model, digits.eval_batch(0), w.fresh("ys-ctl"),
+                                                      epochs=epochs, seed=0, test_batches=test,
+                                                      control_of=main)
+                params = ([p for p in net.parameters() if p.requires_grad] if who == "run" or embedding
+                          else list(net.head_parameters()))
+                opt = torch.optim.AdamW(params, 1e-2 if who == "run" else lr_control)
+                for _ in range(epochs):
+                    for x, y in digits.train_batches(128, torch.Generator().manual_seed(0)):
+                        loss = torch.nn.functional.cross_entropy(net(x), y)
+                        opt.zero_grad()
+                        loss.backward()
+                        opt.step()
+                        m.step(loss.detach(), len(y))
+                    m.epoch_end()
+                m.finish()
+                if who == "run":
+                    ctl_model = main.frozen_control()
+            return main.report
+        return py(run)
+    add("Monitor: a control trained at lr 1e-9", "never-trustworthy", monitored(1e-9))
+    add("Monitor: a control that trains its readout only", "never-trustworthy", monitored(1e-2, embedding=False))
+    # one rule spelled three ways is one method
+    add("audit bp spelled three ways", "refusal",
+        cli("audit", "--config", two, "--methods", "bp", "creditaudit.methods.bp:BP", "creditaudit.methods:BP",
+            "--quiet", "--out", w.fresh("ys-3names")))
+    # folders mean one thing
+    run = copy_run(w, o / "run")
+    add("audit --out a run folder", "refusal",
+        cli("audit", "--config", two, "--methods", "bp", "--quiet", "--out", run))
+    own = own_runs(w, *digits.eval_batch(0, 32), lambda: ResidualMLP(64, d=16, n_blocks=2, n_classes=10))
+    add("audit_own_runs out= another run's folder", "refusal",
+        py(lambda: audit_own_runs([own[0]], out=own[1], n_test=360)))
+    add("audit_own_runs out= its own run's folder", "refusal",
+        py(lambda: audit_own_runs(own, out=own[0], n_test=360)))
+    # (d) with no estimate of seed spread: one seed, one method
+    d = w.fresh("ys-one-seed")
+    add("audit one seed of bp, nothing to pool", "never-trustworthy",
+        cli("audit", "--config", two, "--methods", "bp", "--seeds", "3", "--quiet", "--device", "cpu",
+            "--out", d, check=d))
     return C
 
 

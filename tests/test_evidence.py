@@ -240,16 +240,18 @@ def test_the_lightning_callback_goes_through_the_gate(spy, tmp_path, digits):
 def test_the_gate_rules_on_records():
     """The one function, on records alone: what it refuses, what it leaves "not evaluated"."""
     from creditaudit.evidence import ControlEvidence, Evidence, gate
-    good = ControlEvidence("C", acc=0.6, blocks_at_init=True, rest_moved=True, finite=True)
+    good = ControlEvidence("C", acc=0.6, blocks_at_init=True, embedding_moved=True, readout_moved=True, finite=True)
     assert gate(Evidence("r", None, good)).frozen_acc == 0.6
     for bad, needle in ((dict(mismatch="arch is 'vit' there but 'resmlp' here"), "not this run's control"),
                         (dict(finite=False), "non-finite"), (dict(blocks_at_init=False), "not frozen"),
-                        (dict(rest_moved=False), "never trained")):
+                        (dict(embedding_moved=False), "never trained its embedding"),
+                        (dict(readout_moved=False), "never trained its readout")):
         with pytest.raises(CreditAuditError, match=needle):
             gate(Evidence("r", None, ControlEvidence(**{**good.__dict__, **bad})))
     for lacking, needle in ((dict(finished=False), "not finished"), (dict(acc=None), "no test accuracy"),
                             (dict(unverified="no init"), "unverified: no init"),
-                            (dict(finite=None), "could not be checked")):
+                            (dict(finite=None), "could not be checked"),
+                            (dict(embedding_moved=None), "could not be checked")):
         admitted = gate(Evidence("r", None, ControlEvidence(**{**good.__dict__, **lacking})))
         assert admitted.frozen_acc is None and needle in admitted.depth_why
     assert gate(Evidence("r")).frozen_acc is None               # no control: (d) not evaluated
@@ -649,7 +651,7 @@ def test_a_control_of_identity_blocks_is_named_a_shallow_network():
     residual branches): the gate's note says the control equals a shallow network and what (d)
     then asks; blocks that move the stream, an unmeasured ratio, or a control (d) cannot use, no note."""
     from creditaudit.evidence import ControlEvidence, Evidence, gate
-    checked = dict(acc=0.5, blocks_at_init=True, rest_moved=True, finite=True)
+    checked = dict(acc=0.5, blocks_at_init=True, embedding_moved=True, readout_moved=True, finite=True)
     note = gate(Evidence("r", None, ControlEvidence("ctl", branch_ratio=0.0, **checked))).note
     assert "exactly a shallow network" in note and "beat no blocks at all" in note
     for ratio in (0.03, None):

@@ -633,7 +633,7 @@ def _user_args(root: Path, *extra) -> list:
 
 
 @pytest.mark.parametrize("control, needle", [
-    ("init", "never trained: its embedding"),                # the attack: init weights as the control
+    ("init", "never trained its embedding"),                # the attack: init weights as the control
     ("trained", "same weights as --weights"),             # gap 0 by construction
     ("moved", "not frozen at initialisation"),            # its blocks trained too
 ])

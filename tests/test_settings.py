@@ -194,6 +194,8 @@ ROWS.update({("diagnose", k): v for k, v in {
                      "v.safetensors", base=USER),
     "--init-weights": Row(["--init-weights", "i.safetensors"], lambda c: c.kw("user_model_evidence")["init"],
                           "i.safetensors", base=USER),
+    "--yardstick": Row(["--yardstick", "y.safetensors"], lambda c: c.kw("user_model_evidence")["yardstick"],
+                       "y.safetensors", base=USER),
     "--dataset": Row(["--dataset", "synthetic"], lambda c: c["loads"][-1][0], "synthetic", base=USER),
 }.items()})
 ROWS[("calibrate", "--null-draws")] = Row(["--null-draws", "3"], lambda c: c.kw("diagnose_run")["null_k"], 3)
@@ -206,6 +208,8 @@ ROWS.update({("check", k): v for k, v in {
                      "v.safetensors", base=USER),
     "--init-weights": Row(["--init-weights", "i.safetensors"], lambda c: c.kw("user_model_evidence")["init"],
                           "i.safetensors", base=USER),
+    "--yardstick": Row(["--yardstick", "y.safetensors"], lambda c: c.kw("user_model_evidence")["yardstick"],
+                       "y.safetensors", base=USER),
     "--dataset": Row(["--dataset", "synthetic"], lambda c: c["loads"][-1][0], "synthetic", base=USER),
     "--frozen-control": Row(["--frozen-control", "f.safetensors"],
                             lambda c: c.kw("user_model_evidence")["frozen"], "f.safetensors", base=USER),

@@ -18,7 +18,8 @@ from .verdict import Thresholds
 def audit_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = (), *,
                    out: str | Path, n_test: int, method: str | None = None,
                    thresholds: Thresholds = Thresholds(), quiet: bool = False,
-                   trackers: Sequence[str] = (), tracker_project: str | None = None) -> dict:
+                   trackers: Sequence[str] = (), tracker_project: str | None = None,
+                   yardsticks: Sequence[str | Path] = ()) -> dict:
     """Judge the user's monitored runs (every method, one run per method and seed) with their
     frozen controls, like an audit: one row per method, (d)'s seed noise pooled over them all.
 
@@ -32,12 +33,14 @@ def audit_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     trackers: as `creditaudit audit --tracker`, e.g. ["wandb:wandb_dir", "mlflow:sqlite:///mlflow.db",
     "tensorboard:tb"]: each run's monitor history, one tracker run per run folder, with its status,
     its verdicts and its method's verdict at the end; tracker_project: the W&B project / MLflow
-    experiment (default: the name of `out`).
+    experiment (default: the name of `out`). yardsticks: optional frozen controls trained by
+    backprop, one per seed, that every control is checked against (`judge_own_runs`).
     """
     if isinstance(trackers, str):
         trackers = [trackers]
     check_trackers(trackers)              # a missing extra is refused before anything is written
-    audit = judge_own_runs(runs, controls, out=out, n_test=n_test, method=method, thresholds=thresholds)
+    audit = judge_own_runs(runs, controls, out=out, n_test=n_test, method=method, thresholds=thresholds,
+                           yardsticks=yardsticks)
     write_report(audit, Path(out))
     if trackers:
         log_judged_runs(audit, trackers, tracker_project or Path(out).name, thresholds)

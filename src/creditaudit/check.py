@@ -42,7 +42,9 @@ def check_report(report: dict) -> tuple[list[str], int, dict]:
 def check_path(path: Path) -> tuple[list[str], int, dict]:
     """(one line per method or run, exit code, JSON payload) for an audit folder or a run folder."""
     path = Path(path)
-    if (path / "audit.json").exists():
+    # a run folder is judged as the run, even if an (older) audit wrote its audit.json there
+    is_run = any((path / name).exists() for name in ("diagnosis.json", "run.json", "config.json"))
+    if (path / "audit.json").exists() and not is_run:
         audit = store.read_sealed_json(path / "audit.json", "creditaudit audit (audit.json)")
         results = audit.get("methods") or []
         rows = [(str(m["method"]) + (f" (λ={m['lam']:g})" if m.get("lam") else ""), m["verdict"])

@@ -258,12 +258,13 @@ def _diagnose_user_model(args):
     data = load_dataset(args.dataset, args.data_dir, device)
     batches = eval_batches(data, args.eval_batches)
     ev = user_model_evidence(args.model, args.weights, data, batches, frozen=args.frozen_control,
-                             init=args.init_weights, device=device)
+                             init=args.init_weights, device=device, yardstick=args.yardstick)
     # the evidence gate: a control that is not this model's, untrained or non-finite is refused; an
     # unverified one is no evidence for (d) (not evaluated, so never "trustworthy")
     admitted = evidence.gate(evidence.Evidence(args.model, None, ev["control"]))
     report = diagnose(ev["model"], batches, frozen_acc=admitted.frozen_acc, test_acc=ev["test_acc"],
                       monitor_history=ev["history"], depth_unevaluated=admitted.depth_why,
+                      weak_control=admitted.weak,
                       rho=getattr(args, "rho", False), label=f"{args.model} ({Path(args.weights).name})")
     report.first_fire = None          # two snapshots (init, now) are no training-time monitor
     if admitted.note:                 # what the control is, when it is not what (d) assumes
@@ -670,6 +671,11 @@ def _user_model_options(p: argparse.ArgumentParser, cat) -> None:
                    help="with --model: its trained weights (.safetensors) (default: none)")
     p.add_argument("--init-weights", metavar="FILE",
                    help="with --model: its weights at initialisation, for (a′) (default: none)")
+    p.add_argument("--yardstick", metavar="FILE",
+                   help="with --model and --frozen-control: weights of the same model with its blocks "
+                        "at init and embedding and readout trained by backprop; a control more than 2 "
+                        "points short of it is weak (default: none: the control must beat the "
+                        "untrained model by the margin)")
     p.add_argument("--dataset", choices=cat.datasets, metavar="NAME",
                    help=f"with --model: the data to measure on; one of {_choices(cat.datasets)} "
                         "(default: none)")

@@ -105,8 +105,10 @@ class RunConfig:
 
     def __post_init__(self):
         from .data import DATASET_NAMES
-        from .methods import method_class
+        from .methods import method_class, resolve_method_name
         from .model import ACTIVATIONS, ARCH_OPTIONS, ARCHITECTURES
+        # one rule is one method however it is spelled: its run key and folder name use one name
+        object.__setattr__(self, "method", resolve_method_name(self.method))
         cls = method_class(self.method)
         if self.dataset not in DATASET_NAMES:
             raise CreditAuditError(
@@ -382,7 +384,18 @@ class AuditConfig:
                     runs.append(base.replace(trainable_blocks=0))
                 if "shallow" in self.controls and base.blocks > 0:
                     runs.append(base.replace(blocks=0))
-        return runs
+        return runs + [c for c in self.yardstick_configs() if REFERENCE_METHOD not in self.methods]
+
+    def yardstick_configs(self) -> list[RunConfig]:
+        """The yardstick of each seed's frozen controls: the reference method's (bp's) frozen
+        control — the same frozen blocks (a seed's initial weights depend on the seed and the
+        model alone), embedding and readout trained by exact gradients on the same data and
+        budget. It is bp's own frozen control when bp is audited; else the audit trains it once
+        per seed (docs/PROTOCOL.md "The yardstick")."""
+        if "frozen" not in self.controls:
+            return []
+        bases = [self.base_config(REFERENCE_METHOD, seed) for seed in self.seeds]
+        return [b.replace(trainable_blocks=0) for b in bases if b.blocks > 0]
 
     def base_config(self, method: str, seed: int) -> RunConfig:
         """The main run of `method` at `seed`: the audit's λ goes to every method that declares it,
@@ -469,10 +482,13 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
     if not isinstance(methods, list) or not methods or not all(isinstance(m, str) for m in methods):
         raise CreditAuditError(f"methods in {where} must be a non-empty list of method names, "
                                f"e.g. methods = [\"bp\"]; got {methods!r}")
-    methods = [resolve_method_name(m) for m in methods]
+    spelled = methods
+    methods = [resolve_method_name(m) for m in methods]     # one rule, one name, however spelled
     dupes = sorted({m for m in methods if methods.count(m) > 1})
     if dupes:
-        raise CreditAuditError(f"methods in {where} lists {', '.join(dupes)} more than once; list each once")
+        ways = [s for s, m in zip(spelled, methods) if m == dupes[0]]
+        raise CreditAuditError(f"methods in {where} lists {dupes[0]} more than once "
+                               f"({', '.join(ways)} are one rule); list each once")
     for method in raw.get("options", {}):
         if not isinstance(raw["options"][method], dict):
             raise CreditAuditError(f"[options.{method}] in {where} must be a table of that method's options")

@@ -12,13 +12,19 @@ it has into one `Evidence` record and calls `gate(evidence)`. The entrances only
         run (`ControlEvidence.mismatch`), or the run's own weights passed as its control;
       - a control whose weights or outputs are non-finite;
       - a control whose blocks moved from initialisation (it is no frozen-blocks control);
-      - a control whose embedding or readout never moved from initialisation (it never trained:
-        its accuracy is the untrained model's, and any run would clear it);
+      - a control whose embedding or whose readout never moved from initialisation — each judged
+        as its own group (a readout trained on a random embedding is no yardstick either);
       - a stored diagnosis bound to another run, another checkpoint or another training status
         (copied from another folder, or made before the run finished or resumed);
     "not evaluated" ((d) gets no frozen accuracy; the verdict is at best "incomplete"):
-      - no control; an unfinished control; a control whose blocks and embedding/readout could not
+      - no control; an unfinished control; a control whose blocks, embedding and readout could not
         be compared with the initial weights (`ControlEvidence.unverified`).
+    weak (admitted, but (d) may not clear against it: `Admission.weak`):
+      - a control that falls short of the yardstick (the same frozen blocks, embedding and readout
+        trained by exact gradients) by more than `verdict.YARDSTICK_TOLERANCE`, when one was given;
+        without one, a control that does not beat the untrained model (`init_acc`: its accuracy at
+        initialisation) by the (d) margin. (d) across seeds then judges each weak seed against
+        the yardstick (`verdict.depth_decision`); a lone run's (d) cannot clear against it.
 
 A run's training status (finished, stopped, diverged, unfinished) is judged by
 `verdict.training_gaps` inside the diagnosis, and a credit that is non-finite in a seed by the
@@ -43,13 +49,15 @@ class ControlEvidence:
     finished:       whether its training finished (all planned epochs).
     acc:            its test accuracy (a fraction), measured like the run's.
     blocks_at_init: every block parameter equals the run's initial one (None: not checkable).
-    rest_moved:     the parameters outside the blocks (embedding, readout) differ from their
-                    initial values (None: not checkable).
+    embedding_moved / readout_moved: some parameter of the embedding (of the readout) differs from
+                    its initial value — each its own group (None: not checkable).
     finite:         every weight, and its outputs on the eval batch, are finite (None: not checked).
     unverified:     why blocks/rest could not be checked (e.g. no initial weights were given).
     kind:           "frozen" (the (d) yardstick) or "shallow" (no blocks at all; reported only).
     branch_ratio:   max over its blocks and the eval batch of ‖f_l(h_l)‖ / ‖h_l‖
                     (`metrics.branch_ratios`; None: not measured). 0: every block is the identity.
+    yardstick_acc:  the accuracy of the yardstick for this control (None: none given).
+    init_acc:       the untrained model's accuracy (its initial weights; None: not measured).
     """
 
     where: str
@@ -57,11 +65,21 @@ class ControlEvidence:
     finished: bool = True
     acc: float | None = None
     blocks_at_init: bool | None = None
-    rest_moved: bool | None = None
+    embedding_moved: bool | None = None
+    readout_moved: bool | None = None
     finite: bool | None = None
     unverified: str | None = None
     kind: str = "frozen"                # or "shallow": the audit's no-block control (no (d))
     branch_ratio: float | None = None
+    yardstick_acc: float | None = None
+    init_acc: float | None = None
+
+    @property
+    def rest_moved(self) -> bool | None:
+        """Both the embedding and the readout moved (None: one of them not checkable)."""
+        if self.embedding_moved is False or self.readout_moved is False:
+            return False
+        return None if self.embedding_moved is None or self.readout_moved is None else True
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,7 @@ class Evidence:
     diagnosis_binding: dict | None = None
     run_binding: dict | None = None
     check_binding: bool = False
+    depth_margin: float = 0.02      # (d)'s margin: a control with no yardstick must beat init by it
 
 
 @dataclass(frozen=True)
@@ -91,7 +110,8 @@ class Admission:
 
     frozen_acc: float | None = None
     depth_why: str | None = None
-    note: str | None = None            # what the admitted control is, when it is not what (d) assumes
+    weak: str | None = None         # why the control is weak (None: not weak, or not checkable)
+    note: str | None = None         # what the admitted control is, when it is not what (d) assumes
 
 
 # a block whose branch moves no sample's stream by more than this (relative) is the identity
@@ -122,10 +142,12 @@ def _control(c: ControlEvidence) -> tuple[float | None, str | None]:
         raise CreditAuditError(f"the {c.kind} control {c.where} is not frozen at initialisation: its "
                                "block parameters differ from the run's initial ones; train the control "
                                "with its blocks left at their initial values")
-    if c.rest_moved is False:
-        raise CreditAuditError(f"the {c.kind} control {c.where} never trained: its embedding and readout "
-                               "still equal the initial weights, so any run would clear it; train its "
-                               "embedding and readout like the run (blocks frozen), then pass it")
+    for part, moved in (("embedding", c.embedding_moved), ("readout", c.readout_moved)):
+        if moved is False:
+            raise CreditAuditError(f"the {c.kind} control {c.where} never trained its {part}: it still "
+                                   "equals the initial weights, so the control is no yardstick and any "
+                                   "run could clear it; train its embedding and readout like the run "
+                                   "(blocks frozen), then pass it")
     if not c.finished:
         return None, f"the {c.kind} control {c.where} has not finished training"
     if c.acc is None:
@@ -135,8 +157,29 @@ def _control(c: ControlEvidence) -> tuple[float | None, str | None]:
                       f"{c.unverified}")
     if c.finite is None or c.blocks_at_init is None or c.rest_moved is None:
         return None, (f"the {c.kind} control {c.where} could not be checked (blocks at initialisation, "
-                      "embedding and readout trained, finite weights)")
+                      "embedding and readout each trained, finite weights)")
     return float(c.acc), None
+
+
+def weakness(c: ControlEvidence, margin: float) -> str | None:
+    """Why the control `c` is weak (None: it is not, or nothing to compare it with): short of its
+    yardstick by more than YARDSTICK_TOLERANCE, or — without a yardstick — not beating the
+    untrained model's accuracy by `margin` (the (d) margin)."""
+    from .verdict import ACC_TOLERANCE, YARDSTICK_TOLERANCE
+    if c.acc is None:
+        return None
+    if c.yardstick_acc is not None:
+        short = c.yardstick_acc - c.acc
+        if short > YARDSTICK_TOLERANCE + ACC_TOLERANCE:
+            return (f"the frozen control {c.where} ({c.acc:.4f}) falls {100 * short:.1f} points short of "
+                    f"its yardstick ({c.yardstick_acc:.4f}), more than the {100 * YARDSTICK_TOLERANCE:g}-"
+                    "point tolerance")
+        return None
+    if c.init_acc is not None and c.acc < c.init_acc + margin - ACC_TOLERANCE:
+        return (f"the frozen control {c.where} ({c.acc:.4f}) does not beat the untrained model "
+                f"({c.init_acc:.4f}) by the +{100 * margin:g}-point margin, and no yardstick was given "
+                "(the same frozen blocks, embedding and readout trained by exact gradients)")
+    return None
 
 
 def _binding(recorded: dict | None, actual: dict | None, label: str) -> None:
@@ -157,13 +200,15 @@ def gate(evidence: Evidence) -> Admission:
     """Decide whether `evidence` can support a verdict (the module docstring lists the rules).
 
     Raises CreditAuditError (one line naming the problem and the fix) for evidence that is
-    wrong; returns an `Admission` saying what is usable and what is "not evaluated"."""
+    wrong; returns an `Admission` saying what is usable, what is "not evaluated", and whether the
+    control is weak."""
     if evidence.check_binding:
         _binding(evidence.diagnosis_binding, evidence.run_binding, evidence.label)
     if evidence.control is None:
         return Admission()
-    frozen_acc, depth_why = _control(evidence.control)
-    return Admission(frozen_acc, depth_why, control_note(evidence.control) if frozen_acc is not None else None)
+    acc, why = _control(evidence.control)
+    return Admission(acc, why, None if acc is None else weakness(evidence.control, evidence.depth_margin),
+                     None if acc is None else control_note(evidence.control))
 
 
 def check_depth(n_blocks: int) -> None:

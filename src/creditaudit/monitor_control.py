@@ -15,6 +15,7 @@ from .errors import CreditAuditError
 from .evidence import ControlEvidence
 from .metrics import branch_ratios
 from .model import ResidualStream
+from .model.stream import parameter_roles
 
 
 def frozen_control(model: torch.nn.Module, init: dict[str, torch.Tensor],
@@ -55,8 +56,8 @@ def check_control_of(model: torch.nn.Module, adapter: Adapter | None, out: Path,
 def control_check(model: torch.nn.Module, init: dict[str, torch.Tensor], adapter: Adapter | None,
                   stream: ResidualStream, x: torch.Tensor) -> dict[str, bool]:
     """What a control shows the evidence gate when it is sealed: whether its block parameters
-    still equal the snapshot `init`, whether the parameters outside the blocks (embedding, readout)
-    moved, whether its weights and its logits on the eval batch `x` are finite, and how far its
+    still equal the snapshot `init`, whether the embedding and the readout each moved (two groups:
+    `model.stream.parameter_roles`), whether its weights and its logits on the eval batch `x` are finite, and how far its
     blocks move the stream (`metrics.branch_ratios`, max over blocks: 0 when every block is the
     identity)."""
     in_blocks = {id(p) for b in block_modules(model, adapter) for p in b.parameters()}
@@ -64,16 +65,24 @@ def control_check(model: torch.nn.Module, init: dict[str, torch.Tensor], adapter
             for n, p in model.named_parameters() if n in init}
     ids = {n: id(p) for n, p in model.named_parameters()}
     blocks = [same[n] for n in same if ids[n] in in_blocks]
-    rest = [same[n] for n in same if ids[n] not in in_blocks]
     was = model.training
     model.eval()
     try:
         with torch.no_grad():
             logits = stream.forward_from(0, stream.embed(x))
+        # the embedding and the readout each its own group (evidence.py)
+        roles = parameter_roles(stream, dict(model.named_parameters()), x)
         finite = all(bool(p.isfinite().all()) for p in model.parameters()) and bool(logits.isfinite().all())
         # whether its blocks are the identity (zero-initialised branches): then it is the shallow network
         ratio = max(branch_ratios(stream, x), default=None) if finite else None
     finally:
         model.train(was)
-    return {"blocks_at_init": all(blocks), "rest_moved": bool(rest) and not all(rest), "finite": finite,
-            "branch_ratio": ratio}
+    outside = {n for n in same if ids[n] not in in_blocks}
+
+    def moved(part: str) -> bool:
+        # a part with no parameters has nothing to train (vacuously moved); with no parameter
+        # outside the blocks at all, nothing trained
+        mine = [n for n in roles[part] if n in outside]
+        return bool(outside) and (not mine or not all(same[n] for n in mine))
+    return {"blocks_at_init": all(blocks), "embedding_moved": moved("embedding"),
+            "readout_moved": moved("readout"), "finite": finite, "branch_ratio": ratio}

@@ -6,6 +6,7 @@ written beside the run."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,9 +27,12 @@ def diagnose_monitored(mon: "Monitor", batches: list[tuple[torch.Tensor, torch.T
     from .protocol import diagnose
     status = mon.status["status"]
     training = {"status": status, "epochs_completed": mon.epochs_completed, "epochs_planned": mon.epochs}
-    admitted = evidence.gate(evidence.Evidence(
-        mon.label, training, None if mon.frozen_control_dir is None
-        else control_evidence(mon.frozen_control_dir, mon.info)))
+    control = None if mon.frozen_control_dir is None else control_evidence(mon.frozen_control_dir, mon.info)
+    if control is not None and mon.history and mon.history[0].get("epoch") == 0:
+        # the untrained model's accuracy (epoch 0): a control must beat it by the margin
+        control = replace(control, init_acc=mon.history[0].get("test_acc"))
+    admitted = evidence.gate(evidence.Evidence(mon.label, training, control,
+                                               depth_margin=mon.thresholds.depth_margin))
     model = mon.model
     if status == DIVERGED or from_checkpoint:
         # the last (finite) checkpoint, as the trainer's run folder keeps it; the model in
@@ -40,7 +44,7 @@ def diagnose_monitored(mon: "Monitor", batches: list[tuple[torch.Tensor, torch.T
     model.eval()
     try:
         report = diagnose(stream, batches, method=mon.credit, frozen_acc=admitted.frozen_acc,
-                          depth_unevaluated=admitted.depth_why,
+                          depth_unevaluated=admitted.depth_why, weak_control=admitted.weak,
                           test_acc=mon.history[-1]["test_acc"], thresholds=mon.thresholds,
                           monitor_history=mon.history, label=mon.label,
                           diverged=mon.status["message"] if status == DIVERGED else None,

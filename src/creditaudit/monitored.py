@@ -114,7 +114,8 @@ def control_evidence(control_dir: str | Path, main_info: dict) -> ControlEvidenc
     elif info.get("epochs") != main_info.get("epochs"):
         mismatch = f"it plans {info.get('epochs')} epochs, the run {main_info.get('epochs')}"
     return ControlEvidence(str(control_dir), mismatch, run.finished, run.test_acc,
-                           check.get("blocks_at_init"), check.get("rest_moved"), check.get("finite"),
+                           check.get("blocks_at_init"), check.get("embedding_moved"),
+                           check.get("readout_moved"), check.get("finite"),
                            branch_ratio=check.get("branch_ratio"))
 
 

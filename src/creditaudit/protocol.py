@@ -488,7 +488,8 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
              rho: bool | Sequence[int] = False, rho_m: int = 32, rho_eps: float = 1e-3,
              rho_seed: int = 0, label: str = "", diverged: str | None = None,
              training: dict | None = None, missing_evidence: Sequence[str] = (),
-             depth_unevaluated: str | None = None) -> Report:
+             depth_unevaluated: str | None = None, weak_control: str | None = None,
+             weak_decided_across_seeds: bool = False) -> Report:
     """Run the docs/PROTOCOL.md protocol on `model` (a ResidualStream or a model with `.stream()`).
 
     eval_batches:    list of (x, y); protocol: K ≥ 8 disjoint batches of 128 (s_l needs K ≥ 2).
@@ -520,6 +521,12 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
                      from "trustworthy"; the report keeps them (with a non-finite credit's) as
                      `missing_evidence`, which the method verdict across seeds carries on.
     depth_unevaluated: why (d) has no control accuracy, as the evidence gate (evidence.py) said.
+    weak_control:    why the control is weak, as the gate said (`Admission.weak`): short of its
+                     yardstick, or not beating the untrained model by the margin. An undercut
+                     against it stands; a clear does not — the project verdict's (d) is then not
+                     evaluated (the paper's column keeps the paper's rule). The reason is carried
+                     into the method verdict across seeds (`missing_evidence`) unless
+                     `weak_decided_across_seeds` (an audit with a yardstick decides (d) against it).
     Never raises on a non-finite model: the report says so instead. Raises CreditAuditError for
     inputs out of range (accuracies outside [0, 1] or NaN, malformed batches or credit).
     """
@@ -550,7 +557,8 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
                                    f"{n_blocks} blocks; layers are 0 … {n_blocks} (positions h_0 … h_L)")
         return _diagnose(model, batches, method, frozen_acc, test_acc, thresholds,
                          monitor_history, null, null_k, null_seed, rho, rho_m, rho_eps, rho_seed,
-                         label, diverged, training, list(missing_evidence), depth_unevaluated)
+                         label, diverged, training, list(missing_evidence), depth_unevaluated,
+                         weak_control, weak_decided_across_seeds)
     finally:
         if module is not None:
             module.train(was_training)
@@ -579,7 +587,7 @@ def _flags(values: dict, t: Thresholds, nonfinite: bool, diverged: str | None
 
 def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, null_k, null_seed,
               rho, rho_m, rho_eps, rho_seed, label, diverged, training, missing,
-              depth_why=None) -> Report:
+              depth_why=None, weak=None, weak_decided=False) -> Report:
     stream = as_stream(model)
     evidence.check_depth(stream.n_blocks)
     evidence.check_history(history, stream.n_blocks + 1)
@@ -627,7 +635,14 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
                               "(creditaudit diagnose --frozen-control RUN_DIR)")
     if flags["c"] is None:
         not_evaluated["c"] = "s_l needs at least two eval batches with non-zero BP gradients"
-    evidence_gaps = missing        # the caller's and the credit's: carried into the method verdict
+    project_flags, weak_gap = flags, []
+    if weak and flags["d"] is False:
+        # a clear against a weak control is no clear: the project's (d) is not evaluated
+        project_flags = {**flags, "d": None}
+        weak_gap = [f"(d) cannot clear against a weak control: {weak}"]
+    # the caller's and the credit's gaps are carried into the method verdict; the weak control's
+    # too, unless the audit decides (d) across seeds against the yardstick
+    evidence_gaps = missing + ([] if weak_decided else weak_gap)
     missing = training_gaps(training) + missing
 
     report = Report(label, len(batches), len(pooled.logits), t, h_norms, g_norms, gain, growth,
@@ -675,8 +690,10 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
             report.nudge = [M.nudging_test(model, x0, y0, l, a0) for l in layers]
     if history is not None:
         report.first_fire = first_fire_epochs(history, t)
-    report.project = decide(flags, "project", nonfinite, missing)
-    report.paper = decide(flags, "paper", nonfinite, missing)
+    report.project = decide(project_flags, "project", nonfinite, missing + weak_gap)
+    # the paper's column keeps the paper's (d) rule, but no column calls a weak control's clear
+    # trustworthy: a yardstick that barely trained is no evidence for either rule
+    report.paper = decide(flags, "paper", nonfinite, missing + weak_gap)
     report.missing_evidence = evidence_gaps
     report.reasons_by_flag = reasons_by_flag(report)   # last: a reason may cite ρ_BP measured above
     report.reasons = list(report.reasons_by_flag.values())

@@ -280,7 +280,11 @@ def control_evidence(config: RunConfig | None, control: Run, x: torch.Tensor | N
     now = {n: p.detach().cpu() for n, p in model.named_parameters()}
     names = {id(p): n for n, p in model.named_parameters()}
     blocks = {names[id(p)] for b in model.blocks for p in b.parameters()}
-    rest = [names[id(p)] for p in (*model.embed_parameters(), *model.head_parameters())]
+    # a part with no parameters has nothing to train (vacuously moved); with none outside the
+    # blocks at all, nothing trained
+    rest = [*model.embed_parameters(), *model.head_parameters()]
+    moved = lambda params: bool(rest) and (not params or not all(
+        torch.equal(now[names[id(p)]], start[names[id(p)]]) for p in params))
     finite = all(bool(p.isfinite().all()) for p in now.values())
     ratio = None
     if finite and x is not None:
@@ -293,7 +297,21 @@ def control_evidence(config: RunConfig | None, control: Run, x: torch.Tensor | N
         where, finished=control.finished, acc=control.test_acc, finite=finite, branch_ratio=ratio,
         kind="frozen" if config is not None else control.config.control,
         blocks_at_init=all(torch.equal(now[n], start[n]) for n in blocks),
-        rest_moved=bool(rest) and not all(torch.equal(now[n], start[n]) for n in rest))
+        # each its own group: a readout trained on an untouched embedding is no yardstick
+        embedding_moved=moved(model.embed_parameters()), readout_moved=moved(model.head_parameters()))
+
+
+RUN_FOLDER_FILES = ("run.json", "config.json", "diagnosis.json", "status.json", "metrics.jsonl")
+
+
+def refuse_run_folder(out: Path, what: str = "the audit") -> None:
+    """Folders mean one thing: an audit never writes into a run folder (a Monitor's or the
+    trainer's), or `check RUN` would answer with the audit instead of the run. One line."""
+    out = Path(out)
+    found = next((name for name in RUN_FOLDER_FILES if (out / name).exists()), None)
+    if found is not None:
+        raise CreditAuditError(f"{out} is a run folder (it holds {found}); {what} writes a folder of its "
+                               "own — give out= (--out) a new folder, not a run's")
 
 
 def run_identity(run_dir: Path) -> str | None:

@@ -30,9 +30,10 @@ from pathlib import Path
 import torch
 
 from .errors import CreditAuditError
-from .evidence import ControlEvidence
+from .evidence import ControlEvidence, Evidence, gate
 from .metrics import accuracy, branch_ratios, monitor_snapshot
 from .model import ResidualStream
+from .model.stream import parameter_roles
 
 
 
@@ -145,12 +146,14 @@ def _step_module(step) -> torch.nn.Module | None:
     return None
 
 
-def parameter_groups(model: torch.nn.Module) -> dict[str, set[str]] | None:
+def parameter_groups(model: torch.nn.Module, x: torch.Tensor | None = None) -> dict[str, set[str]] | None:
     """Parameter names of the model's blocks, embedding and head (None when the blocks' parameters
     cannot be told apart from the rest: a `.stream()` whose steps are not modules of the model).
 
-    A ResidualModel names its embedding and head parameters; for a `.stream()` model everything
-    outside the blocks counts as "embedding and head" together."""
+    A ResidualModel names its embedding and head parameters; for a `.stream()` model they are the
+    parameters outside the blocks that its embed (its readout) uses on the batch `x`
+    (`model.stream.parameter_roles`); without `x`, everything outside the blocks counts as one
+    group "embedding and head"."""
     names = {id(p): n for n, p in model.named_parameters()}
     stream = model.stream()
     modules = [_step_module(s) for s in stream.steps]
@@ -165,8 +168,12 @@ def parameter_groups(model: torch.nn.Module) -> dict[str, set[str]] | None:
     try:
         groups = {"embedding": {names[id(p)] for p in embed_params()},
                   "head": {names[id(p)] for p in head_params()}}
-    except Exception:  # noqa: BLE001 — not a ResidualModel: one group for everything but the blocks
-        groups = {"embedding and head": rest}
+    except Exception:  # noqa: BLE001 — not a ResidualModel: found through its stream
+        if x is None:
+            groups = {"embedding and head": rest}
+        else:
+            roles = parameter_roles(stream, dict(model.named_parameters()), x)
+            groups = {"embedding": roles["embedding"] & rest, "head": roles["readout"] & rest}
     return {"blocks": blocks, **groups}
 
 
@@ -187,7 +194,7 @@ def control_evidence(model: torch.nn.Module, control: torch.nn.Module, init: tor
         return ControlEvidence(control_path, mismatch="it holds the same weights as --weights (a depth "
                                "gap of 0 by construction); give the weights of the model trained with its "
                                "blocks left at initialisation", finite=finite)
-    groups = parameter_groups(control)
+    groups = parameter_groups(control, x)
     if init is None:
         return ControlEvidence(control_path, finite=finite, unverified=(
             "without --init-weights its blocks cannot be checked against initialisation; give "
@@ -197,21 +204,31 @@ def control_evidence(model: torch.nn.Module, control: torch.nn.Module, init: tor
             "the model's .stream() steps are not modules of the model, so its block parameters "
             "cannot be compared with --init-weights; make each step an nn.Module (or its .block)"))
     start = dict(init.named_parameters())
-    rest = [names for part, names in groups.items() if part != "blocks" and names]
+    # a part with no parameters has nothing to train (vacuously moved); with no parameter outside
+    # the blocks at all, nothing trained
+    outside = set().union(*(names for part, names in groups.items() if part != "blocks"))
+    moved = lambda part: bool(outside) and (not groups.get(part) or
+                                            not all(torch.equal(theirs[n], start[n]) for n in groups[part]))
     return ControlEvidence(
         control_path, finite=finite, branch_ratio=max(branch_ratios(control, x), default=None) if finite else None,
         blocks_at_init=all(torch.equal(theirs[n], start[n]) for n in groups["blocks"]),
-        # each of the embedding and the head must have moved (one group when they cannot be told apart)
-        rest_moved=bool(rest) and all(not all(torch.equal(theirs[n], start[n]) for n in names)
-                                      for names in rest))
+        # each of the embedding and the head its own group: a trained readout on an untouched
+        # embedding is refused
+        embedding_moved=moved("embedding"), readout_moved=moved("head"))
 
 
 def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str | None = None,
-                        init: str | None = None, device: torch.device | None = None) -> dict:
+                        init: str | None = None, device: torch.device | None = None,
+                        yardstick: str | None = None) -> dict:
     """The model and what `protocol.diagnose` needs beside it: its test accuracy, the frozen
     control's evidence (`control`: a ControlEvidence for `evidence.gate`, or None), and a two-row
     monitor history (init, now) when `init` is given. The models are put on `device`, by default
-    where the data are."""
+    where the data are. `yardstick`: weights of the same model, blocks at init, embedding and
+    readout trained by backprop; it must pass the gate as a control would (so `init` is needed to
+    check it), and its accuracy is the control's yardstick_acc."""
+    if yardstick and not (frozen and init):
+        raise CreditAuditError("--yardstick needs --frozen-control (the control it measures) and "
+                               "--init-weights (to check that its blocks are at initialisation)")
     device = data.device if device is None else device
     model = in_eval_mode(load_weights(build_user_model(spec), weights).to(device), spec)
     x, y = batches[0]
@@ -223,8 +240,19 @@ def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str |
     control_ev = None
     if frozen:
         control = in_eval_mode(load_weights(build_user_model(spec), frozen, "frozen-control weights").to(device), spec)
-        control_ev = dataclasses.replace(control_evidence(model, control, start, frozen, x),
-                                         acc=accuracy(control, data.eval_batches("test", 1000)))
+        control_ev = dataclasses.replace(
+            control_evidence(model, control, start, frozen, x),
+            acc=accuracy(control, data.eval_batches("test", 1000)),
+            # the untrained model's accuracy: without a yardstick, a control must beat it by the margin
+            init_acc=None if start is None else accuracy(start, data.eval_batches("test", 1000)))
+        if yardstick:
+            yard = in_eval_mode(load_weights(build_user_model(spec), yardstick, "yardstick weights").to(device), spec)
+            yard_ev = dataclasses.replace(control_evidence(model, yard, start, yardstick, x),
+                                          acc=accuracy(yard, data.eval_batches("test", 1000)))
+            admitted = gate(Evidence(yardstick, None, yard_ev))
+            if admitted.frozen_acc is None:
+                raise CreditAuditError(f"the yardstick is no evidence: {admitted.depth_why}")
+            control_ev = dataclasses.replace(control_ev, yardstick_acc=admitted.frozen_acc)
     history = None
     if start is not None:
         history = [{"epoch": 0, "test_acc": None, **monitor_snapshot(start, x, y).to_dict()},

@@ -50,6 +50,13 @@ MAX_SEEDS = 1000
 # so a gap of exactly the margin computed in float32 clears; 1e-6 stays far below one test
 # sample (1/n_test ≥ 1e-5 for test sets up to 100,000 samples)
 ACC_TOLERANCE = 1e-6
+# A frozen control is weak when its accuracy falls short of the yardstick of the same seed (the
+# same frozen blocks, embedding and readout trained by exact gradients: bp's frozen control) by more
+# than this. Calibrated on the zoo audit (docs/rules/audit.json, the quick preset's settings with
+# every built-in rule): the seed-to-seed spread of a frozen control's accuracy, pooled over 14
+# rules, is 0.81 points (26 df); two controls as strong as each other differ at one seed by more
+# than t_{0.95,26}·√2·0.81 = 1.97 points 5 % of the time (docs/PROTOCOL.md "The yardstick").
+YARDSTICK_TOLERANCE = 0.02
 
 
 @dataclass(frozen=True)
@@ -509,16 +516,38 @@ def disagreement(r) -> list[str]:
 @dataclass(frozen=True)
 class PairedGap:
     """One seed's (d) evidence: the run's test accuracy and its frozen control's, both measured on
-    the same `n_test` test samples (None: unknown, no test-set floor)."""
+    the same `n_test` test samples (None: unknown, no test-set floor), and the yardstick's — the
+    same seed's frozen blocks with embedding and readout trained by exact gradients (None: no
+    yardstick was trained or given)."""
 
     label: str
     acc: float
     frozen_acc: float
     n_test: int | None = None
+    yardstick_acc: float | None = None
 
     @property
     def gap(self) -> float:
+        """acc − the control's accuracy (the gap the paper reads)."""
         return self.acc - self.frozen_acc
+
+    @property
+    def shortfall(self) -> float | None:
+        """How far the control falls short of the yardstick (yardstick − control; None: no yardstick)."""
+        return None if self.yardstick_acc is None else self.yardstick_acc - self.frozen_acc
+
+    @property
+    def weak(self) -> bool:
+        """The control falls short of the yardstick by more than YARDSTICK_TOLERANCE."""
+        return self.shortfall is not None and self.shortfall > YARDSTICK_TOLERANCE + ACC_TOLERANCE
+
+    def against_stronger(self) -> "PairedGap":
+        """This seed judged against the stronger of its control and the yardstick (itself when the
+        control is not weak): the gap then uses max(control, yardstick)."""
+        if not self.weak:
+            return self
+        return PairedGap(self.label, self.acc, max(self.frozen_acc, self.yardstick_acc), self.n_test,
+                         self.yardstick_acc)
 
     @property
     def floor_var(self) -> float:
@@ -530,11 +559,14 @@ class PairedGap:
 
     def to_dict(self) -> dict:
         return {"label": self.label, "acc": self.acc, "frozen_acc": self.frozen_acc,
-                "gap": self.gap, "n_test": self.n_test}
+                "gap": self.gap, "n_test": self.n_test, "yardstick_acc": self.yardstick_acc,
+                "shortfall": self.shortfall, "weak": self.weak}
 
     @classmethod
     def from_dict(cls, d: dict) -> "PairedGap":
-        return cls(str(d["label"]), float(d["acc"]), float(d["frozen_acc"]), d.get("n_test"))
+        y = d.get("yardstick_acc")
+        return cls(str(d["label"]), float(d["acc"]), float(d["frozen_acc"]), d.get("n_test"),
+                   None if y is None else float(y))
 
 
 @dataclass(frozen=True)
@@ -574,10 +606,16 @@ class DepthDecision:
     """(d) for one method over its seeds.
 
     outcome: "clears" when the one-sided 95 % lower bound of the mean paired gap is at or above the
-    margin, "undercut" when the one-sided 95 % upper bound is below it, "undetermined" otherwise,
-    "not evaluated" without a paired seed. `paper_undercut` is the paper's rule: mean gap < margin.
+    margin, "undercut" when the one-sided 95 % upper bound is below it, "undetermined" otherwise
+    (always with one seed and no seed spread anywhere in the audit: nothing measures how another
+    seed would land), "not evaluated" without a paired seed. `paper_undercut` is the paper's rule:
+    mean gap to the control < margin.
     lower/upper: mean ∓ q·se with q = t_{0.95, df}, se = √(var/n), var = max(pooled seed variance,
     this method's own sample variance, mean binomial floor) — `var_source` names which.
+    against: "control" — the gaps are to the method's own frozen control; "yardstick" — a control
+    was weak at some seed (`PairedGap.weak`), so each weak seed's gap is to the stronger of control
+    and yardstick and mean/bounds are those gaps'. An undercut against the control stands whatever
+    the yardstick (`control_outcome` is the outcome against the control alone).
     """
 
     outcome: str
@@ -592,6 +630,8 @@ class DepthDecision:
     upper: float | None = None
     seeds_needed: int | None = None
     paper_undercut: bool | None = None
+    against: str = "control"
+    control_outcome: str | None = None
 
     @property
     def fires(self) -> bool | None:
@@ -605,18 +645,56 @@ class DepthDecision:
     def se(self) -> float | None:
         return None if self.var is None or not self.gaps else math.sqrt(self.var / self.n)
 
+    @property
+    def unpooled(self) -> bool:
+        """One seed, and no method or control of the audit has two: the seed spread is unmeasured."""
+        return self.n == 1 and self.noise.df == 0
+
+    @property
+    def weak(self) -> list[PairedGap]:
+        """The seeds whose control falls short of the yardstick by more than the tolerance."""
+        return [g for g in self.gaps if g.weak]
+
+    @property
+    def yardstick_gap(self) -> float | None:
+        """Mean of acc − yardstick over the seeds with a yardstick (information; None: none)."""
+        vals = [g.acc - g.yardstick_acc for g in self.gaps if g.yardstick_acc is not None]
+        return statistics.fmean(vals) if vals else None
+
+    def yardstick_note(self) -> str | None:
+        """What the yardstick changed, in one sentence (None: no weak control)."""
+        weak = self.weak
+        if not weak:
+            return None
+        short = ", ".join(f"{g.label} {100 * g.shortfall:.1f}" for g in weak)
+        head = (f"the frozen control is weak at {len(weak)}/{self.n} seeds: it falls short of the "
+                f"yardstick (the same frozen blocks, embedding and readout trained by exact gradients) "
+                f"by more than the {100 * YARDSTICK_TOLERANCE:g}-point tolerance ({short} points)")
+        if self.against == "yardstick":
+            return (f"{head}, so (d) is decided against the stronger of the two (the gap to the control "
+                    f"alone would read {self.control_outcome})")
+        return f"{head}; the undercut against the control stands"
+
     def explain(self) -> str:
         """The sentence: the gap, its one-sided bounds, where the noise comes from, and the call."""
         if self.outcome == "not evaluated":
             return "(d) not evaluated: no seed has a finished frozen-blocks control"
         seeds = f"{self.n} seed{'s' if self.n != 1 else ''}"
-        per = ", ".join(f"{100 * g.gap:+.1f}" for g in self.gaps)
+        to = "to the stronger of control and yardstick" if self.against == "yardstick" else "to the frozen control"
+        per = ", ".join(f"{100 * (g.against_stronger() if self.against == 'yardstick' else g).gap:+.1f}"
+                        for g in self.gaps)
         bounds = ("" if self.lower is None else
                   f"; one-sided 95 % bounds [{100 * self.lower:+.1f}, {100 * self.upper:+.1f}]")
         noise = f" (noise: {self.var_source})" if self.var_source else ""
-        head = (f"the paired gap to the frozen control is {100 * self.mean:+.1f} points over {seeds} "
+        head = (f"the paired gap {to} is {100 * self.mean:+.1f} points over {seeds} "
                 f"({per}){bounds}{noise}")
+        note = self.yardstick_note()
+        head = head if note is None else f"{head}; {note}"
         if self.outcome == "undetermined":
+            if self.unpooled:
+                return (f"(d) undetermined: {head}; with one seed and no other method or control "
+                        "that has two, nothing measures how far another seed would land, so the "
+                        "test-set noise alone does not decide — add a seed")
             more = ("no number of seeds is likely to decide it (the mean gap sits on the margin)"
                     if self.seeds_needed is None else
                     f"about {self.seeds_needed} seeds would likely decide it ({POWER:.0%} chance)")
@@ -629,10 +707,15 @@ class DepthDecision:
         [−2.5, +13.1] around the +2-point margin; ~10 seeds would likely decide it"."""
         if self.outcome != "undetermined" or self.mean is None:
             return f"(d) {self.outcome}"
+        if self.unpooled:
+            return (f"(d) undetermined: paired gap {100 * self.mean:+.1f} points on one seed, and no "
+                    "seed spread to judge it by (no method or control of this audit has two seeds); "
+                    "add a seed")
         bounds = "" if self.lower is None else f", one-sided 95 % bounds [{100 * self.lower:+.1f}, {100 * self.upper:+.1f}]"
         more = ("no seed count is likely to decide it" if self.seeds_needed is None
                 else f"~{self.seeds_needed} seeds would likely decide it")
-        return (f"(d) undetermined: paired gap {100 * self.mean:+.1f} points over {self.n} seed"
+        to = " to the yardstick (weak control)" if self.against == "yardstick" else ""
+        return (f"(d) undetermined: paired gap{to} {100 * self.mean:+.1f} points over {self.n} seed"
                 f"{'s' if self.n != 1 else ''}{bounds} around the +{100 * self.margin:g}-point margin; {more}")
 
     def caveat(self) -> str | None:
@@ -642,9 +725,9 @@ class DepthDecision:
         g = self.gaps[0]
         if self.noise.df == 0:
             return (f"(d) rests on one seed ({g.label}) and no method of this audit has two, so the "
-                    "seed-to-seed spread is unmeasured: the call only says the gap of this run is "
-                    "beyond test-set sampling noise, not that another seed of the method would "
-                    "give the same; add a seed to make it a claim about the method")
+                    "seed-to-seed spread is unmeasured: test-set sampling noise alone says nothing "
+                    "about another seed of the method, so (d) is not decided; add a seed to make it "
+                    "a claim about the method")
         return (f"(d) rests on one seed ({g.label}); its seed-to-seed spread is borrowed from the "
                 f"audit's other methods (pooled, {self.noise.df} degrees of freedom), which assumes "
                 "this method varies across seeds as much as they do")
@@ -654,7 +737,11 @@ class DepthDecision:
                 "gaps": [g.to_dict() for g in self.gaps], "noise": self.noise.to_dict(),
                 "n": self.n, "mean": self.mean, "var": self.var, "var_source": self.var_source,
                 "se": self.se, "df": self.df, "lower": self.lower, "upper": self.upper,
-                "seeds_needed": self.seeds_needed, "paper_undercut": self.paper_undercut}
+                "seeds_needed": self.seeds_needed, "paper_undercut": self.paper_undercut,
+                "against": self.against, "control_outcome": self.control_outcome,
+                "n_weak": len(self.weak), "yardstick_gap": self.yardstick_gap,
+                "yardstick_tolerance": YARDSTICK_TOLERANCE, "yardstick_note": self.yardstick_note(),
+                "error_rate": ERROR_RATE}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DepthDecision":
@@ -664,7 +751,8 @@ class DepthDecision:
                    SeedNoise.from_dict(d["noise"]), mean=num("mean"), var=num("var"),
                    var_source=str(d.get("var_source") or ""), df=num("df"), lower=num("lower"),
                    upper=num("upper"), seeds_needed=d.get("seeds_needed"),
-                   paper_undercut=d.get("paper_undercut"))
+                   paper_undercut=d.get("paper_undercut"), against=str(d.get("against") or "control"),
+                   control_outcome=d.get("control_outcome"))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -685,32 +773,17 @@ def _seeds_needed(distance: float, var: float, n: int, noise_df: int) -> int | N
         return abs(distance) >= (_quantile(1 - ERROR_RATE, df) + _quantile(POWER, df)) * math.sqrt(var / n_new)
     if not decides(MAX_SEEDS):
         return None
-    lo, hi = n, MAX_SEEDS                # decides(hi) holds; decides(lo) is not known to
+    lo, hi = max(n, 1), MAX_SEEDS        # decides(hi) holds; decides(lo) is not known to
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if decides(mid) else (mid, hi)
     return hi
 
 
-def depth_decision(gaps: Sequence[PairedGap | float], t: Thresholds,
-                   noise: SeedNoise | None = None) -> DepthDecision:
-    """(d) across seeds: each outcome a one-sided claim at 5 % error (docs/PROTOCOL.md §5).
-
-    gaps:  the method's seeds (PairedGap, or a bare gap acc − frozen with no test-set size).
-    noise: the seed-to-seed variance pooled over the audit's methods; None = from these gaps alone.
-    Per-seed variance v = max(pooled s_p², own s², mean binomial floor); se = √(v/n); df = the
-    pooled df (∞ when no seed spread exists anywhere and only the binomial floor is known).
-    """
-    pairs = tuple(g if isinstance(g, PairedGap) else PairedGap(f"seed {i}", float(g), 0.0)
-                  for i, g in enumerate(gaps))
-    pairs = tuple(p for p in pairs if math.isfinite(p.gap))
-    margin = t.depth_margin
-    if not pairs:
-        return DepthDecision("not evaluated", margin, noise=noise or SeedNoise(None, 0, 0))
+def _one_sided(pairs: Sequence[PairedGap], margin: float, noise: SeedNoise) -> dict:
+    """The one-sided call on `pairs`' gaps (see `depth_decision`), as DepthDecision's fields."""
     values = [p.gap for p in pairs]
-    noise = noise or SeedNoise.pooled([values])
     mean = statistics.fmean(values)
-    paper = mean < margin - ACC_TOLERANCE
     candidates = []
     if noise.var is not None:
         candidates.append((noise.var, f"seed spread pooled over {noise.groups} method(s), "
@@ -721,21 +794,53 @@ def depth_decision(gaps: Sequence[PairedGap | float], t: Thresholds,
     if floor > 0:
         candidates.append((floor, "test-set sampling (binomial) floor"))
     if not candidates:
-        return DepthDecision("undetermined", margin, pairs, noise, mean, paper_undercut=paper,
-                             var_source="none: one seed and no test-set size")
+        return dict(outcome="undetermined", mean=mean, var_source="none: one seed and no test-set size")
     var, source = max(candidates, key=lambda c: c[0])
     df = noise.df if noise.df else (len(values) - 1 if len(values) >= 2 else math.inf)
     half = _quantile(1 - ERROR_RATE, df) * math.sqrt(var / len(values))
     lower, upper = mean - half, mean + half
-    if lower >= margin - ACC_TOLERANCE:
+    if len(values) == 1 and noise.df == 0:
+        # no seed spread anywhere: the binomial floor bounds this run's gap, not the method's
+        outcome = "undetermined"
+    elif lower >= margin - ACC_TOLERANCE:
         outcome = "clears"
     elif upper < margin - ACC_TOLERANCE:
         outcome = "undercut"
     else:
         outcome = "undetermined"
     needed = _seeds_needed(mean - margin, var, len(values), noise.df) if outcome == "undetermined" else None
-    return DepthDecision(outcome, margin, pairs, noise, mean, var, source, df, lower, upper,
-                         needed, paper)
+    return dict(outcome=outcome, mean=mean, var=var, var_source=source, df=df, lower=lower,
+                upper=upper, seeds_needed=needed)
+
+
+def depth_decision(gaps: Sequence[PairedGap | float], t: Thresholds,
+                   noise: SeedNoise | None = None) -> DepthDecision:
+    """(d) across seeds: each outcome a one-sided claim at 5 % error (docs/PROTOCOL.md §5).
+
+    gaps:  the method's seeds (PairedGap, or a bare gap acc − frozen with no test-set size).
+    noise: the seed-to-seed variance pooled over the audit's methods; None = from these gaps alone.
+    Per-seed variance v = max(pooled s_p², own s², mean binomial floor); se = √(v/n); df = the
+    pooled df (∞ when no seed spread exists anywhere and only the binomial floor is known). One
+    seed with no pooled spread (df 0) is never decided. A seed whose control is weak (short of the
+    yardstick by more than YARDSTICK_TOLERANCE) is judged against the stronger of the two, unless
+    the gaps to the control already undercut: an undercut against a weak control stands, and a
+    clear needs the gaps to the yardstick to clear.
+    """
+    pairs = tuple(g if isinstance(g, PairedGap) else PairedGap(f"seed {i}", float(g), 0.0)
+                  for i, g in enumerate(gaps))
+    pairs = tuple(p for p in pairs if math.isfinite(p.gap))
+    margin = t.depth_margin
+    if not pairs:
+        return DepthDecision("not evaluated", margin, noise=noise or SeedNoise(None, 0, 0))
+    noise = noise or SeedNoise.pooled([[p.gap for p in pairs]])
+    paper = statistics.fmean(p.gap for p in pairs) < margin - ACC_TOLERANCE
+    own = _one_sided(pairs, margin, noise)
+    if own["outcome"] == "undercut" or not any(p.weak for p in pairs):
+        return DepthDecision(margin=margin, gaps=pairs, noise=noise, paper_undercut=paper,
+                             control_outcome=own["outcome"], **own)
+    strict = _one_sided([p.against_stronger() for p in pairs], margin, noise)
+    return DepthDecision(margin=margin, gaps=pairs, noise=noise, paper_undercut=paper,
+                         against="yardstick", control_outcome=own["outcome"], **strict)
 
 
 def redecide(decision: DepthDecision, t: Thresholds) -> DepthDecision:
@@ -837,7 +942,9 @@ class SeedEvidence:
     status: how the main run's training ended ("finished", "stopped", "diverged", "failed", …);
     report: its diagnosis dict (None if none); acc / frozen_acc: its headline accuracy and that of
     the frozen-blocks control of the same seed (None when missing or unfinished); n_test: the
-    number of test samples both accuracies were measured on (None: unknown).
+    number of test samples both accuracies were measured on (None: unknown); yardstick_acc: the
+    same seed's yardstick (its frozen blocks, embedding and readout trained by exact gradients;
+    None: none trained or given).
     """
 
     label: str
@@ -846,12 +953,14 @@ class SeedEvidence:
     acc: float | None
     frozen_acc: float | None
     n_test: int | None = None
+    yardstick_acc: float | None = None
 
     @property
     def paired(self) -> PairedGap | None:
         if self.acc is None or self.frozen_acc is None:
             return None
-        return PairedGap(self.label, float(self.acc), float(self.frozen_acc), self.n_test)
+        return PairedGap(self.label, float(self.acc), float(self.frozen_acc), self.n_test,
+                         None if self.yardstick_acc is None else float(self.yardstick_acc))
 
 
 def interval(values: Sequence[float], confidence: float = 0.95,
@@ -937,11 +1046,19 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNois
                    f"at 5 % error, so {FLAGS['d'].sentence}.")
     if depth.caveat():
         notes.append(depth.caveat())
+    if depth.yardstick_note():
+        notes.append(f"(d) {depth.yardstick_note()}.")
     project = decide(flags, "project", missing=missing + ([depth.short()] if undetermined else []),
                      explained=explained)
-    paper = decide(paper_flags, "paper", missing=missing)
+    # the paper's rule decides its (d) on the gaps to the control; a weak control's clear is still
+    # no evidence, so the paper's column is then not "trustworthy" either
+    weak = ([f"(d) {depth.yardstick_note()}"] if depth.weak and paper_flags["d"] is False else [])
+    paper = decide(paper_flags, "paper", missing=missing + weak)
     return {"flags": flags, "paper_flags": paper_flags, "flag_counts": counts,
-            "depth": depth.to_dict(), "depth_gap": depth.mean,
+            # the mean gap to the control (what the paper reads); depth's mean and bounds are
+            # those of the gaps (d) was decided on (to the yardstick where a control is weak)
+            "depth": depth.to_dict(),
+            "depth_gap": statistics.fmean(g.gap for g in depth.gaps) if depth.gaps else None,
             "depth_gap_interval": {"n": depth.n, "mean": depth.mean,
                                    "one_sided_bounds": None if depth.lower is None else [depth.lower, depth.upper]},
             "n_paired_with_frozen": len(pairs),

@@ -13,11 +13,12 @@ from .. import __version__, store
 from ..config import AuditConfig, RunConfig
 from ..errors import CreditAuditError
 from ..store import json_number as _num
-from ..methods import method_class
-from ..runs import canonical_control
-from ..verdict import (SeedEvidence, SeedNoise, Thresholds, flag_table, interval, method_verdict,
-                       seed_noise, threshold_sensitivity, verdict_of)
+from ..methods import REFERENCE_METHOD, method_class
 from ..protocol import deep_gamma
+from ..runs import canonical_control, refuse_run_folder
+from ..verdict import (ERROR_RATE, YARDSTICK_TOLERANCE, SeedEvidence, SeedNoise, Thresholds,
+                       flag_table, interval, method_verdict, seed_noise, threshold_sensitivity,
+                       verdict_of)
 from .common import Execution, Outcome, dataset, mean_std, median_of, run_all
 
 STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
@@ -37,11 +38,20 @@ def _frozen_by_seed(method: str, outcomes: Sequence[Outcome]) -> dict[int, float
             and o.test_acc is not None and o.status == "finished"}
 
 
-def method_evidence(method: str, outcomes: Sequence[Outcome], n_test: int | None = None) -> list[SeedEvidence]:
-    """One SeedEvidence per main run of `method`: its diagnosis and the seed-paired control accuracy."""
+def yardstick_by_seed(outcomes: Sequence[Outcome]) -> dict[int, float]:
+    """Each seed's yardstick accuracy: the reference method's (bp's) finished frozen control,
+    trained by the audit beside every method's (`AuditConfig.yardstick_configs`)."""
+    return _frozen_by_seed(REFERENCE_METHOD, outcomes)
+
+
+def method_evidence(method: str, outcomes: Sequence[Outcome], n_test: int | None = None,
+                    yardstick: dict[int, float] | None = None) -> list[SeedEvidence]:
+    """One SeedEvidence per main run of `method`: its diagnosis, the seed-paired control accuracy
+    and the seed's yardstick (`yardstick`: seed → accuracy; None: none)."""
     frozen_by_seed = _frozen_by_seed(method, outcomes)
+    yardstick = yardstick or {}
     return [SeedEvidence(o.config.label, o.status, o.report, o.test_acc,
-                         frozen_by_seed.get(o.config.seed), n_test)
+                         frozen_by_seed.get(o.config.seed), n_test, yardstick.get(o.config.seed))
             for o in outcomes if o.config.method == method and o.config.control == "none"]
 
 
@@ -87,17 +97,20 @@ def alignment_over_training(main: Sequence[Outcome]) -> dict | None:
 
 
 def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thresholds,
-                     noise: SeedNoise | None = None, n_test: int | None = None) -> dict:
+                     noise: SeedNoise | None = None, n_test: int | None = None,
+                     yardstick: dict[int, float] | None = None) -> dict:
     """Seed-aggregated row of the audit table for one method (its main runs and controls).
     `noise`: the paired-gap seed spread pooled over the audit (`verdict.seed_noise`); `n_test`: the
-    test-set size every accuracy was measured on (the binomial floor of (d))."""
+    test-set size every accuracy was measured on (the binomial floor of (d)); `yardstick`: each
+    seed's yardstick accuracy (bp's frozen control; None: none)."""
+    yardstick = yardstick or {}
     mine = [o for o in outcomes if o.config.method == method]
     main = [o for o in mine if o.config.control == "none"]
     frozen = [o for o in mine if o.config.control == "frozen"]
     shallow = [o for o in mine if o.config.control == "shallow"]
     diagnosed = [o for o in main if o.report]
     frozen_by_seed = _frozen_by_seed(method, outcomes)
-    judged = method_verdict(method_evidence(method, outcomes, n_test), thresholds, noise)
+    judged = method_verdict(method_evidence(method, outcomes, n_test, yardstick), thresholds, noise)
     paired = [o for o in main if o.test_acc is not None and o.config.seed in frozen_by_seed]
     acc, acc_sd = mean_std([o.test_acc for o in main if o.test_acc is not None])
     facc, facc_sd = mean_std([frozen_by_seed[o.config.seed] for o in paired] or list(frozen_by_seed.values()))
@@ -122,10 +135,14 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
     for o in main:
         r = o.report or {}
         frozen_acc = frozen_by_seed.get(o.config.seed)
+        yard = yardstick.get(o.config.seed)
         per_seed[str(o.config.seed)] = {
             "status": o.status, "epochs": f"{o.epochs_completed}/{o.config.epochs}",
             "acc": o.test_acc, "frozen_acc": frozen_acc,
             "gap": None if o.test_acc is None or frozen_acc is None else o.test_acc - frozen_acc,
+            "yardstick_acc": yard,
+            "yardstick_gap": None if o.test_acc is None or yard is None else o.test_acc - yard,
+            "control_shortfall": None if frozen_acc is None or yard is None else yard - frozen_acc,
             "h_L": (r.get("residual_norms") or [None])[-1], "gain": r.get("readout_gain"),
             "max_growth": r.get("max_growth"), "init_growth": r.get("init_growth"),
             "stack_growth": r.get("stack_growth"), "gamma_deep": _deep(r)["gamma_deep"],
@@ -148,6 +165,13 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
         "rho_bp_model_precision": mean_std([_num(o.report.get("rho_bp_model_precision"))
                                             for o in diagnosed])[0],
         "shallow_acc": sacc, "shallow_acc_std": sacc_sd, "depth_gap": judged["depth_gap"],
+        # the yardstick, as information beside (d): acc − yardstick, and the seeds whose control
+        # is weak (short of it by more than the tolerance; (d) is then decided against it)
+        "yardstick_acc": mean_std([yardstick[s] for s in sorted({o.config.seed for o in main})
+                                   if s in yardstick])[0],
+        "yardstick_gap": judged["depth"].get("yardstick_gap"),
+        "n_weak_controls": judged["depth"].get("n_weak", 0),
+        "depth_against": judged["depth"].get("against", "control"),
         "n_paired_with_frozen": judged["n_paired_with_frozen"],
         "h_L": median_of([_num(o.report["residual_norms"][-1]) for o in diagnosed]),
         "g_L": median_of([_num(o.report["bp_grad_norms"][-1]) for o in diagnosed]),
@@ -199,21 +223,30 @@ def reporting_strategies(row: dict) -> dict[str, str]:
 
 
 def tabulate(methods: Sequence[str], outcomes: Sequence[Outcome], thresholds: Thresholds,
-             n_test: int) -> dict:
+             n_test: int, yardstick: dict[int, float] | None = None) -> dict:
     """audit.json's table from the outcomes of its runs: one row per method, its reporting
     strategies and their totals, the pooled seed noise and the threshold sensitivity.
 
     (d)'s seed noise is pooled over every method of the audit (`verdict.seed_noise`) and floored
     by the binomial variance of accuracies measured on `n_test` test samples; the sensitivity's
-    depth_margin row re-decides each method's across-seed (d) decision."""
+    depth_margin row re-decides each method's across-seed (d) decision. `yardstick`: each seed's
+    yardstick accuracy (None: the reference method's frozen controls among `outcomes`)."""
+    yardstick = yardstick_by_seed(outcomes) if yardstick is None else yardstick
     noise = seed_noise([method_evidence(m, outcomes, n_test) for m in methods])
-    rows = [summarize_method(m, outcomes, thresholds, noise, n_test) for m in methods]
+    rows = [summarize_method(m, outcomes, thresholds, noise, n_test, yardstick) for m in methods]
     for row in rows:
         row["strategies"] = reporting_strategies(row)
     reports = [o.report for o in outcomes if o.report and o.config.control == "none"]
     sensitivity = (threshold_sensitivity(reports, thresholds, depth={r["method"]: r["depth"] for r in rows})[0]
                    if reports else None)
+    claims = sum((r.get("depth") or {}).get("outcome") in ("clears", "undercut") for r in rows)
     return {"flag_table": flag_table(), "seed_noise": noise.to_dict(), "n_test": n_test,
+            "yardstick": {"by_seed": {str(s): a for s, a in sorted(yardstick.items())},
+                          "method": REFERENCE_METHOD, "tolerance": YARDSTICK_TOLERANCE},
+            # each (d) claim is one-sided at ERROR_RATE; across the audit's decided claims the
+            # chance that any one is wrong is at most their number × ERROR_RATE (Bonferroni)
+            "depth_error_rate": {"per_claim": ERROR_RATE, "claims": claims,
+                                 "any_claim_at_most": min(1.0, claims * ERROR_RATE)},
             "strategies": list(STRATEGIES), "methods": rows,
             "strategy_totals": {s: sum(r["strategies"][s] == "walk back" for r in rows) for s in STRATEGIES},
             "sensitivity": sensitivity}
@@ -229,13 +262,16 @@ def frozen_control_of(config: RunConfig) -> RunConfig | None:
 def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None = False) -> dict:
     """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back."""
     out = Path(config.out)
+    refuse_run_folder(out)
     check_same_audit(out, config)
     thresholds = Thresholds(**config.thresholds)
     canonical = [canonical_control(c) for c in config.run_configs()]
     runs = list({c.run_key: c for c in canonical}.values())     # provably equal runs, trained once
     t0 = time.perf_counter()
+    yardsticks = {c.seed: canonical_control(c) for c in config.yardstick_configs()}
     outcomes = run_all(runs, out, execution=execution_of(config, compile_step), thresholds=thresholds,
-                       n_eval=config.eval_batches, frozen_of=frozen_control_of, progress=progress)
+                       n_eval=config.eval_batches, frozen_of=frozen_control_of,
+                       yardstick_of=lambda c: yardsticks.get(c.seed), progress=progress)
     # accuracies are measured on the whole test split: (d)'s binomial floor
     data = dataset(config.dataset, config.data_dir, "cpu")
     n_test = len(data.y_test)

@@ -28,9 +28,9 @@ from ..errors import CreditAuditError
 from ..metrics import accuracy
 from ..protocol import diagnose
 from ..runner import make_executor
-from ..runs import (DONE, Run, as_device, control_evidence, diagnosis_binding, existing_run_is_done,
-                    failure_record,
-                    load_run, read_status, run_dir_for, write_diagnosis)
+from ..runs import (DONE, Run, as_device, build_model, control_evidence, diagnosis_binding,
+                    existing_run_is_done, failure_record, load_run, read_status, run_dir_for,
+                    write_diagnosis)
 from ..store import json_number as _num
 from ..train import can_stack, group_stacks, train_run, train_runs
 from ..verdict import Thresholds, stop_rule
@@ -102,6 +102,8 @@ def train_job(job: Job) -> dict[str, Any]:
 class DiagnoseJob(Job):
     frozen_acc: float | None = None           # the control accuracy the evidence gate admitted
     depth_why: str | None = None              # else why (d) is not evaluated
+    weak: str | None = None                   # why the admitted control is weak (evidence.gate)
+    weak_decided: bool = False                # weak against a yardstick the audit decides (d) on
     missing_evidence: list = field(default_factory=list)
     n_eval: int = default(AuditConfig, "eval_batches")
     rho: bool = True
@@ -155,7 +157,9 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
         run = load_run(job.run_dir, job.device)
         data = dataset(run.config.dataset, job.data_dir, job.device)
         report = diagnose_run(run, eval_batches(data, job.n_eval), frozen_acc=job.frozen_acc,
-                              depth_why=job.depth_why, missing_evidence=job.missing_evidence,
+                              depth_why=job.depth_why, weak_control=job.weak,
+                              weak_decided_across_seeds=job.weak_decided,
+                              missing_evidence=job.missing_evidence,
                               thresholds=Thresholds(**job.thresholds), rho=job.rho,
                               run_data=data, notes=[job.control_note] if job.control_note else []).to_dict()
         write_diagnosis(Path(job.run_dir), report, settings=diagnosis_settings(job))
@@ -165,13 +169,14 @@ def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
 
 
 def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: float | None = None,
-                 depth_why: str | None = None, missing_evidence: Sequence[str] = (),
+                 depth_why: str | None = None, weak_control: str | None = None,
+                 weak_decided_across_seeds: bool = False, missing_evidence: Sequence[str] = (),
                  thresholds: Thresholds = Thresholds(), rho: bool = False, null_k: int | None = None,
                  run_data: ArrayDataset | None = None, notes: Sequence[str] = ()):
     """`protocol.diagnose` of a run read from its folder: its method, history and status, and
     (d)'s control: a `control` run folder goes through the evidence gate here (`evidence.gate`;
     a control that is not this run's, never trained, or non-finite is refused); or `frozen_acc`
-    (with `depth_why` when None, and the gate's `notes` on it) as the gate already admitted it
+    (with `depth_why` when None, `weak_control` when weak, and the gate's `notes` on it) as the gate already admitted it
     (`run_all`). The run must have
     trained on `run_data` (its data digest), else the diagnosis is refused."""
     if run_data is not None:       # measured on other data than it trained on, nothing it says holds
@@ -180,12 +185,21 @@ def diagnose_run(run: Run, batches, *, control: Run | None = None, frozen_acc: f
     diverged = run.status.get("message") if run.status.get("status") == "diverged" else None
     training = {"status": run.status.get("status", "unfinished"),
                 "epochs_completed": run.epochs_completed, "epochs_planned": run.config.epochs}
+    weak = weak_control
     if control is not None:
-        admitted = evidence.gate(evidence.Evidence(
-            run.config.label, training, control_evidence(run.config, control, batches[0][0])))
-        frozen_acc, depth_why = admitted.frozen_acc, admitted.depth_why
+        ev = control_evidence(run.config, control, batches[0][0])
+        if run_data is not None and ev.mismatch is None:
+            # the untrained model's accuracy (the run's seed gives its initial weights): without a
+            # yardstick, a control must beat it by the (d) margin
+            init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
+            init = init.to(next(run.model.parameters()).device).eval()
+            ev = replace(ev, init_acc=accuracy(init, run_data.eval_batches("test", 1000)))
+        admitted = evidence.gate(evidence.Evidence(run.config.label, training, ev,
+                                                   depth_margin=thresholds.depth_margin))
+        frozen_acc, depth_why, weak = admitted.frozen_acc, admitted.depth_why, admitted.weak
         control_notes += [admitted.note] if admitted.note else []
-    report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc,
+    report = diagnose(run.model, batches, method=run.method, frozen_acc=frozen_acc, weak_control=weak,
+                      weak_decided_across_seeds=weak_decided_across_seeds,
                       test_acc=run.test_acc, thresholds=thresholds, monitor_history=run.history,
                       rho=rho, label=run.config.label, diverged=diverged, training=training,
                       missing_evidence=missing_evidence, depth_unevaluated=depth_why,
@@ -376,11 +390,14 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             thresholds: Thresholds = Thresholds(), n_eval: int = default(AuditConfig, "eval_batches"),
             rho: bool = True,
             frozen_of: Callable[[RunConfig], RunConfig | None] | None = None,
+            yardstick_of: Callable[[RunConfig], RunConfig | None] | None = None,
             progress: bool = True) -> list[Outcome]:
     """Train every config (reusing finished runs), then diagnose each run that ended.
 
     frozen_of(config) names the frozen control whose accuracy (d) compares against; a control
-    itself is diagnosed without ρ (it only needs to exist as the yardstick).
+    itself is diagnosed without ρ (it only needs to exist as the yardstick). yardstick_of(config)
+    names the yardstick of that control (bp's frozen control of the seed, among `configs`): each
+    run's own diagnosis then judges its control against it (a weak control cannot be cleared).
     """
     # the command line has resolved "auto" by now; a Python caller's unresolved "auto" (the
     # AuditConfig default) runs on the CPU like every library call without inputs
@@ -452,7 +469,12 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
         if key not in gated:
             try:
                 ev = control_evidence(o.config, load_run(control.run_dir, "cpu"), data.eval_batch(0)[0])
-                gated[key] = evidence.gate(evidence.Evidence(o.config.label, None, ev)), None
+                yard = yardstick_of(o.config) if yardstick_of else None
+                yard = by_key.get(yard.bind_data(o.config.data_digest).run_key) if yard else None
+                if yard is not None and yard.status == "finished" and yard.test_acc is not None:
+                    ev = replace(ev, yardstick_acc=yard.test_acc)
+                gated[key] = evidence.gate(evidence.Evidence(o.config.label, None, ev,
+                                                             depth_margin=thresholds.depth_margin)), None
             except CreditAuditError as err:
                 gated[key] = None, str(err)
                 control.status, control.message = "refused", str(err)
@@ -480,6 +502,9 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
                                      threads, asdict(thresholds),
                                      frozen_acc=admitted.frozen_acc if admitted else None,
                                      depth_why=admitted.depth_why if admitted else refused,
+                                     weak=admitted.weak if admitted else None,
+                                     # against the yardstick: the audit's (d) across seeds decides
+                                     weak_decided=bool(yardstick_of and yardstick_of(o.config)),
                                      missing_evidence=[refused] if refused else [], n_eval=n_eval,
                                      rho=rho and o.config.control == "none",
                                      control_note=admitted.note if admitted else None,

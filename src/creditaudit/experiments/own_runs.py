@@ -16,9 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .. import __version__, store
+from .. import __version__, evidence, store
 from ..errors import CreditAuditError
+from ..methods import resolve_method_name
 from ..monitor import FINISHED, MonitoredRun, control_accuracy, load_monitored
+from ..runs import refuse_run_folder
 from ..verdict import Thresholds
 from .audit import read_audit, tabulate
 from .common import Outcome
@@ -69,9 +71,21 @@ def _outcome(run: MonitoredRun, method: str, seed: int) -> Outcome:
                    history=run.history, report=report)
 
 
+def _one_name(name: str | None) -> str | None:
+    """A rule's one name: any spelling of a built-in or of one class (PKG:CLASS) gives the same
+    (`methods.resolve_method_name`); a free name of the user's loop ("my-method") stays as it is."""
+    if not isinstance(name, str) or ":" not in name:
+        return name
+    try:
+        return resolve_method_name(name)
+    except CreditAuditError:
+        return name
+
+
 def _method_of(run: MonitoredRun, method: str | None) -> str:
     """The method a run trains: the name its Monitor recorded, else `method` (else DEFAULT_METHOD)."""
-    recorded = run.info.get("method")
+    recorded = _one_name(run.info.get("method"))
+    method = _one_name(method)
     if recorded is None:
         return method or DEFAULT_METHOD
     if method is not None and method != recorded:
@@ -80,9 +94,42 @@ def _method_of(run: MonitoredRun, method: str | None) -> str:
     return recorded
 
 
+def _yardsticks(folders: Sequence[str | Path], mains: Sequence[MonitoredRun],
+                seeds: dict[int, int]) -> dict[int, float]:
+    """seed → accuracy of the user's yardsticks: Monitor folders of frozen controls (blocks at
+    init, embedding and readout each trained, finite, finished — the evidence gate's checks) that
+    start from the initial weights of the runs of one seed and plan their epochs, their embedding
+    and readout trained by exact gradients (backprop). How a loop the tool did not run trained is
+    the user's word; that it is frozen, trained and this seed's is checked."""
+    out: dict[int, float] = {}
+    for folder in folders:
+        run = load_monitored(folder)
+        mine = [m for m in mains if m.info.get("init_sha256") == run.info.get("init_sha256")]
+        if run.info.get("control") != "frozen" or not mine:
+            raise CreditAuditError(f"the yardstick {run.run_dir} is not a frozen control of any run given "
+                                   "(train it under Monitor(mon.frozen_control(), ..., control_of=mon) "
+                                   "from a run of that seed, its embedding and readout by backprop)")
+        if run.info.get("epochs") != mine[0].info.get("epochs"):
+            raise CreditAuditError(f"the yardstick {run.run_dir} plans {run.info.get('epochs')} epochs, the "
+                                   f"runs of its seed {mine[0].info.get('epochs')}; train it on the same budget")
+        check = run.status.get("control_check") or {}
+        admitted = evidence.gate(evidence.Evidence(str(run.run_dir), None, evidence.ControlEvidence(
+            str(run.run_dir), None, run.finished, run.test_acc, check.get("blocks_at_init"),
+            check.get("embedding_moved"), check.get("readout_moved"), check.get("finite"))))
+        if admitted.frozen_acc is None:
+            raise CreditAuditError(f"the yardstick is no evidence: {admitted.depth_why}; finish it (or "
+                                   "leave it out)")
+        seed = seeds[id(mine[0])]
+        if seed in out:
+            raise CreditAuditError(f"two yardsticks for seed {seed}; pass one per seed")
+        out[seed] = admitted.frozen_acc
+    return out
+
+
 def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = (), *,
                    out: str | Path, n_test: int, method: str | None = None,
-                   thresholds: Thresholds = Thresholds()) -> dict:
+                   thresholds: Thresholds = Thresholds(),
+                   yardsticks: Sequence[str | Path] = ()) -> dict:
     """Judge the user's monitored runs (one per method and seed) with their frozen controls, like
     an audit: one row per method, (d)'s seed noise pooled over every method (`audit.tabulate`).
 
@@ -94,16 +141,21 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     look far too certain. Writes <out>/audit.json (sealed) and returns the audit as read back
     (`api.audit_own_runs` adds the report); `creditaudit check OUT` then gives the verdict as an
     exit code. A run without a finished control of its own keeps the verdict from "trustworthy".
+    yardsticks: optional, one per seed — the frozen control of a run of that seed with embedding
+    and readout trained by backprop (docs/PROTOCOL.md "The yardstick"); a control more than 2
+    points short of it is weak and (d) is decided against the yardstick. Without one, a control
+    that does not beat the untrained model (its run's epoch-0 accuracy) by the margin is weak.
     """
+    refuse_run_folder(store.as_path(out, "out"), "audit_own_runs")
     if isinstance(n_test, bool) or not isinstance(n_test, int) or n_test < 1:
         raise CreditAuditError(f"n_test must be the number of test samples your accuracies were "
                                f"measured on (a positive integer), got {n_test!r}")
     if not isinstance(thresholds, Thresholds):
         raise CreditAuditError(f"thresholds must be a creditaudit.verdict.Thresholds, got "
                                f"{type(thresholds).__name__} (e.g. Thresholds(growth=2.0))")
-    if isinstance(runs, (str, Path)) or isinstance(controls, (str, Path)):
-        raise CreditAuditError("runs= and controls= are lists of run folders; wrap a single one "
-                               "in a list")
+    if isinstance(runs, (str, Path)) or isinstance(controls, (str, Path)) or isinstance(yardsticks, (str, Path)):
+        raise CreditAuditError("runs=, controls= and yardsticks= are lists of run folders; wrap a "
+                               "single one in a list")
     if not runs:
         raise CreditAuditError("audit_own_runs needs at least one run folder")
     mains = [load_monitored(r) for r in runs]
@@ -157,7 +209,7 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         outcomes.append(_outcome(c, method_of[id(main)], seeds[id(main)]))
 
     t0 = time.perf_counter()
-    table = tabulate(methods, outcomes, thresholds, n_test)
+    table = tabulate(methods, outcomes, thresholds, n_test, yardstick=_yardsticks(yardsticks, mains, seeds))
     out = Path(out)
     per_method = "; ".join(
         f"{name} (seed{'s' if len(ss) > 1 else ''} {', '.join(map(str, ss))})"
@@ -169,7 +221,8 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         "source": "user-loop",
         "header": f"your own training loop: {per_method}; controls: {'frozen' if ctrls else 'none'}",
         "config": {"methods": methods, "seeds": sorted(set(seeds.values())),
-                   "runs": [str(r) for r in runs], "controls": [str(c) for c in controls]},
+                   "runs": [str(r) for r in runs], "controls": [str(c) for c in controls],
+                   **({"yardsticks": [str(y) for y in yardsticks]} if yardsticks else {})},
         "thresholds": asdict(thresholds),
         "wall_time": time.perf_counter() - t0,
         "runs_trained_now": 0,

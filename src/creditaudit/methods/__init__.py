@@ -45,9 +45,19 @@ def method_class(name: str) -> type[Method]:
 
 
 def resolve_method_name(name: str) -> str:
-    """`name` checked: a built-in name, or PKG.MODULE:CLASS naming a Method subclass."""
-    method_class(name)
-    return name
+    """`name` checked and in its one spelling: a built-in's name for any spelling of a built-in
+    class (`bp`, `creditaudit.methods.bp:BP` and `creditaudit.methods:BP` are all "bp"), else
+    MODULE:CLASS of the module that defines the class (a class re-exported by a package has one
+    name), so one rule is one method in an audit's pooling, its run keys and its report."""
+    cls = method_class(name)
+    for builtin, known in METHODS.items():
+        if known is cls:
+            return builtin
+    defined = f"{cls.__module__}:{cls.__qualname__}"
+    try:
+        return defined if method_class(defined) is cls else name
+    except CreditAuditError:          # defined where it cannot be imported by name (e.g. __main__)
+        return name
 
 
 def _user_method(spec: str) -> type[Method]:

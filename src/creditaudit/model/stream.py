@@ -59,6 +59,34 @@ class ResidualStream:
         return self.steps[layer](h) - h
 
 
+def parameter_roles(stream: ResidualStream, params: dict[str, torch.nn.Parameter],
+                    x: torch.Tensor) -> dict[str, set[str]]:
+    """Which of `params` (name → parameter) the embedding and the readout use, found by autograd on
+    one batch `x`: "embedding" — those h_0 = embed(x) depends on; "readout" — those the logits
+    readout(h_L) depend on with h_L held fixed. Works for any stream (a `.stream()` model or an
+    adapter), so the embedding and the readout can be checked each as its own group."""
+    named = list(params.items())
+    tensors = [p for _, p in named]
+    flags = [p.requires_grad for p in tensors]      # a frozen control's blocks may not require grad
+    try:
+        for p in tensors:
+            p.requires_grad_(True)
+        with torch.enable_grad():
+            h = stream.embed(x)
+            reached = torch.autograd.grad(h.float().sum(), tensors, allow_unused=True)
+            embedding = {n for (n, _), g in zip(named, reached) if g is not None}
+            with torch.no_grad():
+                for step in stream.steps:
+                    h = step(h)
+            logits = stream.readout(h.detach())
+            reached = torch.autograd.grad(logits.float().sum(), tensors, allow_unused=True)
+            readout = {n for (n, _), g in zip(named, reached) if g is not None}
+    finally:
+        for p, flag in zip(tensors, flags):
+            p.requires_grad_(flag)
+    return {"embedding": embedding, "readout": readout}
+
+
 def as_stream(model) -> ResidualStream:
     """Accept a ResidualStream, or any model with a `.stream()` method returning one."""
     if isinstance(model, ResidualStream):

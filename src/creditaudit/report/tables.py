@@ -32,13 +32,28 @@ def _gap_cell(depth: dict | None) -> str:
     "+6.4, +4.2 → +5.3 [−2.5, +13.1]"."""
     if not isinstance(depth, dict) or _f(depth.get("mean")) is None:
         return "—"
-    per_seed = ", ".join(f"{100 * _f(g.get('gap')):+.1f}" for g in depth.get("gaps") or []
-                         if _f(g.get("gap")) is not None)
+    def gap(g: dict) -> float | None:       # to the stronger of control and yardstick when decided so
+        if depth.get("against") == "yardstick" and g.get("weak") and _f(g.get("yardstick_acc")) is not None:
+            return _f(g.get("acc")) - max(_f(g.get("frozen_acc")), _f(g.get("yardstick_acc")))
+        return _f(g.get("gap"))
+    per_seed = ", ".join(f"{100 * gap(g):+.1f}" for g in depth.get("gaps") or [] if gap(g) is not None)
     text = f"{per_seed} → {100 * _f(depth['mean']):+.1f}"
     lo, hi = _f(depth.get("lower")), _f(depth.get("upper"))
     if lo is not None and hi is not None:
         text += f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
     return text
+
+
+def _yardstick_cell(row: dict) -> str:
+    """acc − yardstick (bp's frozen control of the same seeds), mean in points, with the count of
+    seeds whose control is weak: "+4.2 (weak 2/2)"; — without a yardstick."""
+    depth = row.get("depth") if isinstance(row.get("depth"), dict) else {}
+    gap = _f(depth.get("yardstick_gap"))
+    if gap is None:
+        return "—"
+    weak = int(depth.get("n_weak") or 0)
+    return f"{100 * gap:+.1f}" + (f" (weak {weak}/{depth.get('n') or len(depth.get('gaps') or [])})"
+                                  if weak else "")
 
 
 def _decision_cell(depth: dict | None) -> str:
@@ -90,7 +105,7 @@ def _verdict_cells(row: dict) -> list[str]:
     return [_method_name(row), _ci(row.get("acc_interval"), signed=False),
             _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
             _pct(row.get("shallow_acc"), row.get("shallow_acc_std")), _gap_cell(row.get("depth")),
-            _decision_cell(row.get("depth")),
+            _yardstick_cell(row), _decision_cell(row.get("depth")),
             str(row.get("verdict") or "—"), str(row.get("paper_verdict") or "—")]
 
 
@@ -118,7 +133,9 @@ def _recipe_cells(row: dict) -> list[str]:
 # (title, column heads, cells of one method row); markdown and HTML render the same tables
 AUDIT_TABLES = (
     ("Verdicts", ("method", "test acc % [95 % CI]", "frozen %", "shallow %",
-                  "(d) acc − frozen, points: per seed → mean [one-sided 95 % bounds]", "(d) decision",
+                  "(d) acc − frozen (− yardstick where the control is weak), points: per seed → "
+                  "mean [one-sided 95 % bounds]",
+                  "acc − yardstick, points", "(d) decision",
                   "verdict", "paper's rule"), _verdict_cells),
     ("Scale and reference (median over seeds)",
      ("method", "‖h_L‖", "(a) max growth", "(a′) since init", "(a′) ‖h_L‖/‖h_0‖",
@@ -126,8 +143,8 @@ AUDIT_TABLES = (
     ("Credit", ("method", "deep Γ", "Γ null (z)", "paper's deep Γ", "deep ρ", "ρ BP / rand"), _credit_cells),
     ("Recipes", ("method", "optimiser and schedule", "recipe", "where it is published"), _recipe_cells),
 )
-PER_SEED_COLUMNS = ("method", "seed", "epochs", "acc %", "frozen %", "gap", "‖h_L‖", "gain",
-                    "since init", "deep Γ", "this run alone: verdict")
+PER_SEED_COLUMNS = ("method", "seed", "epochs", "acc %", "frozen %", "gap", "yardstick %", "‖h_L‖",
+                    "gain", "since init", "deep Γ", "this run alone: verdict")
 
 
 def _audit_tables(audit: dict) -> list[tuple[str, Sequence[str], list[list[str]]]]:
@@ -142,7 +159,7 @@ def _per_seed_cells(audit: dict) -> list[list[str]]:
             gap = _f(s.get("gap"))
             out.append([_method_name(row), str(seed), str(s.get("epochs") or "—"), _pct(s.get("acc")),
                         _pct(s.get("frozen_acc")), "—" if gap is None else f"{100 * gap:+.1f}",
-                        _sci(s.get("h_L")), _sci(s.get("gain")), _g(s.get("init_growth")),
+                        _pct(s.get("yardstick_acc")), _sci(s.get("h_L")), _sci(s.get("gain")), _g(s.get("init_growth")),
                         "exact" if s.get("gamma_deep_exact") else _signed(s.get("gamma_deep")),
                         str(s.get("verdict") or "—")])
     return out
@@ -257,6 +274,7 @@ def _legend(audit: dict) -> list[str]:
         "paired-gap seed spread pooled over the audit's methods, this method's own spread or the "
         f"binomial test-set variance, whichever is largest.{pooled} paper's rule: the paper's verdict, "
         f"(a), (b) and (d) UNDERCUT when the mean gap is below +{margin:g} points, with no interval.",
+        _yardstick_legend(audit),
         *_flag_lines(audit),
         "‖h_L‖, ‖g_L‖, gain, growth: median over samples of the diagnosed quantity, then the median over "
         "seeds; a reason quotes one named seed's value. ρ_BP fp32: the BP gradient's own perturbation "
@@ -281,6 +299,24 @@ def _legend(audit: dict) -> list[str]:
         "its own gap is below the margin, with no interval; the method's verdict above decides (d) "
         "over all its seeds at 5 % error, so the two can differ.",
     ]
+
+
+def _yardstick_legend(audit: dict) -> str:
+    """The yardstick and (d)'s error rate, in one legend line."""
+    yard = audit.get("yardstick") or {}
+    tol = 100 * (_f(yard.get("tolerance")) or 0.02)
+    rate = audit.get("depth_error_rate") or {}
+    per = 100 * (_f(rate.get("per_claim")) or 0.05)
+    text = (f"acc − yardstick: the method's accuracy minus its seed's yardstick — {yard.get('method', 'bp')}'s "
+            "frozen control: the same frozen blocks, embedding and readout trained by exact gradients "
+            "(information). A control more than "
+            f"{tol:g} points short of its yardstick is weak (weak k/n: at k of n seeds); (d) is then "
+            "decided against the stronger of the two, and an undercut against the weak control stands.")
+    if rate:
+        text += (f" Each (d) claim (clears or undercut) is one-sided at {per:g} % error; across this "
+                 f"audit's {rate.get('claims', 0)} decided claims the chance that any one is wrong is at "
+                 f"most {100 * (_f(rate.get('any_claim_at_most')) or 0):g} % (Bonferroni).")
+    return text
 
 
 def _same_rows(audit: dict) -> list[str]:
@@ -590,7 +626,8 @@ def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
     its column wraps onto the next lines, never cut), then each method's whole verdict as audit.md
     gives it — reasons, the paper's rule, what is missing, every note — wrapped to `width`, and one
     line on what to do next (`next_step`, with the audit folder `out`)."""
-    head = ["method", "recipe", "acc %", "frozen %", "(d) gap", "‖h_L‖", "gain", "growth", "deep Γ", "verdict"]
+    head = ["method", "recipe", "acc %", "frozen %", "(d) gap", "vs yardstick", "‖h_L‖", "gain", "growth",
+            "deep Γ", "verdict"]
     rows = []
     for row in audit.get("methods") or []:
         gamma = "exact" if row.get("gamma_deep_exact") else _gamma_cells(row)[0]   # n/a: exact by construction
@@ -598,12 +635,12 @@ def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
         gap = _f(depth.get("mean"))
         rows.append([_method_name(row), _recipe(row, "label"), _pct(row.get("acc"), row.get("acc_std")),
                      _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
-                     "—" if gap is None else f"{100 * gap:+.1f}", _sci(row.get("h_L")),
+                     "—" if gap is None else f"{100 * gap:+.1f}", _yardstick_cell(row), _sci(row.get("h_L")),
                      _sci(row.get("gain")), _g(row.get("max_growth")), gamma, _short_verdict(row)])
     if not rows:
         return "(no methods)"
     # a narrow terminal drops the least needed columns first; the verdict column stays
-    for drop in ("growth", "gain", "‖h_L‖", "frozen %", "recipe"):
+    for drop in ("growth", "gain", "‖h_L‖", "frozen %", "vs yardstick", "recipe"):
         widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
         if sum(widths[:-1]) + 2 * (len(head) - 1) + 20 <= width:
             break
@@ -624,8 +661,10 @@ def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
                  *(l for name, meaning in VERDICT_MEANINGS for l in wrap(f"{name}: {meaning}")), "",
                  *line(head), "  ".join("-" * w for w in widths), *(l for r in rows for l in line(r)), ""]
     out_lines += wrap("recipe: optimiser, momentum, lr, schedule (audit.md: in full, with its source); "
-                      "acc, frozen: mean ± std over seeds; (d) gap: mean paired gap, points; ‖h_L‖, "
-                      "gain, growth: median over seeds (a reason quotes one named seed's value).")
+                      "acc, frozen: mean ± std over seeds; (d) gap: mean paired gap, points; vs yardstick: "
+                      "acc − bp's frozen control, points (weak k/n: the control falls short of it at k "
+                      "seeds, and (d) is decided against it); ‖h_L‖, gain, growth: median over seeds (a "
+                      "reason quotes one named seed's value).")
     notes = _notes(audit)
     for row in audit.get("methods") or []:
         out_lines += ["", *wrap(f"{_method_name(row)}: {row.get('verdict') or '—'}")]
