@@ -93,6 +93,7 @@ sample, every batch-wide one (the scale, the tol test and its flag, the sweep co
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -111,6 +112,13 @@ def _per_sample(t: torch.Tensor, lead: int = 1) -> torch.Tensor:
     """Σ over layers and features of a stacked (L, *S, …) tensor, per sample: S, the `lead`
     sample dims ((N,) lone, (K, N) on the member axis)."""
     return t.flatten(1 + lead).sum(-1).sum(0)
+
+
+def _bound(energy: torch.Tensor, slack: float, margin: torch.Tensor | None) -> torch.Tensor:
+    """The largest F_i/β a trial may reach and still be accepted: training's relative slack, plus
+    the rounding margin where one is given (`EP._rounding_margin`)."""
+    bound = energy * slack
+    return bound if margin is None else bound + margin
 
 
 def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -292,8 +300,12 @@ class EP(Method):
         credit keeps the parameters' graph, for the update."""
         return self._relax(_Chain(self.model), x, y)
 
-    def _relax(self, chain: _Chain, x, y) -> Relaxed:
-        """`relax` through `chain`: the lone model, or K members at once (`_MemberChain`)."""
+    def _relax(self, chain: _Chain, x, y, rounding_margin: bool = False) -> Relaxed:
+        """`relax` through `chain`: the lone model, or K members at once (`_MemberChain`).
+
+        rounding_margin: accept a trial whose F_i rose by no more than the rounding error of F_i
+        itself, `_rounding_margin` (the diagnosis' relaxation, `credit`); False keeps training's
+        strict test (F_i ≤ F_i·(1 + 16 eps)), so a run computes what it always did."""
         with torch.enable_grad():
             h0 = chain.embed(x)
             h0_leaf = h0.detach().requires_grad_(True)
@@ -309,6 +321,7 @@ class EP(Method):
             pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
             gamma = torch.ones_like(energy)                              # H_0 = γ·I, γ ≤ 1
             slack = 1 + 16 * torch.finfo(h0.dtype).eps
+            margin = self._rounding_margin(free_logits) if rounding_margin else None
             first = chain.total(step.pow(2))
             active = torch.ones(first.shape, dtype=torch.bool, device=h0.device)  # tol not reached yet
             sweeps = torch.zeros(first.shape, device=h0.device)
@@ -323,12 +336,12 @@ class EP(Method):
                 if k == self.steps - 1:                                  # the last trial: accept or
                     with torch.no_grad():                                # keep, sample by sample
                         _, logits = self._chain(chain, clamp, f0, trial)
-                        ok = self._energy(chain, trial, logits, y) <= energy * slack
+                        ok = self._energy(chain, trial, logits, y) <= _bound(energy, slack, margin)
                     credit = torch.where(_bcast(ok & now, step), trial, credit)
                     break
                 states, logits = self._chain(chain, clamp, f0, trial)
                 new_energy = self._energy(chain, trial, logits, y).detach()
-                ok = (new_energy <= energy * slack) & now                # F_i did not go up
+                ok = (new_energy <= _bound(energy, slack, margin)) & now  # F_i did not go up
                 new_step = self._sweep(chain, states, logits, y) - trial  # d = T(a) − a ∝ −∂F/∂r
                 keep = _bcast(ok, step)
                 s = torch.where(keep, trial - credit, 0.0)
@@ -346,6 +359,17 @@ class EP(Method):
         leaves, branches, h_last, logits = fwd
         return Relaxed(free_logits, h0, list(credit.detach().unbind(0)), [h0_leaf] + leaves,
                        [f0] + branches, h_last, logits, scale.detach(), sweeps)
+
+    @staticmethod
+    def _rounding_margin(logits: torch.Tensor) -> torch.Tensor:
+        """How far F_i/β may rise in a trial before the rise is more than rounding, per sample:
+        2¹⁰·eps·(1 + max_j |z_ij|)/N with z the free logits. ℓ_i = logsumexp(z_i) − z_iy carries
+        an absolute error of a few eps·max_j |z_ij| (and the logits' own, of the same order times
+        the readout's fan-in), so below this the test F_i(trial) ≤ F_i compares rounding, not
+        energies: a confident sample's first sweep lowers F_i by ≈ ½β‖g_i‖² ∝ ℓ_i², far below it."""
+        n = logits.shape[-2]
+        zmax = logits.abs().amax(-1)
+        return (2 ** 10 * torch.finfo(logits.dtype).eps / n) * (1 + zmax)
 
     # -- the update and the credit ------------------------------------------------------------------
     def gradients(self, x, y):
@@ -412,12 +436,25 @@ class EP(Method):
         return loss.detach()
 
     def credit(self, x, y):
-        if not self.model.n_blocks:
-            return [ce_gradient(self.model.readout, self.model.embed_input(x), y)[1]]
-        rel = self.relax(x, y)
+        """a_0 … a_L (module docstring) from the relaxation that the diagnosis can reproduce: in
+        float64, on a float64 copy of the model, with the rounding-margin acceptance test
+        (`_relax`), returned in the model's dtype. Training's float32 test decides a confident
+        sample's trials by rounding (its F_i moves by ≈ ½β‖g_i‖², far below F_i's rounding
+        error), so such a sample kept a = 0 or took its steps by the last bits of the weights
+        and of the reduction order; Γ, a mean of per-sample cosines, then moved by 1/N per
+        sample whose decision flipped (docs/PROTOCOL.md, "What reproduces")."""
+        model = self.model
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        if dtype != torch.float64:
+            model = copy.deepcopy(model).to(torch.float64)
+        if x.is_floating_point():
+            x = x.to(torch.float64)
+        if not model.n_blocks:
+            return [ce_gradient(model.readout, model.embed_input(x), y)[1].to(dtype)]
+        rel = self._relax(_Chain(model), x, y, rounding_margin=True)
         with torch.enable_grad():
             (vjp0,) = torch.autograd.grad(rel.branches[0], rel.leaves[0], rel.credit[0])
-        return [(rel.credit[0] + vjp0).detach()] + rel.credit
+        return [a.detach().to(dtype) for a in [rel.credit[0] + vjp0] + rel.credit]
 
     # -- convergence log ----------------------------------------------------------------------------
     def _log(self, chain: _Chain, rel: Relaxed, vjps, grad_last):
