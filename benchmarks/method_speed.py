@@ -42,6 +42,7 @@ from creditaudit.methods import MethodSettings, method_class
 from creditaudit.methods.members import MemberStack
 from creditaudit.model import ResidualMLP
 from creditaudit.seeding import derived_generator, seed_everything
+from creditaudit.train import keep_freed_host_memory
 
 
 def parse_sets(items: list[str]) -> dict[str, dict]:
@@ -103,8 +104,13 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], help="method.option=value, e.g. ep.steps=10")
     p.add_argument("--stack", type=int, default=0, metavar="K",
                    help="also time K runs as one stack against K lone runs (member-axis methods)")
+    p.add_argument("--malloc-default", action="store_true",
+                   help="leave glibc's malloc as it is (the trainer keeps freed memory: "
+                        "train.keep_freed_host_memory), to measure what that saves")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if not args.malloc_default:
+        keep_freed_host_memory()             # as the trainer does (`train.train_runs`)
     data = load_dataset("mnist1d")
     names = args.methods.split(",")
     sets = parse_sets(args.set)

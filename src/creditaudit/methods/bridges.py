@@ -493,7 +493,11 @@ class CreditBridge(_Bridge):
         var = var_h[:, None] + (2 * sigma[:, None] * cross
                                 + sigma.pow(2)[:, None] * ec.pow(2).sum(-1)[..., None]) / self.d_flat
         rstd = (var + ln.eps).rsqrt()[..., None]                                  # (K, draws, L, N, 1)
-        u = torch.addcmul(bias[:, None], rstd / rstd_h[:, None, ..., None], a[:, None])  # (K, draws, L, N, H) …
+        # u written into a contiguous (K, draws, L, N, H) buffer: from these broadcast inputs
+        # addcmul would pick a draws-innermost layout, whose strided writes, GELU and the copy that
+        # flatten() then needs cost more than the rest of the target (same values either way)
+        u = bias.new_empty((k, draws, n_blocks, n, bias.shape[-1]))
+        torch.addcmul(bias[:, None], rstd / rstd_h[:, None, ..., None], a[:, None], out=u)
         u.addcmul_(rstd * sigma[:, None, ..., None], b[:, :, :, None, :])         # … in two passes
         q = member_linear(F.gelu(u).flatten(1, 3), target["net.2.weight"], target["net.2.bias"])
         v = (q.view(k, draws, n_blocks, n, -1) * e[:, None, None]).sum(-1)       # V̄, (K, draws, L, N)
