@@ -499,7 +499,8 @@ class CreditBridge(_Bridge):
         u = bias.new_empty((k, draws, n_blocks, n, bias.shape[-1]))
         torch.addcmul(bias[:, None], rstd / rstd_h[:, None, ..., None], a[:, None], out=u)
         u.addcmul_(rstd * sigma[:, None, ..., None], b[:, :, :, None, :])         # … in two passes
-        q = member_linear(F.gelu(u).flatten(1, 3), target["net.2.weight"], target["net.2.bias"])
+        q = member_linear(torch.ops.aten.gelu_(u).flatten(1, 3), target["net.2.weight"],  # u is spent:
+                          target["net.2.bias"])                                           # GELU in place
         v = (q.view(k, draws, n_blocks, n, -1) * e[:, None, None]).sum(-1)       # V̄, (K, draws, L, N)
         return -tau * (torch.logsumexp(-v.flatten(2) / tau, 1) - math.log(draws))
 
