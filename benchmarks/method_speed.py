@@ -15,6 +15,10 @@ ratios:
     cb_over_bp=<ratio>
 
 Each method option can be overridden with --set ep.steps=3 (repeatable), to measure a knob.
+The steps run with glibc's malloc keeping freed memory, as the trainer runs them
+(`train.keep_freed_host_memory`); --malloc-default leaves malloc as it is. Measured (--epochs 2
+--repeats 3, CPU-time ratios to BP, the 2-core box at load 6–8): keeping it, cb 2.15–2.25, ep
+2.5–2.7, sb 2.4–2.6; the code before it, cb 3.0, ep 2.6–3.1, sb 2.9–3.1; BP's time unchanged.
 
 --stack K also times, for each method on the member axis (methods.members.MemberStack: bp, fa,
 dfa, dfa-penalty, ep, sb, cb on the ResMLP), K runs (seeds 42, 43, …) as one stack — each member with its own
