@@ -15,6 +15,10 @@ ratios:
     cb_over_bp=<ratio>
 
 Each method option can be overridden with --set ep.steps=3 (repeatable), to measure a knob.
+The steps run with glibc's malloc keeping freed memory, as the trainer runs them
+(`train.keep_freed_host_memory`); --malloc-default leaves malloc as it is. Measured (--epochs 2
+--repeats 3, CPU-time ratios to BP, the 2-core box at load 6–8): keeping it, cb 2.15–2.25, ep
+2.5–2.7, sb 2.4–2.6; the code before it, cb 3.0, ep 2.6–3.1, sb 2.9–3.1; BP's time unchanged.
 
 --stack K also times, for each method on the member axis (methods.members.MemberStack: bp, fa,
 dfa, dfa-penalty, ep, sb, cb on the ResMLP), K runs (seeds 42, 43, …) as one stack — each member with its own
@@ -42,6 +46,7 @@ from creditaudit.methods import MethodSettings, method_class
 from creditaudit.methods.members import MemberStack
 from creditaudit.model import ResidualMLP
 from creditaudit.seeding import derived_generator, seed_everything
+from creditaudit.train import keep_freed_host_memory
 
 
 def parse_sets(items: list[str]) -> dict[str, dict]:
@@ -103,8 +108,13 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], help="method.option=value, e.g. ep.steps=10")
     p.add_argument("--stack", type=int, default=0, metavar="K",
                    help="also time K runs as one stack against K lone runs (member-axis methods)")
+    p.add_argument("--malloc-default", action="store_true",
+                   help="leave glibc's malloc as it is (the trainer keeps freed memory: "
+                        "train.keep_freed_host_memory), to measure what that saves")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if not args.malloc_default:
+        keep_freed_host_memory()             # as the trainer does (`train.train_runs`)
     data = load_dataset("mnist1d")
     names = args.methods.split(",")
     sets = parse_sets(args.set)

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from creditaudit.data import load_dataset
 from creditaudit.methods import MethodSettings, method_class
 from creditaudit.methods.local import output_error
-from creditaudit.metrics import bp_gradients, ce_gradient
+from creditaudit.metrics import bp_gradients, ce_gradient, gradient_cosine
+from creditaudit.protocol import diagnose
 from creditaudit.model import ResidualMLP, ResidualModel
 
 SMALL_BETA = {"beta": 1e-4, "steps": 4}
@@ -173,6 +174,78 @@ def test_ep_learns_digits(digits):
     with torch.no_grad():
         acc = float((model(digits.prepare(digits.x_test)).argmax(-1) == digits.y_test).float().mean())
     assert acc > 0.85
+
+
+def _confident(name="ep", n=512):
+    """`name` on a float32 stack whose head is scaled so that most samples are classified with a CE of
+    1e-5 … 1e-2: the samples whose trial steps change F_i by less than F_i's rounding error."""
+    torch.manual_seed(0)
+    model = ResidualMLP(16, 32, 3, 10, w2_std=0.3)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 16, generator=g)
+    with torch.no_grad():
+        model.out_head.weight.mul_(12.0)
+        y = model(x).argmax(-1)
+    return model, method_class(name)(model, MethodSettings(epochs=5, seed=0, trainable_blocks=(0, 1, 2))), x, y
+
+
+def _ulps(model, k: int):
+    """Every weight moved by k ulps (towards +inf for even k, −inf for odd: both directions)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            for _ in range(k):
+                p.copy_(torch.nextafter(p, torch.full_like(p, (-1) ** k * math.inf)))
+
+
+@pytest.mark.parametrize("name", ["ep", "pc"])
+def test_credit_reproduces_under_rounding(name):
+    """Γ from ep's (and pc's) credit is a continuous function of the weights: moving every float32
+    weight by 1 … 6 ulps moves Γ by < 1e-4 (the float32 acceptance test flipped whole samples, 1/N
+    each), every sample with a reference gets credit (none kept a = 0 by a rounding-decided
+    rejection), and one or two torch threads give the same Γ."""
+    model, ep, x, y = _confident(name)
+    gamma = lambda: gradient_cosine(ep.credit(x, y), bp_gradients(model, x, y).grads)  # noqa: E731
+    credit, g = ep.credit(x, y), bp_gradients(model, x, y).grads
+    assert all(a.dtype == torch.float32 for a in credit)
+    for a, gl in zip(credit, g):
+        assert not ((a.flatten(1).norm(dim=-1) == 0) & (gl.flatten(1).norm(dim=-1) > 0)).any()
+    base = gamma()
+    assert name != "ep" or min(base) > 0.999
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    for k in range(1, 7):
+        _ulps(model, k)
+        assert max(abs(a - b) for a, b in zip(gamma(), base)) < 1e-4, k
+        model.load_state_dict(saved)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = gamma()
+    finally:
+        torch.set_num_threads(threads)
+    assert max(abs(a - b) for a, b in zip(two, base)) < 1e-6
+
+
+def test_ep_diagnosis_reproduces_across_threads():
+    """The whole diagnosis of an EP model, one vs two torch threads: Γ and every flag statistic
+    equal to 1e-6 (relative for the norms), the flags and verdicts identical."""
+    model, ep, x, y = _confident("ep", 256)
+    batches = [(x[i:i + 64], y[i:i + 64]) for i in range(0, 256, 64)]
+    threads = torch.get_num_threads()
+    reports = []
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            reports.append(diagnose(model, batches, method=ep, null=False))
+    finally:
+        torch.set_num_threads(threads)
+    one, two = reports
+    assert one.flags == two.flags and one.verdict == two.verdict
+    for key in ("gamma", "stability"):
+        assert max(abs(a - b) for a, b in zip(getattr(one, key), getattr(two, key))) < 1e-6
+    for key in ("residual_norms", "bp_grad_norms"):
+        assert getattr(one, key) == pytest.approx(getattr(two, key), rel=1e-6)
+    for key in ("readout_gain", "max_growth", "stack_growth"):
+        assert getattr(one, key) == pytest.approx(getattr(two, key), rel=1e-6)
 
 
 # -- cb -------------------------------------------------------------------------------------------

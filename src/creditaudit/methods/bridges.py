@@ -47,7 +47,13 @@ draws and 20.7 ms for the previous per-sample float64 draws); the noise is drawn
 autograd definition in float64 (tests/test_ep_cb.py). CPU time per epoch against BP
 (benchmarks/method_speed.py, same run): 5.3–5.7× before, 2.4–2.6× after — about 1.2× of which is
 the shared local update (dfa costs the same), the rest V_φ's forward, input gradient and weight
-gradient over (L+1)·N rows plus V̄ over K·L·N. Test accuracy after 15 epochs (λ = 1e-2, seeds
+gradient over (L+1)·N rows plus V̄ over K·L·N. Where the rest of the time went (one thread, per
+step, in units of BP's step): the local forward 0.34, the value pass 1.42 (of which V̄'s target
+0.67), the local update 0.76, the optimizer steps 0.15; the value pass's matmuls (≈ 180M
+multiply-adds against BP's ≈ 205M for the whole step) explain ≈ 0.9 of it, and the rest was page
+faults on its large temporaries (u of V̄ alone is draws·L·N·H floats = 2 MiB), which the trainer's
+`keep_freed_host_memory` removes: 3.0× → 2.15–2.25× (measured at load 6–8). The matmuls put the
+floor at ≈ 1.9× with this computation. Test accuracy after 15 epochs (λ = 1e-2, seeds
 42 / 123 / 456): 0.666 / 0.653 / 0.642 before, 0.663 / 0.653 / 0.643 after; Γ unchanged.
 Where it differs from the original: sb and cb are the audited paper's own diagnostic probes
 (docs/PROTOCOL.md), not published learning rules, so there is no outside reference code; cb's value
@@ -514,9 +520,14 @@ class CreditBridge(_Bridge):
         var = var_h[:, None] + (2 * sigma[:, None] * cross
                                 + sigma.pow(2)[:, None] * ec.pow(2).sum(-1)[..., None]) / self.d_flat
         rstd = (var + ln.eps).rsqrt()[..., None]                                  # (K, draws, L, N, 1)
-        u = torch.addcmul(bias[:, None], rstd / rstd_h[:, None, ..., None], a[:, None])  # (K, draws, L, N, H) …
+        # u written into a contiguous (K, draws, L, N, H) buffer: from these broadcast inputs
+        # addcmul would pick a draws-innermost layout, whose strided writes, GELU and the copy that
+        # flatten() then needs cost more than the rest of the target (same values either way)
+        u = bias.new_empty((k, draws, n_blocks, n, bias.shape[-1]))
+        torch.addcmul(bias[:, None], rstd / rstd_h[:, None, ..., None], a[:, None], out=u)
         u.addcmul_(rstd * sigma[:, None, ..., None], b[:, :, :, None, :])         # … in two passes
-        q = member_linear(F.gelu(u).flatten(1, 3), target["net.2.weight"], target["net.2.bias"])
+        q = member_linear(torch.ops.aten.gelu_(u).flatten(1, 3), target["net.2.weight"],  # u is spent:
+                          target["net.2.bias"])                                           # GELU in place
         v = (q.view(k, draws, n_blocks, n, -1) * e[:, None, None]).sum(-1)       # V̄, (K, draws, L, N)
         return -tau * (torch.logsumexp(-v.flatten(2) / tau, 1) - math.log(draws))
 

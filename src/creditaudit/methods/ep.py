@@ -34,6 +34,16 @@ K+2 forwards (the last trial's energy is a no-grad forward) and K input-only bac
 update's backward (f_0(h_0) is computed once: h_0 is clamped); option "tol" > 0 freezes the
 credit once ‖d‖ ≤ tol·‖d(0)‖ (a masked update too: later sweeps still run, and change nothing),
 so it bounds the relaxation without saving time.
+The credit the diagnosis reads (`credit`, hence Γ) is relaxed the same way on a float64 copy of
+the model, with one change to the test: a trial whose F_i rose by no more than F_i's own rounding
+error (`rounding_margin`, 2¹⁰·eps·(1 + max_j |z_ij|)/N) is accepted. In float32 a confident sample's
+trial changes F_i by ≈ ½β‖g_i‖² ∝ ℓ_i², far below the rounding of ℓ_i (≈ eps·|z|), so its
+acceptance was a coin toss on the last bits: on a zoo run (MNIST-1D, d = 256, 15 epochs) 47 of the
+1000 eval samples kept a = 0 (cos 0), and moving the weights by one ulp flipped 1–3 of them, each
+moving Γ by 1/1000 (Γ 0.952 ± 0.003 by the bit pattern; 0.9988 now, ±2e-9 under a 1-ulp move).
+Training keeps the float32 strict test (a run computes what it did, TRAINING_CODE_VERSION
+unchanged): a training step likewise gives such samples a = 0 or a step at random, and their
+gradient is ∝ ℓ_i, a small share of the batch's. docs/PROTOCOL.md §3.13.
 Samples relax independently for a per-sample model; for one that couples samples (BatchNorm in
 training mode) the sweeps still solve the joint system, since each backward is the batch's own.
 
@@ -107,6 +117,7 @@ statistics move exactly as its lone run's.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -127,6 +138,34 @@ def _per_sample(t: torch.Tensor, lead: int = 1) -> torch.Tensor:
     """Σ over layers and features of a stacked (L, *S, …) tensor, per sample: S, the `lead`
     sample dims ((N,) lone, (K, N) on the member axis)."""
     return t.flatten(1 + lead).sum(-1).sum(0)
+
+
+def rounding_margin(logits: torch.Tensor) -> torch.Tensor:
+    """How far a sample's energy ℓ_i/N + (a quadratic) may rise in a trial step before the rise is
+    more than rounding: 2¹⁰·eps·(1 + max_j |z_ij|)/N per sample, z the free logits (…, N, C).
+    ℓ_i = logsumexp(z_i) − z_iy carries an absolute error of a few eps·max_j |z_ij| (and the
+    logits' own, of that order times the readout's fan-in), so below this a test "F_i(trial) ≤ F_i"
+    compares rounding, not energies: a confident sample's first step lowers F_i by ≈ ½β‖g_i‖²,
+    which is ∝ ℓ_i² and far below it. Used by the diagnosis' relaxations (ep, pc)."""
+    n = logits.shape[-2]
+    return (2 ** 10 * torch.finfo(logits.dtype).eps / n) * (1 + logits.abs().amax(-1))
+
+
+def float64_copy(model, x: torch.Tensor):
+    """(model, x) in float64 for a credit the diagnosis must reproduce, and the dtype to return it
+    in: a float64 copy of a float32/16 model (the model itself is left as it is) and x cast if it
+    is floating (class labels or token ids are left alone)."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if dtype != torch.float64:
+        model = copy.deepcopy(model).to(torch.float64)
+    return model, (x.to(torch.float64) if x.is_floating_point() else x), dtype
+
+
+def _bound(energy: torch.Tensor, slack: float, margin: torch.Tensor | None) -> torch.Tensor:
+    """The largest F_i/β a trial may reach and still be accepted: training's relative slack, plus
+    the rounding margin where one is given (`rounding_margin`)."""
+    bound = energy * slack
+    return bound if margin is None else bound + margin
 
 
 def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -312,8 +351,12 @@ class EP(Method):
         credit keeps the parameters' graph, for the update."""
         return self._relax(_Chain(self.model), x, y)
 
-    def _relax(self, chain: _Chain, x, y) -> Relaxed:
-        """`relax` through `chain`: the lone model, or K members at once (`_MemberChain`)."""
+    def _relax(self, chain: _Chain, x, y, with_margin: bool = False) -> Relaxed:
+        """`relax` through `chain`: the lone model, or K members at once (`_MemberChain`).
+
+        with_margin: accept a trial whose F_i rose by no more than the rounding error of F_i
+        itself, `rounding_margin` (the diagnosis' relaxation, `credit`); False keeps training's
+        strict test (F_i ≤ F_i·(1 + 16 eps)), so a run computes what it always did."""
         with torch.enable_grad():
             h0 = chain.embed(x)
             h0_leaf = h0.detach().requires_grad_(True)
@@ -329,6 +372,7 @@ class EP(Method):
             pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
             gamma = torch.ones_like(energy)                              # H_0 = γ·I, γ ≤ 1
             slack = 1 + 16 * torch.finfo(h0.dtype).eps
+            margin = rounding_margin(free_logits) if with_margin else None
             first = chain.total(step.pow(2))
             active = torch.ones(first.shape, dtype=torch.bool, device=h0.device)  # tol not reached yet
             sweeps = torch.zeros(first.shape, device=h0.device)
@@ -343,12 +387,12 @@ class EP(Method):
                 if k == self.steps - 1:                                  # the last trial: accept or
                     with torch.no_grad():                                # keep, sample by sample
                         _, logits = self._chain(chain, clamp, f0, trial)
-                        ok = self._energy(chain, trial, logits, y) <= energy * slack
+                        ok = self._energy(chain, trial, logits, y) <= _bound(energy, slack, margin)
                     credit = torch.where(_bcast(ok & now, step), trial, credit)
                     break
                 states, logits = self._chain(chain, clamp, f0, trial)
                 new_energy = self._energy(chain, trial, logits, y).detach()
-                ok = (new_energy <= energy * slack) & now                # F_i did not go up
+                ok = (new_energy <= _bound(energy, slack, margin)) & now  # F_i did not go up
                 new_step = self._sweep(chain, states, logits, y) - trial  # d = T(a) − a ∝ −∂F/∂r
                 keep = _bcast(ok, step)
                 s = torch.where(keep, trial - credit, 0.0)
@@ -431,12 +475,20 @@ class EP(Method):
         return loss.detach()
 
     def credit(self, x, y):
-        if not self.model.n_blocks:
-            return [ce_gradient(self.model.readout, self.model.embed_input(x), y)[1]]
-        rel = self.relax(x, y)
+        """a_0 … a_L (module docstring) from the relaxation that the diagnosis can reproduce: in
+        float64, on a float64 copy of the model, with the rounding-margin acceptance test
+        (`_relax`), returned in the model's dtype. Training's float32 test decides a confident
+        sample's trials by rounding (its F_i moves by ≈ ½β‖g_i‖², far below F_i's rounding
+        error), so such a sample kept a = 0 or took its steps by the last bits of the weights
+        and of the reduction order; Γ, a mean of per-sample cosines, then moved by 1/N per
+        sample whose decision flipped (docs/PROTOCOL.md, "What reproduces")."""
+        model, x, dtype = float64_copy(self.model, x)
+        if not model.n_blocks:
+            return [ce_gradient(model.readout, model.embed_input(x), y)[1].to(dtype)]
+        rel = self._relax(_Chain(model), x, y, with_margin=True)
         with torch.enable_grad():
             (vjp0,) = torch.autograd.grad(rel.branches[0], rel.leaves[0], rel.credit[0])
-        return [(rel.credit[0] + vjp0).detach()] + rel.credit
+        return [a.detach().to(dtype) for a in [rel.credit[0] + vjp0] + rel.credit]
 
     # -- convergence log ----------------------------------------------------------------------------
     def _log(self, chain: _Chain, rel: Relaxed, vjps, grad_last):

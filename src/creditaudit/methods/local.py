@@ -111,8 +111,7 @@ class LocalMethod(Method):
             if lam:
                 total = total + lam * f.pow(2).flatten(1).sum(-1).mean()
         total.backward()
-        for l in fwd.branches:
-            torch.nn.utils.clip_grad_norm_(self.block_params(l), self.settings.clip)
+        clip_blocks([self.block_params(l) for l in fwd.branches], self.settings.clip)
         return ce.detach()
 
     # -- the same step over a leading member axis ------------------------------------------------
@@ -155,6 +154,24 @@ class LocalMethod(Method):
         for l in fwd.branches:
             clip_members(net.block_params(l), self.settings.clip)
         return ce.detach()
+
+
+def clip_blocks(blocks: list[list[torch.Tensor]], clip: float) -> None:
+    """`torch.nn.utils.clip_grad_norm_(params, clip)` for each block's parameter list, with the
+    same arithmetic (per-tensor norms, their norm, coef = min(1, clip / (‖g‖ + 1e-6)), g ← g·coef)
+    but one foreach norm and one foreach multiply for all blocks: the per-call overhead of L
+    separate clips was ~0.1 of a BP step on the CPU."""
+    grads = [[p.grad for p in params if p.grad is not None] for params in blocks]
+    flat = [g for block in grads for g in block]
+    if not flat:
+        return
+    norms, coefs, start = torch._foreach_norm(flat, 2.0), [], 0
+    for block in grads:
+        if block:
+            total = torch.linalg.vector_norm(torch.stack(norms[start:start + len(block)]), 2.0)
+            coefs += [torch.clamp(clip / (total + 1e-6), max=1.0)] * len(block)
+            start += len(block)
+    torch._foreach_mul_(flat, coefs)
 
 
 def clip_members(params: list[torch.Tensor], clip: float) -> None:

@@ -23,6 +23,11 @@ every ε = 0):
     step is a trial, per sample: kept where it does not raise F_i, else undone and that sample's α_i
     halved (a masked update, as in ep; tested). plain pc only: iPC takes Salvatori et al.'s fixed
     step, since its weights move between two evaluations and their F_i are not comparable.
+    The credit the diagnosis reads (`credit`) takes the same steps on a float64 copy of the model,
+    and counts a rise of F_i within its rounding error as none (`ep.rounding_margin`): in float32
+    that test is decided by rounding for a confident sample, which then kept or lost whole steps
+    from one machine or thread count to the next (docs/PROTOCOL.md §3.13). Training keeps the
+    float32 strict test, so a run computes what it did.
 
 Credit (in the units of g_l = ∂CE/∂h_l of the mean CE, like ep; "direction of increasing loss"):
 
@@ -84,6 +89,7 @@ the Hebbian ΔW_l ∝ ε_{l+1} f(x_l)ᵀ; Salvatori et al.'s iPC updates the wei
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -91,6 +97,7 @@ import torch.nn.functional as F
 
 from ..metrics import ce_gradient
 from .base import Method
+from .ep import float64_copy, rounding_margin
 from .recipe import no_published_recipe
 
 
@@ -159,12 +166,15 @@ class PredictiveCoding(Method):
             length = length.view((-1,) + (1,) * (states[0].dim() - 1))
         return [s - (length * self.beta) * g for s, g in zip(states, grads)]
 
-    def infer(self, h0: torch.Tensor, y: torch.Tensor):
+    def infer(self, h0: torch.Tensor, y: torch.Tensor, with_margin: bool = False):
         """`steps` inference steps from the feed-forward pass, each a trial step of length α_i per
         sample that is kept only where it does not raise F_i (else α_i is halved: a masked update,
         no host sync). Returns (h_1 … h_L after them, the free logits, ‖∂(F/β)/∂h‖ at the free
-        states, = ‖∂CE/∂h_L‖ of the mean CE over the batch: the unit of pc_residual)."""
+        states, = ‖∂CE/∂h_L‖ of the mean CE over the batch: the unit of pc_residual).
+        with_margin: a rise of F_i within its rounding error (`ep.rounding_margin`) counts as no
+        rise (the diagnosis' inference, `credit`); False keeps training's strict test."""
         states, logits = self._free(h0)
+        margin = rounding_margin(logits) if with_margin else None
         _, energy, grads = self.evaluate(h0, states, y, [])
         grads = list(grads[1:])
         scale = torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
@@ -173,7 +183,8 @@ class PredictiveCoding(Method):
         for _ in range(self.steps):
             trial = self._state_step(states, grads, length)
             _, trial_energy, trial_grads = self.evaluate(h0, trial, y, [])
-            ok = trial_energy <= energy * slack                                     # F_i did not rise
+            bound = energy * slack if margin is None else energy * slack + margin
+            ok = trial_energy <= bound                                              # F_i did not rise
             keep = ok.view((-1,) + (1,) * (states[0].dim() - 1))
             states = [torch.where(keep, t, s) for t, s in zip(trial, states)]
             grads = [torch.where(keep, t, g) for t, g in zip(trial_grads[1:], grads)]
@@ -238,13 +249,24 @@ class PredictiveCoding(Method):
     def credit(self, x, y):
         """[a_0 … a_L] at the states after inference (module docstring), detached: plain pc's
         trial steps (`infer`), or for iPC the fixed steps its training takes (`_fixed_steps`; its
-        weights held where they are, so the credit is that of the inference iPC runs, not plain pc's)."""
+        weights held where they are, so the credit is that of the inference iPC runs, not plain pc's).
+
+        Computed as the diagnosis must reproduce it (as ep's `credit`): on a float64 copy of the
+        model, plain pc's trials judged with the rounding margin, returned in the model's dtype.
+        Training's float32 test decides a confident sample's trials by rounding, and the states
+        it keeps then differ by whole steps between machines, thread counts or the last bit of a
+        weight (Γ moved by up to 4e-3 on a 1-ulp move of a zoo run's weights)."""
+        twin = copy.copy(self)                     # the same method, reading the float64 model
+        twin.model, x, dtype = float64_copy(self.model, x)
+        return [a.to(dtype) for a in twin._credit(x, y)]
+
+    def _credit(self, x, y):
         h0 = self.model.embed_input(x).detach()
         if not self.model.n_blocks:
             return [ce_gradient(self.model.readout, h0, y)[1]]
-        states = self._fixed_steps(h0, y) if self.incremental else self.infer(h0, y)[0]
+        states = self._fixed_steps(h0, y) if self.incremental else self.infer(h0, y, with_margin=True)[0]
         errors, _, grads = self.evaluate(h0, states, y, [])
-        return [grads[0].detach()] + [-eps / self.beta for eps in errors]
+        return [grads[0].detach()] + [(-eps / self.beta).detach() for eps in errors]
 
     # -- convergence log ----------------------------------------------------------------------------
     def apply_gradients(self):
