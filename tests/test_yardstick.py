@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -401,3 +402,33 @@ def test_a_model_trained_elsewhere_is_checked_against_the_yardstick_it_brings(tm
     # a yardstick that is not frozen at init is refused in one line
     code, _, err = cli([*base, "--yardstick", tmp_path / "trained.safetensors"], capsys)
     one_error_line(code, err)
+
+
+# -- the audit's own paths where no yardstick stands (a penalty sweep; a yardstick that failed) -------
+def test_without_a_yardstick_run_all_checks_each_control_against_the_untrained_model(tmp_path):
+    """run_all with frozen controls but no yardstick (as a penalty sweep trains them): a control
+    moved by ε does not beat its seed's untrained model by the margin, so it is weak and no run's
+    diagnosis clears (d) against it; with no yardstick decided on, the run's verdict says what is
+    missing rather than deciding."""
+    from creditaudit.experiments.common import Execution, run_all
+    main = RunConfig(method="yardrules:TimidControlBP", dataset="digits", width=16, blocks=2, epochs=2, seed=0)
+    frozen = main.replace(trainable_blocks=0)
+    outcomes = run_all([main, frozen], tmp_path, execution=Execution(jobs=1, device="cpu"),
+                       frozen_of=lambda c: frozen.bind_data(c.data_digest) if c.control == "none" else None,
+                       progress=False)
+    report = next(o.report for o in outcomes if o.config.control == "none")
+    assert report["depth"]["gap"] > 0.05                                 # the gap main judged by
+    assert report["verdicts"]["project"]["outcome"] != "trustworthy"
+    assert "untrained model" in report["verdict"]
+
+
+def test_a_reused_diagnosis_is_bound_to_whether_its_control_is_weak():
+    """The reuse key of a sealed diagnosis covers what the gate said of its control: the same run
+    and settings with a control that has since become weak (its yardstick trained after a failure)
+    is diagnosed again, never read back with a stale (d)."""
+    from creditaudit.experiments.common import DiagnoseJob, diagnosis_settings
+    base = DiagnoseJob(RunConfig(method="dfa", dataset="digits", width=16, blocks=2, epochs=2).to_dict(),
+                       "run", "data", "cpu", 1, {}, frozen_acc=0.5)
+    weak = replace(base, weak="2.5 points short of the yardstick")
+    decided = replace(weak, weak_decided=True)
+    assert len({diagnosis_settings(j) for j in (base, weak, decided)}) == 3

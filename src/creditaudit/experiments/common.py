@@ -7,6 +7,7 @@ call reuses finished runs and resumes interrupted ones. A run that raises is rec
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import math
 import os
@@ -121,9 +122,27 @@ def diagnosis_settings(job: DiagnoseJob) -> str:
         "config": job.config, "thresholds": job.thresholds, "n_eval": job.n_eval, "rho": job.rho,
         "null_k": inspect.signature(diagnose).parameters["null_k"].default,
         "frozen_acc": job.frozen_acc, "depth_why": job.depth_why,
+        # whether the control is weak, and against what (d) is then decided, change the report
+        "weak": job.weak, "weak_decided": job.weak_decided,
         "missing_evidence": list(job.missing_evidence), "control": job.control_binding,
         "control_note": job.control_note,
+        # a user's rule (PKG.MODULE:CLASS) is keyed by name, not code: its source is part of what
+        # its diagnosis measures (a corrected `credit` is measured again)
+        "rule_source": _rule_source(job.config.get("method")),
         "source": source_digest(skip=_NOT_DIAGNOSIS)}))
+
+
+def _rule_source(spec) -> str | None:
+    """The sha256 of the file a user's rule PKG.MODULE:CLASS was imported from (None for a
+    built-in rule, whose code `source_digest` covers, or when it has no file)."""
+    if not isinstance(spec, str) or ":" not in spec:
+        return None
+    from ..methods import method_origin
+    try:
+        file = method_origin(spec).get("file")
+    except CreditAuditError:         # not importable now: nothing to reuse a diagnosis against
+        return "not importable"
+    return None if file is None or not Path(file).is_file() else hashlib.sha256(Path(file).read_bytes()).hexdigest()
 
 
 # the modules no diagnosis is computed by: editing them leaves every sealed diagnosis reusable
@@ -459,6 +478,12 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     by_key = {o.config.run_key: o for o in outcomes}
     gated: dict[tuple[str, str], tuple[evidence.Admission | None, str | None]] = {}
 
+    def finished_yardstick(o: Outcome) -> Outcome | None:
+        """The seed's yardstick (bp's frozen control of `o`'s seed) when it finished, else None."""
+        yard = yardstick_of(o.config) if yardstick_of else None
+        yard = by_key.get(yard.bind_data(o.config.data_digest).run_key) if yard else None
+        return yard if yard is not None and yard.status == "finished" and yard.test_acc is not None else None
+
     def admit(o: Outcome, control: Outcome) -> tuple[evidence.Admission | None, str | None]:
         """The evidence gate on `control` as the frozen control of `o`: (admission, None), or
         (None, why) when refused — then (d) is not evaluated for `o`'s seed, and the control is
@@ -469,10 +494,13 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
         if key not in gated:
             try:
                 ev = control_evidence(o.config, load_run(control.run_dir, "cpu"), data.eval_batch(0)[0])
-                yard = yardstick_of(o.config) if yardstick_of else None
-                yard = by_key.get(yard.bind_data(o.config.data_digest).run_key) if yard else None
-                if yard is not None and yard.status == "finished" and yard.test_acc is not None:
+                yard = finished_yardstick(o)
+                if yard is not None:
                     ev = replace(ev, yardstick_acc=yard.test_acc)
+                else:           # none (or it failed): a control must beat the untrained model by the margin
+                    run = load_run(o.run_dir, "cpu")
+                    init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
+                    ev = replace(ev, init_acc=accuracy(init.eval(), data.eval_batches("test", 1000)))
                 gated[key] = evidence.gate(evidence.Evidence(o.config.label, None, ev,
                                                              depth_margin=thresholds.depth_margin)), None
             except CreditAuditError as err:
@@ -504,7 +532,7 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
                                      depth_why=admitted.depth_why if admitted else refused,
                                      weak=admitted.weak if admitted else None,
                                      # against the yardstick: the audit's (d) across seeds decides
-                                     weak_decided=bool(yardstick_of and yardstick_of(o.config)),
+                                     weak_decided=finished_yardstick(o) is not None,
                                      missing_evidence=[refused] if refused else [], n_eval=n_eval,
                                      rho=rho and o.config.control == "none",
                                      control_note=admitted.note if admitted else None,

@@ -12,12 +12,13 @@ method's verdict by `verdict.method_verdict`): nothing is judged here.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
 from .. import __version__, evidence, store
-from ..errors import CreditAuditError
+from ..errors import CreditAuditError, CreditAuditWarning
 from ..methods import resolve_method_name
 from ..monitor import FINISHED, MonitoredRun, control_accuracy, load_monitored
 from ..runs import refuse_run_folder
@@ -55,6 +56,17 @@ class OwnRunConfig:
     def to_dict(self) -> dict:
         return {"method": self.method, "seed": self.seed, "control": self.control,
                 "epochs": self.epochs, "init_sha256": self.init_sha256, "source": "user-loop"}
+
+
+def _beats_untrained(control: MonitoredRun, main: MonitoredRun, thresholds: Thresholds) -> bool:
+    """Whether the frozen control's accuracy clears its run's untrained model (the main run's
+    epoch-0 accuracy) by the (d) margin (`evidence.weakness`, without a yardstick); True when the
+    untrained accuracy was not recorded (nothing to compare: the gate's other checks stand)."""
+    first = main.history[0] if main.history else {}
+    init, acc = first.get("test_acc"), control.test_acc
+    if first.get("epoch") != 0 or init is None or acc is None:
+        return True
+    return acc >= init + thresholds.depth_margin
 
 
 def _outcome(run: MonitoredRun, method: str, seed: int) -> Outcome:
@@ -202,6 +214,14 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         # the evidence gate: a frozen control, its own run's, trained like it, blocks at init,
         # embedding and readout trained, finite — else refused in one line
         control_accuracy(c.run_dir, main.info)
+        if not yardsticks and not _beats_untrained(c, main, thresholds):
+            # without a yardstick a control must beat the untrained model (its run's epoch 0) by
+            # the (d) margin; one that does not is no control to clear (d) against: left out, so
+            # that seed's (d) is not evaluated (the gate's `weakness`)
+            warnings.warn(f"the frozen control {c.run_dir} does not beat its run's untrained model by "
+                          f"the (d) margin: it is left out, so (d) is not evaluated for that seed; "
+                          "train it longer, or give yardsticks=", CreditAuditWarning, stacklevel=2)
+            continue
         if main.info["run_id"] in controlled:
             raise CreditAuditError(f"{c.run_dir} and {controlled[main.info['run_id']]} are both "
                                    f"controls of {main.run_dir}; pass one control per run")
