@@ -155,8 +155,8 @@ def test_monitor_logs_to_wandb_and_mlflow(offline, digits):
         ctrl = creditaudit.Monitor(mon.frozen_control(), digits.eval_batch(0), offline / "ctrl",
                                    epochs=2, control_of=mon)
         for _ in range(2):
-            for p in ctrl.model.head_parameters():
-                p.data.add_(0.01)
+            for p in [*ctrl.model.embed_parameters(), *ctrl.model.head_parameters()]:
+                p.data.add_(0.01)        # embedding and readout both train (each its own group)
             ctrl.step(torch.tensor(1.5), 10)
             ctrl.epoch_end(test_acc=0.2)
         ctrl.finish()

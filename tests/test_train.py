@@ -177,7 +177,7 @@ def test_blocks_zero_is_refused_and_lam_sets_the_lam_option(capsys, tmp_path, mo
                      "--width", "16", "--blocks", "1", "--epochs", "1", "--quiet", "--device", "cpu",
                      "--threads", "1", "--out", str(out)]) == 0
     config = load_run(out).config
-    assert config.options == {"lam": 0.05} and config.lam == 0.05
+    assert config.options == {"lam": 0.05, "normalise": 1} and config.lam == 0.05   # resolved: dfa's knob too
 
 
 SUBCOMMANDS = ("train", "diagnose", "calibrate", "check", "audit", "ladder", "penalty-sweep",
