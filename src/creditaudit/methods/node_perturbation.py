@@ -38,6 +38,18 @@ a seed gives the same noise on any device. A smaller last batch takes the first 
 state, so it neither advances the training stream nor differs between calls. No random feedback:
 no null of Γ.
 
+Where it differs from the original (Williams 1992's REINFORCE for stochastic units; Flower & Jabri
+1993 / Werfel et al. 2005's node perturbation, which perturbs every unit of a layered network and
+correlates the scalar loss change with each unit's own noise to update its incoming weights):
+  * the noise goes on the residual stream only (h_0 … h_L), not on every unit: a block's hidden
+    units (W1's outputs) are not perturbed, and inside a block W1 learns by backprop of a_{l+1}
+    through W2 (`LocalMethod.local_gradients`), as dfa's blocks do;
+  * the estimate is per sample (ΔL_i from the sample's own CE), the batch mean of the local losses
+    then averages it; no baseline is subtracted beyond the clean pass (ΔL is noisy − clean);
+  * σ = 1e-2 on a stream of norm ~10 (`sigma`); the head trains on the true CE gradient;
+  * the optimiser is the shared AdamW recipe (the method's `recipe` says why: no one published
+    recipe fits this model).
+
 The noisy pass only measures ΔL: it leaves every buffer of the model as the clean pass left it
 (BatchNorm's running statistics and batch counters are copied before it and written back once the
 step's backward has run), while its BatchNorm still normalises with the (noisy) batch's statistics,
