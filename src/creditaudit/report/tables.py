@@ -660,11 +660,17 @@ def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
     out_lines = [*wrap(verdict_summary(audit)),
                  *(l for name, meaning in VERDICT_MEANINGS for l in wrap(f"{name}: {meaning}")), "",
                  *line(head), "  ".join("-" * w for w in widths), *(l for r in rows for l in line(r)), ""]
-    out_lines += wrap("recipe: optimiser, momentum, lr, schedule (audit.md: in full, with its source); "
-                      "acc, frozen: mean ± std over seeds; (d) gap: mean paired gap, points; vs yardstick: "
-                      "acc − bp's frozen control, points (weak k/n: the control falls short of it at k "
-                      "seeds, and (d) is decided against it); ‖h_L‖, gain, growth: median over seeds (a "
-                      "reason quotes one named seed's value).")
+    # the legend names only the columns this width kept
+    legend = [("recipe", "recipe: optimiser, momentum, lr, schedule (audit.md: in full, with its source)"),
+              ("acc %", f"acc{', frozen' if 'frozen %' in head else ''}: mean ± std over seeds"), ("(d) gap", "(d) gap: mean paired gap, points"),
+              ("vs yardstick", "vs yardstick: acc − bp's frozen control, points (weak k/n: the control falls "
+                               "short of it at k seeds, and (d) is decided against it)"),
+              ]
+    medians = [c for c in ("‖h_L‖", "gain", "growth") if c in head]
+    if medians:
+        legend.append((medians[0], f"{', '.join(medians)}: median over seeds (a reason quotes one named "
+                                   "seed's value)"))
+    out_lines += wrap("; ".join(text for column, text in legend if column in head) + ".")
     notes = _notes(audit)
     for row in audit.get("methods") or []:
         out_lines += ["", *wrap(f"{_method_name(row)}: {row.get('verdict') or '—'}")]
