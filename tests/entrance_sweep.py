@@ -1110,7 +1110,7 @@ def review_cases(w: World) -> list[Case]:
     # the rules on every architecture and control: these must work
     vit = ["--arch", "vit-mini", "--arch-option", "patch=4"]
     for method, args in ((ss, ["--option", "variant=frsf"]), (ss, ["--option", "variant=brsf"]),
-                         (pc, ["--option", "incremental=1"]), (npt, vit), (pep, ["--arch", "resnet-small"]),
+                         (pc, ["--option", "incremental=1"]), (npt, vit), (pep, ["--arch", "resnet-small", "--option", "rule=backprop"]),
                          (pc, ["--option", "incremental=1", "--arch", "resnet-small"]),
                          (pc, ["--option", "incremental=1", *vit]), (ll, ["--option", "sim=0.99", *vit]),
                          (kp, ["--frozen"]), (dr, ["--shallow"]), (npt, ["--trainable-blocks", "1"]),
@@ -1118,6 +1118,10 @@ def review_cases(w: World) -> list[Case]:
                          (pep, ["--frozen", "--arch", "resnet-small"]), (ss, ["--option", "variant=frsf", "--frozen"])):
         add(f"train ok {method} {' '.join(args)}", "result",
             cli("train", *TINY, "--method", method, *args, "--out", w.fresh("rv")))
+    # PEPITA's own per-layer rule is written for the ResidualMLP's block: elsewhere one line, not a guess
+    for args in (["--arch", "resnet-small"], vit):
+        add(f"train refused {pep} {' '.join(args)} (its rule needs the ResidualMLP block)", "refusal",
+            cli("train", *TINY, "--method", pep, *args, "--out", w.fresh("rv")))
     # a zoo run and controls of other rules or options: never this run's (d) yardstick
     def trained(method, *args):
         d = w.fresh(f"rv-{method}")
