@@ -27,7 +27,7 @@ td:first-child, th:first-child { text-align: left; font-weight: 600; }
 td.ok { background: #d7f0d9; color: #125c1b; text-align: left; }
 td.bad { background: #f8d4d4; color: #8a1010; text-align: left; }
 td.warn { background: #fbf0cf; color: #6b4a00; text-align: left; }
-td.wrap { white-space: normal; min-width: 130px; max-width: 320px; text-align: left; }
+td.wrap { white-space: normal; min-width: 110px; max-width: 220px; text-align: left; }
 td.left { text-align: left; }
 td.na { color: #999; background: #f4f4f4; }
 .summary { font-size: 17px; font-weight: 600; margin: 10px 0 4px; }
@@ -99,6 +99,10 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
         verdicts = {j: rule for j, col in enumerate(head)
                     for rule in [{"verdict": "project", "paper's rule": "paper"}.get(col)] if rule}
         first = [i for i, col in enumerate(head) if col.startswith("first fire")]
+        # long text wraps too, so that a table fits a 1280-px page without a scroll bar
+        prose = [i for i, col in enumerate(head)
+                 if col.startswith("(d) acc") or col in ("(d) decision", "optimiser and schedule",
+                                                         "where it is published")]
         classes = {(i, j): _verdict_class(row, rule) for i, row in enumerate(methods)
                    for j, rule in verdicts.items()}
         # Γ marked uninterpretable ((b) or (b′) fired): its cells greyed, its z not shown
@@ -107,7 +111,7 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
                         if row.get("gamma_interpretable") is False or row.get("gamma_deep_exact")
                         for j, col in enumerate(head) if col in ("deep Γ", "Γ null (z)")})
         parts += [f"<h3>{e(title)}</h3>", '<div class="scroll">' + _html_table(
-            head, cells, wrap=list(verdicts) + first, breaks={i: ("; ", "<br>") for i in first},
+            head, cells, wrap=list(verdicts) + first + prose, breaks={i: ("; ", "<br>") for i in first},
             left=first, css_class="audit", classes=classes) + "</div>" if cells else "<p>(no methods)</p>"]
     seeds = [s for row in methods for s in (row.get("per_seed") or {}).values()]
     last = len(PER_SEED_COLUMNS) - 1
