@@ -315,9 +315,15 @@ def test_an_interrupt_cancels_the_outstanding_tasks(ray_instance, tmp_path, sig)
                 return
             time.sleep(0.02)
 
-    threading.Thread(target=interrupt_once_started, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        RayExecutor().map(sleeps, [str(pids), str(pids)], lambda i, r: None)
+    # Ctrl-C raises KeyboardInterrupt through Python's default handler; a library an earlier test
+    # ran may have left another SIGINT handler in this process (the whole suite swallowed it)
+    handler_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_once_started, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            RayExecutor().map(sleeps, [str(pids), str(pids)], lambda i, r: None)
+    finally:
+        signal.signal(signal.SIGINT, handler_int)
     assert signal.getsignal(signal.SIGTERM) is handler_before
     started = [int(p) for p in pids.read_text().split()]
     deadline = time.monotonic() + 20
