@@ -135,8 +135,8 @@ class Recipe:
     def compact(self) -> str:
         """A few words for a terminal table: "AdamW lr1e-3 cos", "SGD m0.9 lr1e-2 step",
         "NAG m0.9 lr1e-4 const" (NAG: SGD with Nesterov momentum)."""
-        name = "NAG" if self.nesterov else {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[self.optimizer]
-        parts = [name] + ([f"m{self.momentum:g}"] if self.optimizer == "sgd" and self.momentum else [])
+        optimiser = "NAG" if self.nesterov else {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[self.optimizer]
+        parts = [optimiser] + ([f"m{self.momentum:g}"] if self.optimizer == "sgd" and self.momentum else [])
         mantissa, exponent = f"{self.lr:.2e}".split("e")
         parts.append(f"lr{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}")
         parts.append({"cosine": "cos", "step": "step", "constant": "const"}[self.schedule])
