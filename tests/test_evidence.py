@@ -589,7 +589,7 @@ def test_d_covers_float32_accuracies():
     gap = float(acc) - float(frozen)
     assert gap < 0.02                                          # float32 rounding put it below
     assert fires_d(gap, Thresholds()) is False
-    assert depth_decision([gap], Thresholds()).paper_undercut is False
+    assert depth_decision([gap], Thresholds().depth_margin).paper_undercut is False
 
 
 # -- 3. an adapter that proves itself -----------------------------------------------------------------

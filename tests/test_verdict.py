@@ -134,9 +134,9 @@ def test_decide_rules():
 
 def test_depth_across_seeds_is_a_one_sided_decision():
     t = Thresholds()
-    assert depth_decision([0.30, 0.31, 0.29], t).fires is False        # clearly above the margin
-    assert depth_decision([-0.03, -0.04, -0.035], t).fires is True     # clearly below
-    d = depth_decision([0.00, 0.06, 0.03], t)                           # straddles +2 points
+    assert depth_decision([0.30, 0.31, 0.29], t.depth_margin).fires is False        # clearly above the margin
+    assert depth_decision([-0.03, -0.04, -0.035], t.depth_margin).fires is True     # clearly below
+    d = depth_decision([0.00, 0.06, 0.03], t.depth_margin)                           # straddles +2 points
     assert d.fires is None and d.outcome == "undetermined" and d.lower < 0.02 < d.upper
     assert "undetermined" in d.explain() and d.seeds_needed is None or d.seeds_needed > 3
     five = interval([0.30, 0.31, 0.29, 0.33, 0.28])

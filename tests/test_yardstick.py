@@ -147,11 +147,13 @@ def test_the_audit_trains_the_yardstick_when_bp_is_not_audited(weak_audit):
     yard = [r for r in result["runs"] if r["method"] == "bp"]
     assert sorted((r["control"], r["seed"]) for r in yard) == [("frozen", 1), ("frozen", 2)]
     assert all(r["status"] == "finished" for r in yard)
-    assert result["yardstick"]["by_seed"] == {str(r["seed"]): r["test_acc"] for r in yard}
+    # one yardstick per recipe × seed: both rules share bp's recipe, so bp's frozen control of each seed
+    by_seed = {str(y["seed"]): y["acc"] for y in result["yardstick"]["runs"]}
+    assert by_seed == {str(r["seed"]): r["test_acc"] for r in yard}
     assert [m["method"] for m in result["methods"]] == ["yardrules:TimidControlBP", "yardrules:OneStepControlBP"]
     for row in result["methods"]:                     # the gap to the yardstick, per seed and overall
         for seed, s in row["per_seed"].items():
-            assert s["yardstick_acc"] == result["yardstick"]["by_seed"][seed]
+            assert s["yardstick_acc"] == by_seed[seed]
             assert s["yardstick_gap"] == pytest.approx(s["acc"] - s["yardstick_acc"])
         assert row["yardstick_gap"] is not None
 
@@ -165,15 +167,12 @@ def test_a_control_that_barely_trained_is_weak_and_cannot_clear(weak_audit, rule
     out, result = weak_audit
     row = next(m for m in result["methods"] if m["method"] == f"yardrules:{rule}")
     depth = row["depth"]
-    assert depth["n_weak"] == 2 and row["n_weak_controls"] == 2
-    assert all(g["weak"] and g["shortfall"] > 0.02 for g in depth["gaps"])
     assert min(g["gap"] for g in depth["gaps"]) > 0.2          # the gap main judged by
-    if depth["control_outcome"] != "undercut":
-        assert depth["against"] == "yardstick"
-        assert depth["mean"] == pytest.approx(sum(g["acc"] - max(g["frozen_acc"], g["yardstick_acc"])
-                                                  for g in depth["gaps"]) / 2)
-    assert depth["outcome"] != "clears" or depth["lower"] >= 0.02 - 1e-6
-    assert "weak at 2/2 seeds" in " ".join(row["notes"] + row["missing"] + row["reasons"])
+    # the control's shortfall to the yardstick is its own statistic: weak, and reported
+    assert depth["weak_control"] and depth["shortfall"]["mean"] > 0.02 and row["weak_control"]
+    # a clear needs the gap to the yardstick to clear too: never on the weak control's word
+    assert depth["outcome"] != "clears" or depth["yardstick"]["lower"] >= 0.02 - 1e-6
+    assert "falls short of the yardstick" in " ".join(row["notes"] + row["missing"] + row["reasons"])
     # each run alone, as its own diagnosis (and `check RUN`) says: judged against the yardstick too
     for r in result["runs"]:
         if r["method"] == f"yardrules:{rule}" and r["control"] == "none":
@@ -363,7 +362,8 @@ def test_audit_own_runs_checks_controls_against_a_yardstick_the_user_gives(tmp_p
     own = creditaudit.audit_own_runs([tmp_path / "run"], [tmp_path / "ctrl"], out=tmp_path / "own",
                                      n_test=360, yardsticks=[tmp_path / "yard"], quiet=True)
     row = own["methods"][0]
-    assert row["n_weak_controls"] == 1 and row["per_seed"]["0"]["yardstick_acc"] is not None
+    # the control's shortfall to the yardstick is reported (one seed: no interval to call it weak by)
+    assert row["control_shortfall"] > 0.02 and row["per_seed"]["0"]["yardstick_acc"] is not None
     assert row["verdicts"]["project"]["outcome"] != "trustworthy"
     assert "yardstick" in (tmp_path / "own" / "audit.md").read_text()
     with pytest.raises(CreditAuditError, match="yardstick .* is not a frozen control"):

@@ -575,7 +575,8 @@ def _cmd_thresholds(args) -> int:
     from .report.figures import sensitivity_figure
     from .report.tables import sensitivity_table
     from .store import write_sealed_json
-    from .verdict import Thresholds, threshold_sensitivity
+    from .sensitivity import threshold_sensitivity
+    from .verdict import Thresholds
     audit_dir = Path(args.audit_dir)
     result = read_audit(audit_dir)
     reports = [r["report"] for r in result.get("runs") or [] if r.get("report") and r.get("control") == "none"]

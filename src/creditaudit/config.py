@@ -301,6 +301,23 @@ class RunConfig:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def recipe_yardstick(config: RunConfig) -> RunConfig | None:
+    """The yardstick of `config`'s frozen control: the reference method's (bp's) frozen control
+    with every other setting of `config` — its recipe (optimiser, schedule, lr, weight decay,
+    batch size) included, so that a control trained under SGD is not judged against one trained
+    under AdamW. None for a run with no block to freeze."""
+    if config.blocks == 0:
+        return None
+    return config.replace(method=REFERENCE_METHOD, options={}, trainable_blocks=0)
+
+
+def recipe_key(config: RunConfig) -> str:
+    """The resolved recipe's settings as one key (methods sharing it pool their seed spread)."""
+    blob = json.dumps({"recipe": config.recipe, "lr": config.lr, "weight_decay": config.weight_decay,
+                       "batch_size": config.batch_size}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
 class OutdatedRunConfig(CreditAuditError):
     """A config.json from before a field became part of a run (see `RunConfig.from_dict`)."""
 
@@ -384,18 +401,25 @@ class AuditConfig:
                     runs.append(base.replace(trainable_blocks=0))
                 if "shallow" in self.controls and base.blocks > 0:
                     runs.append(base.replace(blocks=0))
-        return runs + [c for c in self.yardstick_configs() if REFERENCE_METHOD not in self.methods]
+        keys = {c.run_key for c in runs}
+        return runs + [c for c in self.yardstick_configs() if c.run_key not in keys]
 
     def yardstick_configs(self) -> list[RunConfig]:
-        """The yardstick of each seed's frozen controls: the reference method's (bp's) frozen
-        control — the same frozen blocks (a seed's initial weights depend on the seed and the
-        model alone), embedding and readout trained by exact gradients on the same data and
-        budget. It is bp's own frozen control when bp is audited; else the audit trains it once
-        per seed (docs/PROTOCOL.md "The yardstick")."""
+        """The yardsticks of the audit's frozen controls: for every distinct recipe × seed, the
+        reference method's (bp's) frozen control under that recipe (`recipe_yardstick`) — the same
+        frozen blocks (a seed's initial weights depend on the seed and the model alone), embedding
+        and readout trained by exact gradients on the same data, budget and recipe. A rule that
+        shares bp's recipe shares bp's own frozen control; every other recipe gets its own, trained
+        once and reused by each rule under it (docs/PROTOCOL.md "The yardstick")."""
         if "frozen" not in self.controls:
             return []
-        bases = [self.base_config(REFERENCE_METHOD, seed) for seed in self.seeds]
-        return [b.replace(trainable_blocks=0) for b in bases if b.blocks > 0]
+        found: dict[str, RunConfig] = {}
+        for method in self.methods:
+            for seed in self.seeds:
+                yard = recipe_yardstick(self.base_config(method, seed))
+                if yard is not None:
+                    found.setdefault(yard.run_key, yard)
+        return list(found.values())
 
     def base_config(self, method: str, seed: int) -> RunConfig:
         """The main run of `method` at `seed`: the audit's λ goes to every method that declares it,

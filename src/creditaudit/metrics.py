@@ -227,6 +227,14 @@ def accuracy(model, batches) -> float:
     return correct / max(total, 1)
 
 
+@torch.no_grad()
+def correctness(model, batches) -> torch.Tensor:
+    """Top-1 correctness per example over an iterable of (x, y) batches, in their order: a bool
+    vector on the CPU whose mean is `accuracy` (what (d)'s variance over the test set needs)."""
+    hits = [(model(x).argmax(-1) == y).to("cpu") for x, y in batches]
+    return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)
+
+
 # ---------------------------------------------------------------------------------------------
 # Helpers shared by the measurements below
 # ---------------------------------------------------------------------------------------------

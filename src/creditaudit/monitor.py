@@ -46,7 +46,7 @@ import torch
 from . import __version__, evidence, store
 from .adapter import Adapter, check_reproduces, check_residual, stream_of
 from .errors import CreditAuditError, CreditAuditWarning
-from .metrics import MonitorSnapshot, accuracy, alignment_every, credit_alignment, monitor_snapshot
+from .metrics import MonitorSnapshot, alignment_every, correctness, credit_alignment, monitor_snapshot
 from .monitor_control import check_control_of, control_check, frozen_control
 from .monitor_diagnosis import diagnose_monitored
 # the folder's format, sealing and reading back live in monitored.py; its public names stay
@@ -481,7 +481,11 @@ class Monitor:
         logits = lambda x: self.stream.forward_from(0, self.stream.embed(x))
         try:
             with torch.no_grad():
-                return float(accuracy(logits, ((x.to(dev), y.to(dev)) for x, y in self.test_batches)))
+                correct = correctness(logits, ((x.to(dev), y.to(dev)) for x, y in self.test_batches))
+            # one bit per test example beside the accuracy (store.pack_correct): (d)'s variance
+            # over the shared test set reads it (depth.py)
+            self._last_correct = store.pack_correct(correct.numpy())
+            return int(correct.sum()) / max(len(correct), 1)
         except Exception as err:  # noqa: BLE001 — a batch the model cannot take is the caller's
             raise CreditAuditError(f"the test accuracy on test_batches failed ({type(err).__name__}: "
                                    f"{' '.join(str(err).split())[:200]}); give (x, y) batches the "
@@ -512,10 +516,15 @@ class Monitor:
             self.model.train(was)
         if epoch == 0 and test_acc is None and self.test_batches is not None:
             test_acc = self._measure_test_acc()
+        correct = getattr(self, "_last_correct", None) if self.test_batches is not None else None
+        self._last_correct = None
         return {"epoch": epoch, "train_loss": train_loss, "test_acc": test_acc, **snap.to_dict(), **align,
-                **logs, "wall_time": time.perf_counter() - self._t0}
+                **logs, "wall_time": time.perf_counter() - self._t0,
+                **({"test_correct": correct} if correct is not None else {})}
 
     def _append(self, record: dict) -> None:
+        for row in self.history:      # only the last record's accuracy is reported: only it keeps its bits
+            row.pop("test_correct", None)
         self.history.append(record)
         try:
             store.save_checkpoint(self.out, record["epoch"], {

@@ -21,6 +21,7 @@ stopped — sign the audit folder (e.g. with gpg) where that matters.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -29,6 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -344,3 +346,37 @@ def write_metrics(run_dir: Path, history: list[dict]) -> None:
     """Rewrite metrics.jsonl from the full history (atomic; at most a few hundred lines)."""
     atomic_write_text(Path(run_dir) / "metrics.jsonl",
                       "".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in history))
+
+
+# -- per-example correctness: one bit per test example, recorded with every accuracy -------------
+
+def pack_correct(correct) -> dict:
+    """A bool vector (one entry per test example, in the test set's fixed order) as the record a
+    run keeps: {"n": N, "bits": base64 of the bits packed little-endian}. 1000 examples: 168 chars."""
+    bits = np.asarray(correct, dtype=bool).reshape(-1)
+    return {"n": int(bits.size),
+            "bits": base64.b64encode(np.packbits(bits, bitorder="little").tobytes()).decode("ascii")}
+
+
+def unpack_correct(record, acc: float | None = None, what: str = "the run") -> np.ndarray | None:
+    """The bool vector of a `pack_correct` record (None: no record). With `acc`, the record must
+    agree with the accuracy it sits beside (to one example), else it is refused: bits that do not
+    score the run's accuracy are not its bits."""
+    if record is None:
+        return None
+    try:
+        n = int(record["n"])
+        raw = base64.b64decode(record["bits"], validate=True)
+        bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little")
+    except (KeyError, TypeError, ValueError) as err:
+        raise CreditAuditError(f"the per-example record of {what} is malformed ({err}); retrain it "
+                               "into a fresh --out") from None
+    if n < 1 or not n <= bits.size < n + 8:
+        raise CreditAuditError(f"the per-example record of {what} holds {bits.size} bits for {n} "
+                               "examples; retrain it into a fresh --out")
+    bits = bits[:n].astype(bool)
+    if acc is not None and abs(bits.mean() - float(acc)) > 1.0 / n + 1e-6:     # one example, and float32 rounding
+        raise CreditAuditError(f"the per-example record of {what} scores {bits.mean():.4f}, not its "
+                               f"recorded accuracy {float(acc):.4f}: the record was edited or belongs to "
+                               "another run; retrain it into a fresh --out")
+    return bits

@@ -55,7 +55,7 @@ from .data import ArrayDataset, load_dataset
 from .errors import CreditAuditError
 from .methods import METHODS, method_class
 from .methods.members import MemberStack
-from .metrics import accuracy, alignment_every, credit_alignment, monitor_snapshot, weight_alignment
+from .metrics import alignment_every, correctness, credit_alignment, monitor_snapshot, weight_alignment
 from .model import ARCH_CLASSES
 from .runs import (Run, as_device, build_method, build_model, data_shape, existing_run_is_done, load_run,
                    record_method_origin)
@@ -429,6 +429,7 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
                 _retire(stack, k, m, live)
                 continue
             m.history.append(record)
+            _keep_last_correct(m.history)
             _save(m, epoch, data)
             if on_epoch is not None:
                 on_epoch(k, m.history)
@@ -492,9 +493,20 @@ def _record(epoch: int, train_loss: float | None, model, data: ArrayDataset, eva
     snap = monitor_snapshot(model, eval_x, eval_y)
     finite = all(_finite(v) for v in snap.h_norms)     # a diverged line is discarded anyway
     align = _alignment(model, method, eval_x, eval_y) if method is not None and finite else {}
+    correct = correctness(model, data.eval_batches("test", 1000))
+    # test_correct: one bit per test example (depth.pack_correct), the evidence (d)'s variance
+    # over the shared test set reads; only the last record keeps it (`_keep_last_correct`)
     return {"epoch": epoch, "train_loss": train_loss,
-            "test_acc": accuracy(model, data.eval_batches("test", 1000)),
-            **snap.to_dict(), **align, **method_log, "wall_time": wall}
+            "test_acc": int(correct.sum()) / max(len(correct), 1),
+            **snap.to_dict(), **align, **method_log, "wall_time": wall,
+            "test_correct": store.pack_correct(correct.numpy())}
+
+
+def _keep_last_correct(history: list[dict]) -> None:
+    """Per-example correctness matters only for the accuracy a run reports (its last record):
+    earlier records drop theirs, so a run's log grows by a few bytes an epoch, not N bits."""
+    for row in history[:-1]:
+        row.pop("test_correct", None)
 
 
 def _write_error(out: Path, err: Exception, kept_epoch: int | None) -> CreditAuditError:

@@ -21,9 +21,9 @@ sentence, what it takes back, which verdicts use it); the verdict, the monitor's
 the early-stop rule, threshold sensitivity and the report all read that table. A verdict is a
 `Verdict` object (JSON via to_dict/from_dict); its text is for people, never parsed back.
 
-Across seeds (d) is a one-sided claim at 5 % error each way, with the noise pooled over every
-method of an audit (`SeedNoise`, `depth_decision`); the paper's own rule (mean gap < margin) is
-kept apart for the paper verdict. A residual stream (or readout) that goes non-finite counts as (a)
+Across seeds (d) is decided in depth.py (two paired contrasts, a variance over seeds and the
+shared test set, Holm across an audit); the paper's own rule (mean gap < margin) is kept apart
+for the paper verdict. Threshold sensitivity is in sensitivity.py. A residual stream (or readout) that goes non-finite counts as (a)
 fired ("non-finite residual stream"), and its (b)/(b′) as fired too: a NaN reference gradient is no
 reference. Every function here reads plain numbers (or their JSON-safe forms: None = NaN, "inf"),
 so the same rules apply to a fresh diagnosis, a monitor history and an audit.json read back.
@@ -38,24 +38,17 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from . import metrics as M
+from .depth import ACC_TOLERANCE, ERROR_RATE, DepthDecision, PairedGap, depth_decision, unpack_correct
 from .errors import CreditAuditError
 from .store import json_number as _num, json_safe
 
 TRUSTWORTHY, WALK_BACK, INCOMPLETE = "trustworthy", "walk back", "incomplete"
-ERROR_RATE = 0.05          # each one-sided claim of (d) across seeds
-POWER = 0.80               # "seeds likely to decide it": the count that decides with this probability
-MAX_SEEDS = 1000
-# (d) compares accuracy gaps with the margin in the flag's favour of not firing by this much: an
-# accuracy held in float32 is off by up to 2^-24 ≈ 6e-8 (a fraction ≤ 1), a gap of two by ≤ 1.2e-7,
-# so a gap of exactly the margin computed in float32 clears; 1e-6 stays far below one test
-# sample (1/n_test ≥ 1e-5 for test sets up to 100,000 samples)
-ACC_TOLERANCE = 1e-6
-# A frozen control is weak when its accuracy falls short of the yardstick of the same seed (the
-# same frozen blocks, embedding and readout trained by exact gradients: bp's frozen control) by more
-# than this. Calibrated on the zoo audit (docs/rules/audit.json, the quick preset's settings with
-# every built-in rule): the seed-to-seed spread of a frozen control's accuracy, pooled over 14
-# rules, is 0.81 points (26 df); two controls as strong as each other differ at one seed by more
-# than t_{0.95,26}·√2·0.81 = 1.97 points 5 % of the time (docs/PROTOCOL.md "The yardstick").
+# A frozen control is weak, at one seed, when its accuracy falls short of the yardstick of the
+# same seed (the same frozen blocks, embedding and readout trained by exact gradients under the
+# same recipe: bp's frozen control) by more than this. Only a lone run (`diagnose`, `check`) reads
+# it; across seeds the shortfall is its own statistic (depth.py). Derived from the sd of the
+# *difference* yardstick − control within a method over seeds, pooled over the zoo audit's rules
+# (docs/rules/audit.json): t_{0.95, df} · sd — see docs/PROTOCOL.md "The yardstick".
 YARDSTICK_TOLERANCE = 0.02
 
 
@@ -510,428 +503,6 @@ def disagreement(r) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# (d) across seeds
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PairedGap:
-    """One seed's (d) evidence: the run's test accuracy and its frozen control's, both measured on
-    the same `n_test` test samples (None: unknown, no test-set floor), and the yardstick's — the
-    same seed's frozen blocks with embedding and readout trained by exact gradients (None: no
-    yardstick was trained or given)."""
-
-    label: str
-    acc: float
-    frozen_acc: float
-    n_test: int | None = None
-    yardstick_acc: float | None = None
-
-    @property
-    def gap(self) -> float:
-        """acc − the control's accuracy (the gap the paper reads)."""
-        return self.acc - self.frozen_acc
-
-    @property
-    def shortfall(self) -> float | None:
-        """How far the control falls short of the yardstick (yardstick − control; None: no yardstick)."""
-        return None if self.yardstick_acc is None else self.yardstick_acc - self.frozen_acc
-
-    @property
-    def weak(self) -> bool:
-        """The control falls short of the yardstick by more than YARDSTICK_TOLERANCE."""
-        return self.shortfall is not None and self.shortfall > YARDSTICK_TOLERANCE + ACC_TOLERANCE
-
-    def against_stronger(self) -> "PairedGap":
-        """This seed judged against the stronger of its control and the yardstick (itself when the
-        control is not weak): the gap then uses max(control, yardstick)."""
-        if not self.weak:
-            return self
-        return PairedGap(self.label, self.acc, max(self.frozen_acc, self.yardstick_acc), self.n_test,
-                         self.yardstick_acc)
-
-    @property
-    def floor_var(self) -> float:
-        """Binomial test-set variance of the gap: p(1−p)/n + q(1−q)/n (0 when n is unknown)."""
-        if not self.n_test:
-            return 0.0
-        p, q = self.acc, self.frozen_acc
-        return (p * (1 - p) + q * (1 - q)) / self.n_test
-
-    def to_dict(self) -> dict:
-        return {"label": self.label, "acc": self.acc, "frozen_acc": self.frozen_acc,
-                "gap": self.gap, "n_test": self.n_test, "yardstick_acc": self.yardstick_acc,
-                "shortfall": self.shortfall, "weak": self.weak}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "PairedGap":
-        y = d.get("yardstick_acc")
-        return cls(str(d["label"]), float(d["acc"]), float(d["frozen_acc"]), d.get("n_test"),
-                   None if y is None else float(y))
-
-
-@dataclass(frozen=True)
-class SeedNoise:
-    """The seed-to-seed variance of a paired gap, pooled over groups (an audit's methods):
-
-        s_p² = Σ_m Σ_s (d_ms − d̄_m)² / Σ_m (n_m − 1),   df = Σ_m (n_m − 1)
-
-    var None (df 0) when no group has two seeds."""
-
-    var: float | None
-    df: int
-    groups: int
-
-    @classmethod
-    def pooled(cls, groups: Iterable[Sequence[float]]) -> "SeedNoise":
-        ss, df, used = 0.0, 0, 0
-        for gaps in groups:
-            gaps = [g for g in gaps if math.isfinite(g)]
-            if len(gaps) >= 2:
-                mean = statistics.fmean(gaps)
-                ss += sum((g - mean) ** 2 for g in gaps)
-                df += len(gaps) - 1
-                used += 1
-        return cls(ss / df if df else None, df, used)
-
-    def to_dict(self) -> dict:
-        return {"var": self.var, "df": self.df, "groups": self.groups}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "SeedNoise":
-        return cls(None if d.get("var") is None else float(d["var"]), int(d["df"]), int(d["groups"]))
-
-
-@dataclass(frozen=True)
-class DepthDecision:
-    """(d) for one method over its seeds.
-
-    outcome: "clears" when the one-sided 95 % lower bound of the mean paired gap is at or above the
-    margin, "undercut" when the one-sided 95 % upper bound is below it, "undetermined" otherwise
-    (always with one seed and no seed spread anywhere in the audit: nothing measures how another
-    seed would land), "not evaluated" without a paired seed. `paper_undercut` is the paper's rule:
-    mean gap to the control < margin.
-    lower/upper: mean ∓ q·se with q = t_{0.95, df}, se = √(var/n), var = max(pooled seed variance,
-    this method's own sample variance, mean binomial floor) — `var_source` names which.
-    against: "control" — the gaps are to the method's own frozen control; "yardstick" — a control
-    was weak at some seed (`PairedGap.weak`), so each weak seed's gap is to the stronger of control
-    and yardstick and mean/bounds are those gaps'. An undercut against the control stands whatever
-    the yardstick (`control_outcome` is the outcome against the control alone).
-    """
-
-    outcome: str
-    margin: float
-    gaps: tuple[PairedGap, ...] = ()
-    noise: SeedNoise = SeedNoise(None, 0, 0)
-    mean: float | None = None
-    var: float | None = None
-    var_source: str = ""
-    df: float | None = None                     # math.inf: a normal quantile (test-set noise only)
-    lower: float | None = None
-    upper: float | None = None
-    seeds_needed: int | None = None
-    paper_undercut: bool | None = None
-    against: str = "control"
-    control_outcome: str | None = None
-
-    @property
-    def fires(self) -> bool | None:
-        return {"clears": False, "undercut": True}.get(self.outcome)
-
-    @property
-    def n(self) -> int:
-        return len(self.gaps)
-
-    @property
-    def se(self) -> float | None:
-        return None if self.var is None or not self.gaps else math.sqrt(self.var / self.n)
-
-    @property
-    def unpooled(self) -> bool:
-        """One seed, and no method or control of the audit has two: the seed spread is unmeasured."""
-        return self.n == 1 and self.noise.df == 0
-
-    @property
-    def weak(self) -> list[PairedGap]:
-        """The seeds whose control falls short of the yardstick by more than the tolerance."""
-        return [g for g in self.gaps if g.weak]
-
-    @property
-    def yardstick_gap(self) -> float | None:
-        """Mean of acc − yardstick over the seeds with a yardstick (information; None: none)."""
-        vals = [g.acc - g.yardstick_acc for g in self.gaps if g.yardstick_acc is not None]
-        return statistics.fmean(vals) if vals else None
-
-    def yardstick_note(self) -> str | None:
-        """What the yardstick changed, in one sentence (None: no weak control)."""
-        weak = self.weak
-        if not weak:
-            return None
-        short = ", ".join(f"{g.label} {100 * g.shortfall:.1f}" for g in weak)
-        head = (f"the frozen control is weak at {len(weak)}/{self.n} seeds: it falls short of the "
-                f"yardstick (the same frozen blocks, embedding and readout trained by exact gradients) "
-                f"by more than the {100 * YARDSTICK_TOLERANCE:g}-point tolerance ({short} points)")
-        if self.against == "yardstick":
-            return (f"{head}, so (d) is decided against the stronger of the two (the gap to the control "
-                    f"alone would read {self.control_outcome})")
-        return f"{head}; the undercut against the control stands"
-
-    def explain(self) -> str:
-        """The sentence: the gap, its one-sided bounds, where the noise comes from, and the call."""
-        if self.outcome == "not evaluated":
-            return "(d) not evaluated: no seed has a finished frozen-blocks control"
-        seeds = f"{self.n} seed{'s' if self.n != 1 else ''}"
-        to = "to the stronger of control and yardstick" if self.against == "yardstick" else "to the frozen control"
-        per = ", ".join(f"{100 * (g.against_stronger() if self.against == 'yardstick' else g).gap:+.1f}"
-                        for g in self.gaps)
-        bounds = ("" if self.lower is None else
-                  f"; one-sided 95 % bounds [{100 * self.lower:+.1f}, {100 * self.upper:+.1f}]")
-        noise = f" (noise: {self.var_source})" if self.var_source else ""
-        head = (f"the paired gap {to} is {100 * self.mean:+.1f} points over {seeds} "
-                f"({per}){bounds}{noise}")
-        note = self.yardstick_note()
-        head = head if note is None else f"{head}; {note}"
-        if self.outcome == "undetermined":
-            if self.unpooled:
-                return (f"(d) undetermined: {head}; with one seed and no other method or control "
-                        "that has two, nothing measures how far another seed would land, so the "
-                        "test-set noise alone does not decide — add a seed")
-            more = ("no number of seeds is likely to decide it (the mean gap sits on the margin)"
-                    if self.seeds_needed is None else
-                    f"about {self.seeds_needed} seeds would likely decide it ({POWER:.0%} chance)")
-            return (f"(d) undetermined: {head}, which neither clears nor falls below the "
-                    f"+{100 * self.margin:g}-point margin at 5 % error; {more}")
-        return head
-
-    def short(self) -> str:
-        """One clause for the verdict line: "(d) undetermined: +5.3 points, one-sided 95 % bounds
-        [−2.5, +13.1] around the +2-point margin; ~10 seeds would likely decide it"."""
-        if self.outcome != "undetermined" or self.mean is None:
-            return f"(d) {self.outcome}"
-        if self.unpooled:
-            return (f"(d) undetermined: paired gap {100 * self.mean:+.1f} points on one seed, and no "
-                    "seed spread to judge it by (no method or control of this audit has two seeds); "
-                    "add a seed")
-        bounds = "" if self.lower is None else f", one-sided 95 % bounds [{100 * self.lower:+.1f}, {100 * self.upper:+.1f}]"
-        more = ("no seed count is likely to decide it" if self.seeds_needed is None
-                else f"~{self.seeds_needed} seeds would likely decide it")
-        to = " to the yardstick (weak control)" if self.against == "yardstick" else ""
-        return (f"(d) undetermined: paired gap{to} {100 * self.mean:+.1f} points over {self.n} seed"
-                f"{'s' if self.n != 1 else ''}{bounds} around the +{100 * self.margin:g}-point margin; {more}")
-
-    def caveat(self) -> str | None:
-        """What one seed can and cannot say (None with two seeds or more)."""
-        if self.n != 1:
-            return None
-        g = self.gaps[0]
-        if self.noise.df == 0:
-            return (f"(d) rests on one seed ({g.label}) and no method of this audit has two, so the "
-                    "seed-to-seed spread is unmeasured: test-set sampling noise alone says nothing "
-                    "about another seed of the method, so (d) is not decided; add a seed to make it "
-                    "a claim about the method")
-        return (f"(d) rests on one seed ({g.label}); its seed-to-seed spread is borrowed from the "
-                f"audit's other methods (pooled, {self.noise.df} degrees of freedom), which assumes "
-                "this method varies across seeds as much as they do")
-
-    def to_dict(self) -> dict:
-        return {"outcome": self.outcome, "fires": self.fires, "margin": self.margin,
-                "gaps": [g.to_dict() for g in self.gaps], "noise": self.noise.to_dict(),
-                "n": self.n, "mean": self.mean, "var": self.var, "var_source": self.var_source,
-                "se": self.se, "df": self.df, "lower": self.lower, "upper": self.upper,
-                "seeds_needed": self.seeds_needed, "paper_undercut": self.paper_undercut,
-                "against": self.against, "control_outcome": self.control_outcome,
-                "n_weak": len(self.weak), "yardstick_gap": self.yardstick_gap,
-                "yardstick_tolerance": YARDSTICK_TOLERANCE, "yardstick_note": self.yardstick_note(),
-                "error_rate": ERROR_RATE}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "DepthDecision":
-        num = lambda k: None if d.get(k) is None else _num(d[k])
-        return cls(str(d["outcome"]), float(d["margin"]),
-                   tuple(PairedGap.from_dict(g) for g in d.get("gaps") or ()),
-                   SeedNoise.from_dict(d["noise"]), mean=num("mean"), var=num("var"),
-                   var_source=str(d.get("var_source") or ""), df=num("df"), lower=num("lower"),
-                   upper=num("upper"), seeds_needed=d.get("seeds_needed"),
-                   paper_undercut=d.get("paper_undercut"), against=str(d.get("against") or "control"),
-                   control_outcome=d.get("control_outcome"))
-
-
-@functools.lru_cache(maxsize=4096)
-def _quantile(p: float, df: float) -> float:
-    from scipy import stats
-    return float(stats.norm.ppf(p) if math.isinf(df) else stats.t.ppf(p, df))
-
-
-def _seeds_needed(distance: float, var: float, n: int, noise_df: int) -> int | None:
-    """The smallest seed count at which a gap `distance` from the margin would be decided with
-    probability POWER: |distance| ≥ (t_{0.95,df'} + t_{POWER,df'})·√(var/n'), with df' growing by
-    one per added seed. The right side falls with n', so a bisection finds it; None beyond MAX_SEEDS."""
-    if distance == 0 or var <= 0:
-        return None
-
-    def decides(n_new: int) -> bool:
-        df = noise_df + (n_new - n) if noise_df else n_new - 1
-        return abs(distance) >= (_quantile(1 - ERROR_RATE, df) + _quantile(POWER, df)) * math.sqrt(var / n_new)
-    if not decides(MAX_SEEDS):
-        return None
-    lo, hi = max(n, 1), MAX_SEEDS        # decides(hi) holds; decides(lo) is not known to
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if decides(mid) else (mid, hi)
-    return hi
-
-
-def _one_sided(pairs: Sequence[PairedGap], margin: float, noise: SeedNoise) -> dict:
-    """The one-sided call on `pairs`' gaps (see `depth_decision`), as DepthDecision's fields."""
-    values = [p.gap for p in pairs]
-    mean = statistics.fmean(values)
-    candidates = []
-    if noise.var is not None:
-        candidates.append((noise.var, f"seed spread pooled over {noise.groups} method(s), "
-                                      f"{noise.df} degrees of freedom"))
-    if len(values) >= 2:
-        candidates.append((statistics.variance(values), "this method's own seed spread"))
-    floor = statistics.fmean(p.floor_var for p in pairs)
-    if floor > 0:
-        candidates.append((floor, "test-set sampling (binomial) floor"))
-    if not candidates:
-        return dict(outcome="undetermined", mean=mean, var_source="none: one seed and no test-set size")
-    var, source = max(candidates, key=lambda c: c[0])
-    df = noise.df if noise.df else (len(values) - 1 if len(values) >= 2 else math.inf)
-    half = _quantile(1 - ERROR_RATE, df) * math.sqrt(var / len(values))
-    lower, upper = mean - half, mean + half
-    if len(values) == 1 and noise.df == 0:
-        # no seed spread anywhere: the binomial floor bounds this run's gap, not the method's
-        outcome = "undetermined"
-    elif lower >= margin - ACC_TOLERANCE:
-        outcome = "clears"
-    elif upper < margin - ACC_TOLERANCE:
-        outcome = "undercut"
-    else:
-        outcome = "undetermined"
-    needed = _seeds_needed(mean - margin, var, len(values), noise.df) if outcome == "undetermined" else None
-    return dict(outcome=outcome, mean=mean, var=var, var_source=source, df=df, lower=lower,
-                upper=upper, seeds_needed=needed)
-
-
-def depth_decision(gaps: Sequence[PairedGap | float], t: Thresholds,
-                   noise: SeedNoise | None = None) -> DepthDecision:
-    """(d) across seeds: each outcome a one-sided claim at 5 % error (docs/PROTOCOL.md §5).
-
-    gaps:  the method's seeds (PairedGap, or a bare gap acc − frozen with no test-set size).
-    noise: the seed-to-seed variance pooled over the audit's methods; None = from these gaps alone.
-    Per-seed variance v = max(pooled s_p², own s², mean binomial floor); se = √(v/n); df = the
-    pooled df (∞ when no seed spread exists anywhere and only the binomial floor is known). One
-    seed with no pooled spread (df 0) is never decided. A seed whose control is weak (short of the
-    yardstick by more than YARDSTICK_TOLERANCE) is judged against the stronger of the two, unless
-    the gaps to the control already undercut: an undercut against a weak control stands, and a
-    clear needs the gaps to the yardstick to clear.
-    """
-    pairs = tuple(g if isinstance(g, PairedGap) else PairedGap(f"seed {i}", float(g), 0.0)
-                  for i, g in enumerate(gaps))
-    pairs = tuple(p for p in pairs if math.isfinite(p.gap))
-    margin = t.depth_margin
-    if not pairs:
-        return DepthDecision("not evaluated", margin, noise=noise or SeedNoise(None, 0, 0))
-    noise = noise or SeedNoise.pooled([[p.gap for p in pairs]])
-    paper = statistics.fmean(p.gap for p in pairs) < margin - ACC_TOLERANCE
-    own = _one_sided(pairs, margin, noise)
-    if own["outcome"] == "undercut" or not any(p.weak for p in pairs):
-        return DepthDecision(margin=margin, gaps=pairs, noise=noise, paper_undercut=paper,
-                             control_outcome=own["outcome"], **own)
-    strict = _one_sided([p.against_stronger() for p in pairs], margin, noise)
-    return DepthDecision(margin=margin, gaps=pairs, noise=noise, paper_undercut=paper,
-                         against="yardstick", control_outcome=own["outcome"], **strict)
-
-
-def redecide(decision: DepthDecision, t: Thresholds) -> DepthDecision:
-    """The same decision (same seeds, same pooled noise) under other thresholds."""
-    return depth_decision(decision.gaps, t, decision.noise)
-
-
-# ---------------------------------------------------------------------------------------------
-# Threshold sensitivity
-# ---------------------------------------------------------------------------------------------
-
-def _run_interval(stats: list[float], current: float, direction: str) -> tuple[float, float, str, int, int]:
-    if direction == ">":
-        fired = [s for s in stats if s > current]
-        spared = [s for s in stats if s <= current]
-        return max(spared, default=-math.inf), min(fired, default=math.inf), "[lo, hi)", len(fired), len(spared)
-    fired = [s for s in stats if s < current]
-    spared = [s for s in stats if s >= current]
-    return max(fired, default=-math.inf), min(spared, default=math.inf), "(lo, hi]", len(fired), len(spared)
-
-
-def _depth_interval(decisions: dict[str, DepthDecision], t: Thresholds) -> dict:
-    """The margin interval over which every method's (d) decision stays, found by re-running the
-    decision. An outcome can only change where the margin passes a one-sided bound (clears while
-    margin ≤ lower, undercut once margin > upper), so the outcomes are constant between
-    consecutive bounds: each piece is checked by re-deciding there."""
-    def outcomes(margin: float) -> tuple[str, ...]:
-        return tuple(redecide(d, replace(t, depth_margin=margin)).outcome for d in decisions.values())
-    ends = sorted({b + ACC_TOLERANCE for d in decisions.values() for b in (d.lower, d.upper) if b is not None})
-    now = outcomes(t.depth_margin)
-    lo, hi = -math.inf, math.inf
-    for b in ends:                    # the outcomes are constant on each (b_i, b_{i+1}]
-        if b < t.depth_margin and outcomes(b) != now:
-            lo = b
-        if b >= t.depth_margin and hi == math.inf and outcomes(b + 1e-12) != now:
-            hi = b
-    return {"fires_when": "upper bound < threshold",
-            "interval": [lo, hi],      # where the outcomes change: a bound + ACC_TOLERANCE
-            "interval_shape": "(lo, hi]",
-            "n_fired": now.count("undercut"), "n_spared": now.count("clears"),
-            "n_unmeasured": len(now) - now.count("undercut") - now.count("clears"),
-            "per_run": dict(zip(decisions, now))}
-
-
-def threshold_sensitivity(reports: Sequence[dict], thresholds: Thresholds | None = None,
-                          depth: dict[str, DepthDecision | dict | None] | None = None) -> tuple[dict, str]:
-    """For each threshold, the interval over which every verdict stays as it is now.
-
-    For each statistic of the flag table: a flag that fires when stat > T keeps every run's flag for
-    any T' in [max stat of the runs it spares, min stat of the runs it fires on); one that fires
-    when stat < T for any T' in (max fired, min spared]. An open end is ±inf ("inf"/"-inf" in
-    JSON). Runs whose statistic is NaN fire or stay unmeasured whatever the threshold; they are
-    counted apart and do not narrow the interval. `depth_margin`: with `depth` ({method: its
-    across-seed decision, as an audit stores it}) the interval over which re-running those
-    decisions gives the same outcomes; without it, each run's own gap. `thresholds` defaults to
-    those stored in the first report. Returns (JSON-ready dict, fixed-width table).
-    """
-    dicts = [r.to_dict() if hasattr(r, "to_dict") else r for r in reports]
-    if thresholds is None:
-        thresholds = Thresholds(**dicts[0]["thresholds"]) if dicts else Thresholds()
-    decisions = {name: d if isinstance(d, DepthDecision) else DepthDecision.from_dict(d)
-                 for name, d in (depth or {}).items() if d}
-    out: dict[str, dict] = {}
-    labels = [d.get("label", "") or f"run {i}" for i, d in enumerate(dicts)]
-    for flag in FLAGS.values():
-        for stat in flag.statistics:
-            current = getattr(thresholds, stat.threshold)
-            if stat.threshold == "depth_margin" and decisions:
-                out[stat.threshold] = {"current": current, **_depth_interval(decisions, thresholds)}
-                continue
-            stats = [_num(stat.of_report(d)) for d in dicts]
-            measured = [s for s in stats if not math.isnan(s)]
-            lo, hi, shape, n_fired, n_spared = _run_interval(measured, current, stat.direction)
-            out[stat.threshold] = {"current": current, "fires_when": f"stat {stat.direction} threshold",
-                                   "interval": [lo, hi], "interval_shape": shape,
-                                   "n_fired": n_fired, "n_spared": n_spared,
-                                   "n_unmeasured": len(stats) - len(measured),
-                                   "per_run": {lab: s for s, lab in zip(stats, labels)}}
-    result = json_safe(out)
-    head = f"{'threshold':<13} {'current':>9}  {'fires if':>8}  {'same verdicts for':<28} fired/spared/n.m."
-    lines = [head, "-" * len(head)]
-    for name, row in out.items():
-        lo, hi = row["interval"]
-        left, right = row["interval_shape"][0], row["interval_shape"][-1]
-        interval = f"{left}{_fmt(lo, '.3g')}, {_fmt(hi, '.3g')}{right}"
-        lines.append(f"{name:<13} {row['current']:>9.3g}  {row['fires_when'].split()[-2] + ' T':>8}"
-                     f"  {interval:<28} {row['n_fired']}/{row['n_spared']}/{row['n_unmeasured']}")
-    return result, "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
 # One method over its seeds
 # ---------------------------------------------------------------------------------------------
 
@@ -954,13 +525,23 @@ class SeedEvidence:
     frozen_acc: float | None
     n_test: int | None = None
     yardstick_acc: float | None = None
+    # each arm's per-example correctness on the test set (`depth.pack_correct` records; None: none)
+    correct: dict | None = None
+    frozen_correct: dict | None = None
+    yardstick_correct: dict | None = None
 
     @property
     def paired(self) -> PairedGap | None:
+        """The seed's (d) evidence; a per-example record is checked against the accuracy it sits
+        beside (`depth.unpack_correct`: an edited or foreign record is refused)."""
         if self.acc is None or self.frozen_acc is None:
             return None
-        return PairedGap(self.label, float(self.acc), float(self.frozen_acc), self.n_test,
-                         None if self.yardstick_acc is None else float(self.yardstick_acc))
+        y = None if self.yardstick_acc is None else float(self.yardstick_acc)
+        return PairedGap(self.label, float(self.acc), float(self.frozen_acc), self.n_test, y,
+                         unpack_correct(self.correct, self.acc, self.label),
+                         unpack_correct(self.frozen_correct, self.frozen_acc, f"{self.label}'s control"),
+                         None if y is None else unpack_correct(self.yardstick_correct, y,
+                                                               f"{self.label}'s yardstick"))
 
 
 def interval(values: Sequence[float], confidence: float = 0.95,
@@ -986,28 +567,24 @@ def interval(values: Sequence[float], confidence: float = 0.95,
     return out
 
 
-def seed_noise(methods: Iterable[Sequence[SeedEvidence]]) -> SeedNoise:
-    """The paired-gap seed spread pooled over every method (and so every control) of an audit."""
-    return SeedNoise.pooled([[p.gap for p in (s.paired for s in seeds) if p is not None]
-                             for seeds in methods])
-
-
 def _cite(diagnosed: Sequence[SeedEvidence], k: str) -> tuple[SeedEvidence, str]:
     first = next(s for s in diagnosed if s.report["flags"].get(k))
     sentence = (first.report.get("reasons_by_flag") or {}).get(k) or FLAG_NAMES[k]
     return first, sentence
 
 
-def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNoise | None = None) -> dict:
+def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds,
+                   depth: DepthDecision | None = None) -> dict:
     """Flags, both verdicts and reasons of one method across its seeds (the audit table's last columns).
 
     (a), (a′), (b), (b′), (c) fire for the method when they fire on any diagnosed seed; a flag is
     evaluated (False) only when every seed was diagnosed and none left it unevaluated. (d): the
-    project verdict uses `depth_decision` (one-sided, noise pooled over the audit: `noise`, default
-    these seeds alone); the paper verdict the paper's rule, mean paired gap < margin. Anything
-    missing — a run that failed, did not finish or was not diagnosed, a seed without a finished
-    frozen control, a seed's `missing_evidence` (e.g. Γ not evaluated: a non-finite credit) —
-    keeps both verdicts from "trustworthy"; a fired flag still walks it back.
+    project verdict uses `depth` (the audit's decision: pooled over the methods sharing a recipe,
+    Holm over the audit, `depth.decide_audit`; None = these seeds alone, `depth.depth_decision`);
+    the paper verdict the paper's rule, mean paired gap < margin. Anything missing — a run that
+    failed, did not finish or was not diagnosed, a seed without a finished frozen control, a seed's
+    `missing_evidence` (e.g. Γ not evaluated: a non-finite credit) — keeps both verdicts from
+    "trustworthy"; a fired flag still walks it back.
     """
     diagnosed = [s for s in seeds if s.report]
     keys = ("a", "a_prime", "b", "b_prime", "c")
@@ -1018,7 +595,8 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNois
         flags[k] = True if counts[k] else (None if unevaluated or len(diagnosed) < len(seeds)
                                             or not diagnosed else False)
     pairs = [s.paired for s in seeds if s.paired is not None]
-    depth = depth_decision(pairs, t, noise)
+    if depth is None:
+        depth = depth_decision(pairs, t.depth_margin)
     flags["d"] = depth.fires
     paper_flags = {**flags, "d": depth.paper_undercut}
     missing = []
@@ -1033,6 +611,8 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNois
                     + list(s.report.get("missing_evidence") or ())]
     if len(pairs) < len(seeds) and pairs:
         missing.append(f"(d) paired with a finished frozen control for only {len(pairs)}/{len(seeds)} seeds")
+    if pairs and depth.yardstick is not None and depth.yardstick.n < len(pairs):
+        missing.append(f"(d) has a finished yardstick for only {depth.yardstick.n}/{len(pairs)} seeds")
     undetermined = depth.outcome == "undetermined"
     explained = ("d",) if undetermined else ()
     out, notes = [], []
@@ -1042,21 +622,26 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds, noise: SeedNois
             out.append(f"{sentence} [fired on {counts[k]}/{len(diagnosed)} seeds; the values quoted "
                        f"are {first.label}'s, the tables show the median over seeds]")
     if flags["d"]:
-        out.append(f"(d) UNDERCUT: {depth.explain()}, below the +{100 * t.depth_margin:g}-point margin "
-                   f"at 5 % error, so {FLAGS['d'].sentence}.")
+        out.append(f"(d) UNDERCUT: {depth.explain()}: the gap to the rule's own control lies below the "
+                   f"+{100 * t.depth_margin:g}-point margin at 5 % error, so {FLAGS['d'].sentence}.")
     if depth.caveat():
         notes.append(depth.caveat())
-    if depth.yardstick_note():
-        notes.append(f"(d) {depth.yardstick_note()}.")
+    if depth.control_note():
+        notes.append(f"(d) {depth.control_note()}.")
     project = decide(flags, "project", missing=missing + ([depth.short()] if undetermined else []),
                      explained=explained)
-    # the paper's rule decides its (d) on the gaps to the control; a weak control's clear is still
-    # no evidence, so the paper's column is then not "trustworthy" either
-    weak = ([f"(d) {depth.yardstick_note()}"] if depth.weak and paper_flags["d"] is False else [])
+    # the paper's rule decides its (d) on the mean gap to the control; the same rule read against
+    # the yardstick must hold too, or a weak control's clear is no evidence and the paper's column
+    # is not "trustworthy" either
+    short_of_yardstick = (depth.yardstick is not None and paper_flags["d"] is False
+                          and depth.yardstick.mean < t.depth_margin - ACC_TOLERANCE)
+    weak = ([f"(d) by the paper's rule the run clears its own control, but its mean gap to the "
+             f"yardstick is {100 * depth.yardstick.mean:+.1f} points, below the margin: "
+             f"{depth.control_note()}"] if short_of_yardstick else [])
     paper = decide(paper_flags, "paper", missing=missing + weak)
     return {"flags": flags, "paper_flags": paper_flags, "flag_counts": counts,
-            # the mean gap to the control (what the paper reads); depth's mean and bounds are
-            # those of the gaps (d) was decided on (to the yardstick where a control is weak)
+            # the mean gap to the control (what the paper reads), its bounds, and the second
+            # statistic (the gap to the yardstick) in depth["yardstick"]
             "depth": depth.to_dict(),
             "depth_gap": statistics.fmean(g.gap for g in depth.gaps) if depth.gaps else None,
             "depth_gap_interval": {"n": depth.n, "mean": depth.mean,

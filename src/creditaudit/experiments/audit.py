@@ -7,18 +7,18 @@ import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .. import __version__, store
-from ..config import AuditConfig, RunConfig
+from ..config import AuditConfig, RunConfig, recipe_key, recipe_yardstick
+from ..depth import ERROR_RATE, DepthDecision, decide_audit
 from ..errors import CreditAuditError
 from ..store import json_number as _num
 from ..methods import REFERENCE_METHOD, method_class
 from ..protocol import deep_gamma
 from ..runs import canonical_control, refuse_run_folder
-from ..verdict import (ERROR_RATE, YARDSTICK_TOLERANCE, SeedEvidence, SeedNoise, Thresholds,
-                       flag_table, interval, method_verdict, seed_noise, threshold_sensitivity,
-                       verdict_of)
+from ..sensitivity import threshold_sensitivity
+from ..verdict import SeedEvidence, Thresholds, flag_table, interval, method_verdict, verdict_of
 from .common import Execution, Outcome, dataset, mean_std, median_of, run_all
 
 STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
@@ -32,27 +32,64 @@ def execution_of(config: AuditConfig, compile_step: bool | None = False) -> Exec
                      stack=config.stack, compile_step=compile_step)
 
 
-def _frozen_by_seed(method: str, outcomes: Sequence[Outcome]) -> dict[int, float]:
-    return {o.config.seed: o.test_acc for o in outcomes
-            if o.config.method == method and o.config.control == "frozen"
-            and o.test_acc is not None and o.status == "finished"}
+def _frozen_by_seed(method: str, outcomes: Sequence[Outcome]) -> dict[int, Outcome]:
+    """seed → the finished frozen control of each main run of `method` among `outcomes`: the run's
+    own (`frozen_control_of`, by run key: a yardstick trained under another recipe is a frozen
+    control of the reference method too, never this run's); for a user's loop, by method and seed."""
+    done = [o for o in outcomes if o.config.control == "frozen" and o.test_acc is not None
+            and o.status == "finished"]
+    by_key = {o.config.run_key: o for o in done}
+    out = {}
+    for o in outcomes:
+        if o.config.method != method or o.config.control != "none":
+            continue
+        if isinstance(o.config, RunConfig):
+            frozen = frozen_control_of(o.config)
+            control = None if frozen is None else by_key.get(frozen.run_key)
+        else:
+            control = next((c for c in done if c.config.method == method and c.config.seed == o.config.seed), None)
+        if control is not None:
+            out[o.config.seed] = control
+    return out
 
 
-def yardstick_by_seed(outcomes: Sequence[Outcome]) -> dict[int, float]:
-    """Each seed's yardstick accuracy: the reference method's (bp's) finished frozen control,
-    trained by the audit beside every method's (`AuditConfig.yardstick_configs`)."""
-    return _frozen_by_seed(REFERENCE_METHOD, outcomes)
+def _correct(o: Outcome | None) -> dict | None:
+    """The per-example correctness a run recorded beside its reported accuracy (None: a run
+    recorded before runs kept it, or a loop that measured no test set itself)."""
+    return (o.history[-1].get("test_correct") if o is not None and o.history else None)
+
+
+Yardstick = Callable[[Outcome], "Outcome | None"]
+
+
+def recipe_yardsticks(outcomes: Sequence[Outcome]) -> Yardstick:
+    """run → its yardstick among `outcomes`: the reference method's (bp's) finished frozen control
+    under the run's own recipe (`config.recipe_yardstick`), trained by the audit beside every
+    method's (`AuditConfig.yardstick_configs`); None when it is missing or did not finish."""
+    by_key = {o.config.run_key: o for o in outcomes if o.status == "finished" and o.test_acc is not None}
+
+    def of(o: Outcome) -> Outcome | None:
+        yard = recipe_yardstick(o.config)
+        return None if yard is None else by_key.get(canonical_control(yard).run_key)
+    return of
 
 
 def method_evidence(method: str, outcomes: Sequence[Outcome], n_test: int | None = None,
-                    yardstick: dict[int, float] | None = None) -> list[SeedEvidence]:
-    """One SeedEvidence per main run of `method`: its diagnosis, the seed-paired control accuracy
-    and the seed's yardstick (`yardstick`: seed → accuracy; None: none)."""
+                    yardstick_of: Yardstick | None = None) -> list[SeedEvidence]:
+    """One SeedEvidence per main run of `method`: its diagnosis, the seed-paired control's
+    accuracy, the run's yardstick (`yardstick_of`; None: none), and each arm's per-example
+    correctness on the test set where recorded."""
     frozen_by_seed = _frozen_by_seed(method, outcomes)
-    yardstick = yardstick or {}
-    return [SeedEvidence(o.config.label, o.status, o.report, o.test_acc,
-                         frozen_by_seed.get(o.config.seed), n_test, yardstick.get(o.config.seed))
-            for o in outcomes if o.config.method == method and o.config.control == "none"]
+    evidence = []
+    for o in outcomes:
+        if o.config.method != method or o.config.control != "none":
+            continue
+        frozen = frozen_by_seed.get(o.config.seed)
+        yard = yardstick_of(o) if yardstick_of else None
+        evidence.append(SeedEvidence(
+            o.config.label, o.status, o.report, o.test_acc, None if frozen is None else frozen.test_acc,
+            n_test, None if yard is None else yard.test_acc, _correct(o), _correct(frozen), _correct(yard)))
+    return evidence
 
 
 def _null_note(method: str) -> str:
@@ -97,20 +134,21 @@ def alignment_over_training(main: Sequence[Outcome]) -> dict | None:
 
 
 def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thresholds,
-                     noise: SeedNoise | None = None, n_test: int | None = None,
-                     yardstick: dict[int, float] | None = None) -> dict:
+                     depth: DepthDecision | None = None, n_test: int | None = None,
+                     yardstick_of: Yardstick | None = None) -> dict:
     """Seed-aggregated row of the audit table for one method (its main runs and controls).
-    `noise`: the paired-gap seed spread pooled over the audit (`verdict.seed_noise`); `n_test`: the
-    test-set size every accuracy was measured on (the binomial floor of (d)); `yardstick`: each
-    seed's yardstick accuracy (bp's frozen control; None: none)."""
-    yardstick = yardstick or {}
+    `depth`: the method's (d) as the audit decided it (`depth.decide_audit`: seed spread pooled
+    over the methods sharing its recipe, Holm over the audit; None = its seeds alone); `n_test`: the
+    test-set size every accuracy was measured on; `yardstick_of`: each run's yardstick (bp's
+    frozen control under the run's recipe; None: none)."""
+    yardstick_of = yardstick_of or (lambda o: None)
     mine = [o for o in outcomes if o.config.method == method]
     main = [o for o in mine if o.config.control == "none"]
     frozen = [o for o in mine if o.config.control == "frozen"]
     shallow = [o for o in mine if o.config.control == "shallow"]
     diagnosed = [o for o in main if o.report]
-    frozen_by_seed = _frozen_by_seed(method, outcomes)
-    judged = method_verdict(method_evidence(method, outcomes, n_test, yardstick), thresholds, noise)
+    frozen_by_seed = {seed: o.test_acc for seed, o in _frozen_by_seed(method, outcomes).items()}
+    judged = method_verdict(method_evidence(method, outcomes, n_test, yardstick_of), thresholds, depth)
     paired = [o for o in main if o.test_acc is not None and o.config.seed in frozen_by_seed]
     acc, acc_sd = mean_std([o.test_acc for o in main if o.test_acc is not None])
     facc, facc_sd = mean_std([frozen_by_seed[o.config.seed] for o in paired] or list(frozen_by_seed.values()))
@@ -135,7 +173,8 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
     for o in main:
         r = o.report or {}
         frozen_acc = frozen_by_seed.get(o.config.seed)
-        yard = yardstick.get(o.config.seed)
+        yard = yardstick_of(o)
+        yard = None if yard is None else yard.test_acc
         per_seed[str(o.config.seed)] = {
             "status": o.status, "epochs": f"{o.epochs_completed}/{o.config.epochs}",
             "acc": o.test_acc, "frozen_acc": frozen_acc,
@@ -165,13 +204,12 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
         "rho_bp_model_precision": mean_std([_num(o.report.get("rho_bp_model_precision"))
                                             for o in diagnosed])[0],
         "shallow_acc": sacc, "shallow_acc_std": sacc_sd, "depth_gap": judged["depth_gap"],
-        # the yardstick, as information beside (d): acc − yardstick, and the seeds whose control
-        # is weak (short of it by more than the tolerance; (d) is then decided against it)
-        "yardstick_acc": mean_std([yardstick[s] for s in sorted({o.config.seed for o in main})
-                                   if s in yardstick])[0],
+        # the yardstick (bp's frozen control under this method's recipe): its accuracy, the gap to
+        # it (the second statistic of (d)) and the control's shortfall to it, with their bounds
+        "yardstick_acc": mean_std([y.test_acc for y in (yardstick_of(o) for o in main) if y is not None])[0],
         "yardstick_gap": judged["depth"].get("yardstick_gap"),
-        "n_weak_controls": judged["depth"].get("n_weak", 0),
-        "depth_against": judged["depth"].get("against", "control"),
+        "control_shortfall": (judged["depth"].get("shortfall") or {}).get("mean"),
+        "weak_control": judged["depth"].get("weak_control"),
         "n_paired_with_frozen": judged["n_paired_with_frozen"],
         "h_L": median_of([_num(o.report["residual_norms"][-1]) for o in diagnosed]),
         "g_L": median_of([_num(o.report["bp_grad_norms"][-1]) for o in diagnosed]),
@@ -222,34 +260,64 @@ def reporting_strategies(row: dict) -> dict[str, str]:
                               "walk back" if verdict.walks_back else "incomplete")}
 
 
-def tabulate(methods: Sequence[str], outcomes: Sequence[Outcome], thresholds: Thresholds,
-             n_test: int, yardstick: dict[int, float] | None = None) -> dict:
-    """audit.json's table from the outcomes of its runs: one row per method, its reporting
-    strategies and their totals, the pooled seed noise and the threshold sensitivity.
+def recipe_of(config) -> str | None:
+    """The key of a run's resolved recipe (None: a run of the user's own loop, recipe unknown)."""
+    return recipe_key(config) if isinstance(config, RunConfig) else None
 
-    (d)'s seed noise is pooled over every method of the audit (`verdict.seed_noise`) and floored
-    by the binomial variance of accuracies measured on `n_test` test samples; the sensitivity's
-    depth_margin row re-decides each method's across-seed (d) decision. `yardstick`: each seed's
-    yardstick accuracy (None: the reference method's frozen controls among `outcomes`)."""
-    yardstick = yardstick_by_seed(outcomes) if yardstick is None else yardstick
-    noise = seed_noise([method_evidence(m, outcomes, n_test) for m in methods])
-    rows = [summarize_method(m, outcomes, thresholds, noise, n_test, yardstick) for m in methods]
+
+def decide_depths(methods: Sequence[str], outcomes: Sequence[Outcome], thresholds: Thresholds,
+                  n_test: int | None, yardstick_of: Yardstick | None) -> dict[str, DepthDecision]:
+    """Every method's (d), decided together: seed spread pooled over the methods that share a
+    recipe, then Holm over the methods tested (`depth.decide_audit`)."""
+    pairs = {m: [s.paired for s in method_evidence(m, outcomes, n_test, yardstick_of) if s.paired is not None]
+             for m in methods}
+    recipes = {m: next((recipe_of(o.config) for o in outcomes if o.config.method == m
+                        and o.config.control == "none"), None) for m in methods}
+    return decide_audit(pairs, thresholds.depth_margin, recipes)
+
+
+def tabulate(methods: Sequence[str], outcomes: Sequence[Outcome], thresholds: Thresholds,
+             n_test: int, yardstick_of: Yardstick | None = None) -> dict:
+    """audit.json's table from the outcomes of its runs: one row per method, its reporting
+    strategies and their totals, the audit-wide error of (d) and the threshold sensitivity.
+
+    (d) is decided for every method together (`decide_depths`); the sensitivity's depth_margin
+    row re-decides them. `yardstick_of`: each run's yardstick (None: bp's frozen control under
+    the run's recipe among `outcomes`, `recipe_yardsticks`)."""
+    yardstick_of = recipe_yardsticks(outcomes) if yardstick_of is None else yardstick_of
+    decisions = decide_depths(methods, outcomes, thresholds, n_test, yardstick_of)
+    rows = [summarize_method(m, outcomes, thresholds, decisions[m], n_test, yardstick_of) for m in methods]
     for row in rows:
         row["strategies"] = reporting_strategies(row)
     reports = [o.report for o in outcomes if o.report and o.config.control == "none"]
-    sensitivity = (threshold_sensitivity(reports, thresholds, depth={r["method"]: r["depth"] for r in rows})[0]
-                   if reports else None)
-    claims = sum((r.get("depth") or {}).get("outcome") in ("clears", "undercut") for r in rows)
-    return {"flag_table": flag_table(), "seed_noise": noise.to_dict(), "n_test": n_test,
-            "yardstick": {"by_seed": {str(s): a for s, a in sorted(yardstick.items())},
-                          "method": REFERENCE_METHOD, "tolerance": YARDSTICK_TOLERANCE},
-            # each (d) claim is one-sided at ERROR_RATE; across the audit's decided claims the
-            # chance that any one is wrong is at most their number × ERROR_RATE (Bonferroni)
-            "depth_error_rate": {"per_claim": ERROR_RATE, "claims": claims,
-                                 "any_claim_at_most": min(1.0, claims * ERROR_RATE)},
+    sensitivity = (threshold_sensitivity(reports, thresholds, depth=decisions)[0] if reports else None)
+    tested = sum(d.control is not None and d.control.se is not None for d in decisions.values())
+    yards = {}
+    for o in outcomes:
+        y = yardstick_of(o) if o.config.control == "none" else None
+        if y is not None:
+            yards[y.config.run_key] = {"label": y.config.label, "seed": y.config.seed, "acc": y.test_acc,
+                                       "recipe": getattr(y.config, "recipe_record", None),
+                                       "for": sorted({*yards.get(y.config.run_key, {}).get("for", []), o.config.method})}
+    return {"flag_table": flag_table(), "n_test": n_test,
+            "yardstick": {"method": REFERENCE_METHOD, "runs": list(yards.values())},
+            # a false "clears" anywhere among the K methods tested is held to ERROR_RATE (Holm);
+            # each undercut is a one-sided ERROR_RATE claim of its own
+            "depth_error_rate": {"per_claim": ERROR_RATE, "methods_tested": tested,
+                                 "familywise_false_clear_at_most": ERROR_RATE if tested else None,
+                                 "method": "Holm step-down over the methods tested; each clear an "
+                                           "intersection–union test of the gaps to the control and "
+                                           "to the yardstick",
+                                 "calibration": "benchmarks/decision_calibration.py"},
             "strategies": list(STRATEGIES), "methods": rows,
             "strategy_totals": {s: sum(r["strategies"][s] == "walk back" for r in rows) for s in STRATEGIES},
             "sensitivity": sensitivity}
+
+
+def yardstick_control(config: RunConfig) -> RunConfig | None:
+    """The yardstick of a run's frozen control: bp's frozen control under the run's recipe."""
+    yard = recipe_yardstick(config)
+    return None if yard is None else canonical_control(yard)
 
 
 def frozen_control_of(config: RunConfig) -> RunConfig | None:
@@ -268,10 +336,9 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
     canonical = [canonical_control(c) for c in config.run_configs()]
     runs = list({c.run_key: c for c in canonical}.values())     # provably equal runs, trained once
     t0 = time.perf_counter()
-    yardsticks = {c.seed: canonical_control(c) for c in config.yardstick_configs()}
     outcomes = run_all(runs, out, execution=execution_of(config, compile_step), thresholds=thresholds,
                        n_eval=config.eval_batches, frozen_of=frozen_control_of,
-                       yardstick_of=lambda c: yardsticks.get(c.seed), progress=progress)
+                       yardstick_of=yardstick_control, progress=progress)
     # accuracies are measured on the whole test split: (d)'s binomial floor
     data = dataset(config.dataset, config.data_dir, "cpu")
     n_test = len(data.y_test)

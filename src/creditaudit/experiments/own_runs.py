@@ -107,8 +107,8 @@ def _method_of(run: MonitoredRun, method: str | None) -> str:
 
 
 def _yardsticks(folders: Sequence[str | Path], mains: Sequence[MonitoredRun],
-                seeds: dict[int, int]) -> dict[int, float]:
-    """seed → accuracy of the user's yardsticks: Monitor folders of frozen controls (blocks at
+                seeds: dict[int, int]) -> dict[int, Outcome]:
+    """seed → the user's yardstick (as an Outcome: its accuracy and per-example record): Monitor folders of frozen controls (blocks at
     init, embedding and readout each trained, finite, finished — the evidence gate's checks) that
     start from the initial weights of the runs of one seed and plan their epochs, their embedding
     and readout trained by exact gradients (backprop). How a loop the tool did not run trained is
@@ -134,7 +134,7 @@ def _yardsticks(folders: Sequence[str | Path], mains: Sequence[MonitoredRun],
         seed = seeds[id(mine[0])]
         if seed in out:
             raise CreditAuditError(f"two yardsticks for seed {seed}; pass one per seed")
-        out[seed] = admitted.frozen_acc
+        out[seed] = _outcome(run, "yardstick", seed)
     return out
 
 
@@ -154,8 +154,9 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
     (`api.audit_own_runs` adds the report); `creditaudit check OUT` then gives the verdict as an
     exit code. A run without a finished control of its own keeps the verdict from "trustworthy".
     yardsticks: optional, one per seed — the frozen control of a run of that seed with embedding
-    and readout trained by backprop (docs/PROTOCOL.md "The yardstick"); a control more than 2
-    points short of it is weak and (d) is decided against the yardstick. Without one, a control
+    and readout trained by backprop under the runs' recipe (docs/PROTOCOL.md "The yardstick"); (d)
+    then clears only when the runs beat both their own controls and the yardstick by the margin,
+    and the control's shortfall to it is reported. Without one, a control
     that does not beat the untrained model (its run's epoch-0 accuracy) by the margin is weak.
     """
     refuse_run_folder(store.as_path(out, "out"), "audit_own_runs")
@@ -229,7 +230,8 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         outcomes.append(_outcome(c, method_of[id(main)], seeds[id(main)]))
 
     t0 = time.perf_counter()
-    table = tabulate(methods, outcomes, thresholds, n_test, yardstick=_yardsticks(yardsticks, mains, seeds))
+    by_seed = _yardsticks(yardsticks, mains, seeds)
+    table = tabulate(methods, outcomes, thresholds, n_test, yardstick_of=lambda o: by_seed.get(o.config.seed))
     out = Path(out)
     per_method = "; ".join(
         f"{name} (seed{'s' if len(ss) > 1 else ''} {', '.join(map(str, ss))})"

@@ -9,7 +9,8 @@ from typing import Sequence
 
 from .. import __version__, store
 from ..config import PENALTY_OPTION, AuditConfig, RunConfig, default
-from ..verdict import Thresholds, seed_noise
+from ..depth import decide_audit
+from ..verdict import Thresholds
 from .audit import frozen_control_of, method_evidence, summarize_method
 from .common import Execution, dataset, run_all
 
@@ -35,12 +36,14 @@ def penalty_sweep(base: Sequence[RunConfig], out: Path, *, lambdas: Sequence[flo
         controls = [by_key[f.run_key] for f in (frozen_control_of(o.config) for o in mains_at)
                     if f is not None and f.run_key in by_key]     # one control may serve every λ
         at_lam[lam] = mains_at + list({id(o): o for o in controls}.values())
-    # (d)'s seed noise pooled over every λ (each λ with its controls), as in an audit
+    # (d) decided for every λ together, as in an audit: one recipe, so the seed spread is pooled
+    # over every λ (each with its controls), and Holm over the λ values tested
     n_test = len(dataset(base[0].dataset, execution.data_dir, "cpu").y_test)
-    noise = seed_noise([method_evidence(base[0].method, at, n_test) for at in at_lam.values()])
+    pairs = {lam: [e.paired for e in method_evidence(base[0].method, at_lam[lam], n_test) if e.paired is not None]
+             for lam in lambdas}
+    decisions = decide_audit(pairs, thresholds.depth_margin, {lam: "one recipe" for lam in lambdas})
     for lam in lambdas:
-        at = at_lam[lam]
-        row = summarize_method(base[0].method, at, thresholds, noise, n_test)
+        row = summarize_method(base[0].method, at_lam[lam], thresholds, decisions[lam], n_test)
         row["lam"] = float(lam)
         rows.append(row)
     result = {"experiment": "penalty-sweep", "creditaudit_version": __version__,
