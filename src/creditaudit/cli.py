@@ -84,12 +84,24 @@ def _set_threads(args) -> None:
 
 
 # -- train ----------------------------------------------------------------------------------------
+def _given_once(pairs: list[tuple[str, object]], flag: str) -> dict[str, object]:
+    """KEY=VALUE pairs of a repeatable option as a dict; a key given twice is refused (the last
+    value would silently win), even with the same value twice (a typo is as likely as intent)."""
+    seen: dict[str, object] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise CreditAuditError(f"{flag} {key} is given twice ({flag} {key}={seen[key]!r} and "
+                                   f"{flag} {key}={value!r}); give each key once")
+        seen[key] = value
+    return seen
+
+
 def _run_config(args):
     from .config import PENALTY_OPTION, RunConfig
     if args.blocks < 1:
         raise CreditAuditError(f"--blocks must be ≥ 1, got {args.blocks}; for the control without "
                                "blocks use --shallow")
-    options = dict(args.option)
+    options = _given_once(args.option, "--option")
     if args.lam is not None:
         given = options.get(PENALTY_OPTION, args.lam)
         if given != args.lam:       # two spellings of one knob: neither may silently win
@@ -103,7 +115,7 @@ def _run_config(args):
                      blocks=0 if args.shallow else args.blocks, activation=args.activation,
                      w2_std=args.w2_std, clip=args.clip, trainable_blocks=trainable,
                      stop_when_flagged=args.stop_when_flagged, options=options,
-                     arch_options=dict(args.arch_option), precision=args.precision)
+                     arch_options=_given_once(args.arch_option, "--arch-option"), precision=args.precision)
 
 
 def _compile_step(args) -> bool | None:
