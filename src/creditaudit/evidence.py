@@ -219,9 +219,9 @@ def chance_gap(arms: Sequence[tuple[str, float]], y_test: Sequence[int], n_class
     """None when some arm's test accuracy beats chance; else the evidence gap (a `missing_evidence`
     line: the verdict becomes "incomplete", never "trustworthy").
 
-    `arms`: (label, accuracy on the whole test set `y_test`) — the yardstick alone when there is
-    one (trained by exact gradients, it is the arm most able to find a signal), else every arm of
-    the seed. Chance p₀ = max(1/n_classes, the test labels' majority-class rate): what a prediction
+    `arms`: (label, accuracy on the whole test set `y_test`) of every trained arm of a seed — its
+    yardstick (trained by exact gradients), the run, its control: the data carry no signal when
+    none of them beats chance (one that does has found one). Chance p₀ = max(1/n_classes, the test labels' majority-class rate): what a prediction
     independent of the inputs scores at most. An arm beats chance when its k = round(acc·n) correct
     answers of n have a one-sided binomial tail P(X ≥ k | n, p₀) < `CHANCE_ALPHA`; on data whose
     labels carry no signal, every arm sits at chance, and every accuracy gap (d) reads is noise."""

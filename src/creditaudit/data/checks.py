@@ -16,8 +16,8 @@ about (`warn_if_labels_unpredicted`, a `LabelProbeWarning`; `--no-label-probe` s
 probe is linear, and a failed test of dependence is no evidence of independence — labels that
 depend on the inputs nonlinearly (a class that raises every pixel's brightness, read one-vs-rest)
 fail it although a network learns them. Data whose labels carry no signal are caught where it
-shows, after training: an audit whose yardstick (or, without one, every arm) does not beat chance
-is "incomplete" (`evidence.chance_gap`), never "trustworthy".
+shows, after training: an audit seed none of whose trained arms (its yardstick, the run, its
+control) beats chance is "incomplete" (`evidence.chance_gap`), never "trustworthy".
 
 The probe: closed-form ridge regression of one-hot labels on standardised inputs, fitted on up to
 `PROBE_N` training samples (a fixed subset: seed 0) and scored on up to `PROBE_N` test samples.

@@ -526,11 +526,13 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
 
     def no_signal(o: Outcome, control: Outcome | None) -> list[str]:
         """The gap when the data carry no signal a trained network finds (`evidence.chance_gap`):
-        judged on the seed's yardstick when it finished, else on every arm of the seed."""
-        yard = finished_yardstick(o)
-        arms = ([yard] if yard is not None else
-                [a for a in (o, control) if a is not None and a.status in DONE and a.test_acc is not None])
-        gap = evidence.chance_gap([(a.config.label, a.test_acc) for a in arms], test_labels, data.n_classes)
+        none of the seed's trained arms — its yardstick, the run, its frozen control — beats
+        chance. Not the yardstick alone: a frozen-blocks yardstick can sit at chance on data the
+        trained run learns (labels a linear read-out of random features misses)."""
+        arms = {a.config.run_key: a for a in (finished_yardstick(o), o, control)
+                if a is not None and a.status in DONE and a.test_acc is not None}
+        gap = evidence.chance_gap([(a.config.label, a.test_acc) for a in arms.values()], test_labels,
+                                  data.n_classes)
         return [gap] if gap else []
 
     diag_jobs, diag_index = [], []
