@@ -336,6 +336,53 @@ class OneStepControl(BP):
                     p.grad = None
             self._stepped = True
         return loss
+class ExactNone(BP):
+    name = "exactnone"
+    def exact_positions(self, n_blocks):
+        return None
+class ExactStr(BP):
+    name = "exactstr"
+    def exact_positions(self, n_blocks):
+        return {0, "L"}
+class ExactRaises(BP):
+    name = "exactraises"
+    def exact_positions(self, n_blocks):
+        raise IndexError("no blocks yet")
+class ExactNumpy(BP):
+    name = "exactnumpy"
+    def exact_positions(self, n_blocks):
+        import numpy as np
+        return {np.int64(n_blocks)}
+_DFA = METHODS["dfa"]
+class ExactEverywhereDFA(_DFA):
+    """dfa claiming every position exact: its Γ is far from 1 below the readout."""
+    name = "exacteverywheredfa"
+    def exact_positions(self, n_blocks):
+        return frozenset(range(n_blocks + 1))
+class StrRecipe(BP):
+    name = "strrecipe"
+    recipe = "sgd"
+class DictRecipe(BP):
+    name = "dictrecipe"
+    recipe = {"optimizer": "sgd"}
+class PropertyRecipe(BP):
+    name = "propertyrecipe"
+    @property
+    def recipe(self):
+        return None
+_FA = METHODS["fa"]
+class ShortB(_FA):
+    name = "shortb"
+    def feedback_pairs(self):
+        return [(k, w, b[..., :-1]) for k, w, b in super().feedback_pairs()]
+class TransposedB(_FA):
+    name = "transposedb"
+    def feedback_pairs(self):
+        return [(k, w, b.T) for k, w, b in super().feedback_pairs()]
+class SwappedPair(_FA):
+    name = "swappedpair"
+    def feedback_pairs(self):
+        return [(k, b, w) for k, w, b in super().feedback_pairs()]
 class ReadoutOnlyControl(BP):
     """Its frozen control trains its readout only: the embedding stays at initialisation."""
     name = "readoutonlycontrol"
@@ -577,6 +624,7 @@ def cases(w: World) -> list[Case]:
     C += review_cases(w)
     C += issue28_cases(w)
     C += yardstick_cases(w)
+    C += issue34_cases(w)
     return C
 
 
@@ -1250,14 +1298,16 @@ def issue28_cases(w: World) -> list[Case]:
         d.mkdir(parents=True, exist_ok=True)
         np.savez(d / "mnist1d.npz", **{**arrays, **change})
         run = w.fresh("bad-data")
-        add(f"train on a mnist1d cache with {name}", "refusal",
+        # labels that carry no signal train (the probe only warns) and are caught after training
+        expect = "never-trustworthy" if "labels" in name else "refusal"
+        add(f"train on a mnist1d cache with {name}", expect,
             cli("train", "--dataset", "mnist1d", "--data-dir", d, *small, "--out", run, check=run))
         toml = o / "toml" / f"i28-{re.sub(r'[^a-z0-9]', '-', name)}.toml"
         toml.parent.mkdir(exist_ok=True)
         toml.write_text(f'dataset = "mnist1d"\ndata_dir = "{d}"\nmethods = ["bp"]\nseeds = [1]\n'
                         "epochs = 1\njobs = 1\n[model]\nwidth = 16\nblocks = 2\n")
         out = w.fresh("bad-data-audit")
-        add(f"audit on a mnist1d cache with {name}", "refusal",
+        add(f"audit on a mnist1d cache with {name}", expect,
             cli("audit", "--config", toml, "--quiet", "--device", "cpu", "--out", out, check=out))
     for name, args in (("the real mnist1d cache", ["--dataset", "mnist1d", "--data-dir", real]),
                        ("synthetic", ["--dataset", "synthetic"]), ("digits", ["--dataset", "digits"])):
@@ -1314,6 +1364,105 @@ def issue28_cases(w: World) -> list[Case]:
     add("Monitor an all-NaN eval batch", "refusal",
         py(lambda: Monitor(ResidualMLP(10, 16, 2, 3), (torch.full_like(X, float("nan")), Y), w.fresh("mon28"), epochs=1)))
     return C
+
+
+def issue34_cases(w: World) -> list[Case]:
+    """Issue 34, items 5–7, by class: declarations of the wrong type (exact positions, recipe,
+    feedback pairs), a false exact declaration, numpy-int positions, an option given twice, a
+    catalog cache of the right keys and wrong types, data a network learns but a linear probe
+    cannot read, and data whose labels carry no signal (never refused at load, never trustworthy)."""
+    import numpy as np
+    from creditaudit import catalog
+    from creditaudit.data import load_dataset
+    o, C = w.out, []
+    add = lambda name, expect, run, owner="": C.append(Case(name, expect, run, owner))
+    vit = ["--arch", "vit-mini", "--arch-option", "heads=2"]
+
+    # declarations of the wrong type: one line at train (recipe, feedback pairs) or diagnose (exact)
+    for rule in ("ExactNone", "ExactStr", "ExactRaises", "ExactEverywhereDFA"):
+        run = w.fresh(f"i34-{rule}")
+        add(f"diagnose a run of sweep_user:{rule} (exact_positions)", "refusal",
+            chain(cli("train", *TINY, "--method", f"sweep_user:{rule}", "--out", run),
+                  cli("diagnose", run, "--threads", "1", "--device", "cpu")))
+    run = w.fresh("i34-ExactNumpy")
+    add("diagnose a run of sweep_user:ExactNumpy ({np.int64(L)})", "result",
+        chain(cli("train", *TINY, "--method", "sweep_user:ExactNumpy", "--out", run),
+              cli("diagnose", run, "--threads", "1", "--device", "cpu")))
+    out = w.fresh("i34-exact-audit")
+    add("audit sweep_user:ExactEverywhereDFA (a false exact claim)", "never-trustworthy",
+        cli("audit", "--config", o / "audit.toml", "--methods", "sweep_user:ExactEverywhereDFA", "--seeds", "1",
+            "--out", out, "--quiet", "--device", "cpu", check=out))
+    for rule in ("StrRecipe", "DictRecipe", "PropertyRecipe", "ShortB", "SwappedPair"):
+        add(f"train sweep_user:{rule}", "refusal", cli("train", *TINY, "--method", f"sweep_user:{rule}",
+                                                       "--out", w.fresh("i34-t")))
+    add("train sweep_user:TransposedB on vit-mini (non-square W)", "refusal",
+        cli("train", *TINY, *vit, "--method", "sweep_user:TransposedB", "--out", w.fresh("i34-t")))
+
+    # the command line: one key twice
+    for argv in (["--method", "ep", "--option", "beta=0.2", "--option", "beta=0.3"],
+                 ["--method", "ep", "--option", "beta=0.2", "--option", "beta=0.2"],
+                 [*vit, "--arch-option", "heads=4"]):
+        add(f"train {' '.join(argv)}", "refusal", cli("train", *TINY, *argv, "--out", w.fresh("i34-t")))
+
+    # a catalog cache whose keys are all there but whose values are of another type
+    def malformed_cache(key, bad):
+        def run():
+            live = json.loads(json.dumps(catalog.live().values))
+            saved = catalog._cache_files
+            path = o / "catalog-cache" / f"catalog.{catalog.source_digest()}.json"
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(json.dumps({"digest": catalog.source_digest(), **live, key: bad}))
+            catalog._cache_files = lambda digest: [path]
+            try:
+                return cli("train", "--help")()
+            finally:
+                catalog._cache_files = saved
+        return run
+    for key, bad in (("datasets", "mnist1d"), ("run", {"epochs": 100}), ("max_count", "1e5"), ("knobs", None)):
+        add(f"train --help with a catalog cache whose {key} is {bad!r}", "result", malformed_cache(key, bad))
+
+    # data: learnable, but not by a linear probe (never refused); labels with no signal (never trustworthy)
+    real = o / "mnist1d-real"
+    load_dataset("mnist1d", real)
+    with np.load(real / "mnist1d.npz") as z:
+        arrays = dict(z)
+    rng = np.random.default_rng(3)
+
+    def symmetric_levels(n):      # class c lifts every input by c or 19 − c (centred): no linear read-out
+        y = rng.integers(0, 10, n)
+        level = np.where(rng.random(n) < 0.5, y, 19 - y) - 9.5
+        return (rng.random((n, 40)) - 0.5 + level[:, None]).astype(arrays["x"].dtype), y.astype(arrays["y"].dtype)
+    (x, y), (xt, yt) = symmetric_levels(len(arrays["y"])), symmetric_levels(len(arrays["y_test"]))
+    for name, change, expect in (
+            ("labels a network learns but a linear probe cannot read", {"x": x, "y": y, "x_test": xt, "y_test": yt}, "result"),
+            ("random labels (i34)", {"y": rng.integers(0, 10, len(arrays["y"])),
+                                     "y_test": rng.integers(0, 10, len(arrays["y_test"]))}, "never-trustworthy")):
+        d = o / "mnist1d-i34" / re.sub(r"\W", "_", name)
+        d.mkdir(parents=True, exist_ok=True)
+        np.savez(d / "mnist1d.npz", **{**arrays, **change})
+        add(f"train on a mnist1d cache with {name}", "result" if expect == "result" else "never-trustworthy",
+            cli("train", "--dataset", "mnist1d", "--data-dir", d, *TINY[2:], "--out", w.fresh("i34-data")))
+        toml = o / "toml" / f"i34-{re.sub(r'[^a-z0-9]', '-', name)}.toml"
+        toml.parent.mkdir(exist_ok=True)
+        toml.write_text(f'dataset = "mnist1d"\ndata_dir = "{d}"\nmethods = ["bp"]\nseeds = [1]\n'
+                        "epochs = 1\njobs = 1\n[model]\nwidth = 16\nblocks = 2\n")
+        out = w.fresh("i34-data-audit")
+        case = Case(f"audit on a mnist1d cache with {name}", expect,
+                    cli("audit", "--config", toml, "--quiet", "--device", "cpu", "--out", out, check=out))
+        case.codes = {0, 1, 3}            # it runs; its verdict is whatever the evidence says
+        C.append(case)
+    return C
+
+
+def chain(*steps: Callable[[], Outcome]) -> Callable[[], Outcome]:
+    """Run each step; the first that does not exit 0 is the outcome, else the last one's."""
+    def run() -> Outcome:
+        for step in steps:
+            o = step()
+            if o.kind != "exit" or o.code != 0:
+                return o
+        return o
+    return run
 
 
 def advice(run: Callable[[], Outcome], needle: str) -> Callable[[], Outcome]:

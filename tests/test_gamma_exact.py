@@ -144,3 +144,47 @@ def test_exact_positions_out_of_range_is_refused(bad):
     rule.exact_positions = lambda n_blocks: bad
     with pytest.raises(CreditAuditError, match="exact_positions"):
         diagnose(model, _batches(1), method=rule)
+
+
+def _raises(n_blocks):
+    raise KeyError("n_blocks")
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (lambda n: None, r"returned a NoneType"), (lambda n: {0, "L"}, r"holds 'L' \(str\)"),
+    (lambda n: "012", r"returned a str"), (lambda n: 3, r"returned a int"),
+    (_raises, r"raised KeyError"), (lambda n: {0.0}, r"holds 0.0 \(float\)")])
+def test_exact_positions_of_the_wrong_type_or_raising_is_refused_in_one_line(bad, needle):
+    """Issue 34 item 6: these used to end in a TypeError from sorting or comparing; each is now one
+    CreditAuditError line naming exact_positions and the fix."""
+    model = _trained("bp", steps=0)[0]
+    rule = _BPCreditOwnRule(model, MethodSettings(epochs=1))
+    rule.exact_positions = bad
+    with pytest.raises(CreditAuditError, match=needle) as err:
+        diagnose(model, _batches(1), method=rule)
+    assert "exact_positions" in str(err.value) and "\n" not in str(err.value)
+    assert "return a set of residual positions 0 … 3" in str(err.value)
+
+
+def test_numpy_integer_positions_are_accepted():
+    """`{np.int64(2)}` is a position like 2: accepted, stored as a plain int."""
+    import numpy as np
+    model = _trained("bp", steps=0)[0]
+    rule = _BPCreditOwnRule(model, MethodSettings(epochs=1))
+    rule.exact_positions = lambda n_blocks: {np.int64(2), np.int32(3)}
+    rep = diagnose(model, _batches(1), method=rule, rho=False)
+    assert rep.gamma_exact == [2, 3] and all(type(l) is int for l in rep.gamma_exact)
+
+
+def test_a_false_exact_declaration_is_measured_and_refused():
+    """A rule (dfa: its credit is not ∂CE/∂h_l below the readout) declaring every position exact
+    had deep Γ "n/a (exact by construction)" while its Γ was far from 1; the claim is measured on
+    the eval batches and refused, naming the positions and their Γ."""
+    model, method = _trained("dfa")
+    honest = diagnose(model, _batches(2), method=method, rho=False)
+    false = [l for l in range(L + 1) if l not in honest.gamma_exact]
+    assert false and all(abs(1 - honest.gamma[l]) > 1e-3 for l in false)
+    method.exact_positions = lambda n_blocks: frozenset(range(n_blocks + 1))
+    with pytest.raises(CreditAuditError, match="exact_positions declares position") as err:
+        diagnose(model, _batches(2), method=method, rho=False)
+    assert f"Γ_{false[0]} = " in str(err.value)

@@ -265,6 +265,29 @@ def test_the_cached_catalog_is_the_live_one(tmp_path, monkeypatch):
         assert catalog.load().values == live
 
 
+@pytest.mark.parametrize("key, bad", [("datasets", "mnist1d"), ("run", {"epochs": 100}), ("max_count", "100000"),
+                                      ("methods", [1, 2]), ("experiment_out", ["ladder"]), ("knobs", None),
+                                      ("null_k", True), ("audit", {"seeds": [[42], 7]})])
+def test_a_cached_catalog_with_every_key_but_values_of_another_type_is_rebuilt(key, bad, tmp_path, monkeypatch):
+    """Issue 34 item 6: a cache file of this source tree whose keys are all present but whose value
+    types are wrong used to reach argparse (a traceback); it is recomputed and replaced, and the
+    command line works from it."""
+    import json
+    from creditaudit import catalog
+    from creditaudit.cli import main as cli_main
+    live = json.loads(json.dumps(catalog.live().values))
+    monkeypatch.setattr(catalog, "_cache_files", lambda digest: [tmp_path / f"catalog.{digest}.json"])
+    cached = tmp_path / f"catalog.{catalog.source_digest()}.json"
+    cached.write_text(json.dumps({"digest": catalog.source_digest(), **live, key: bad}))
+    assert not catalog.well_formed(json.loads(cached.read_text()), catalog.source_digest())
+    assert catalog.load().values == live
+    assert json.loads(cached.read_text())[key] == live[key]          # replaced by the good one
+    cached.write_text(json.dumps({"digest": catalog.source_digest(), **live, key: bad}))
+    with pytest.raises(SystemExit) as done:
+        cli_main(["train", "--help"])
+    assert done.value.code == 0
+
+
 def test_help_summaries_are_whole_sentences():
     """`audit --help` gives each rule a whole line of its docstring, never one cut mid-sentence."""
     from creditaudit.catalog import summary_line

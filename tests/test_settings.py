@@ -112,6 +112,7 @@ def _audit_rows(entry: str, methods: bool = True) -> dict[str, Row]:
         "--no-stack": Row(["--no-stack"], lambda c: ex(c).stack, False),
         "--quiet": Row(["--quiet"], lambda c: c.kw(entry)["progress"], False),
         "--no-compile": Row(["--no-compile"], lambda c: ex(c).compile_step, False),
+        "--no-label-probe": Row(["--no-label-probe"], lambda c: ex(c).label_probe, False),
     }
     if methods:
         rows["--methods"] = Row(["--methods", "bp", "fa"], lambda c: {x.method for x in cfgs(c)}, {"bp", "fa"})
@@ -165,6 +166,7 @@ ROWS.update({("train", k): v for k, v in {
     "--arch-option": Row(["--arch-option", "heads=2"], lambda c: train_config(c).arch_options.get("heads"), 2,
                          base=["--quiet", "--dataset", "digits", "--arch", "vit-mini", "--width", "8"]),
     "--data-dir": Row(["--data-dir", "d2"], lambda c: c["loads"][-1][1], "d2"),
+    "--no-label-probe": Row(["--no-label-probe"], lambda c: c["loads"][-1][2], False),
     "--device": Row(["--device", "meta"], lambda c: str(c.kw("train_run")["device"]), "meta"),
     "--threads": Row(["--threads", "5"], lambda c: c["threads"][-1], 5),
     "--out": Row(["--out", "r2"], lambda c: Path(c.args("train_run")[1]), Path("r2")),
@@ -179,6 +181,7 @@ for sub in ("diagnose", "calibrate"):
         "run_dir": Row([FROZEN], lambda c: diag_run(c).run_dir, Path(FROZEN), replace=True),
         "--eval-batches": Row(["--eval-batches", "3"], n_batches("diagnose_run"), 3),
         "--data-dir": Row(["--data-dir", "d2"], lambda c: c["loads"][-1][1], "d2"),
+        "--no-label-probe": Row(["--no-label-probe"], lambda c: c["loads"][-1][2], False),
         "--device": Row(["--device", "meta"], lambda c: next(diag_run(c).model.parameters()).device.type, "meta"),
         "--threads": Row(["--threads", "5"], lambda c: c["threads"][-1], 5),
         "--json": Row(["--json"], None, None),                   # output switch: see below
@@ -215,6 +218,7 @@ ROWS.update({("check", k): v for k, v in {
                             lambda c: c.kw("user_model_evidence")["frozen"], "f.safetensors", base=USER),
     "--eval-batches": Row(["--eval-batches", "3"], lambda c: len(c.args("user_model_evidence")[3]), 3, base=USER),
     "--data-dir": Row(["--data-dir", "d2"], lambda c: c["loads"][-1][1], "d2", base=USER),
+    "--no-label-probe": Row(["--no-label-probe"], lambda c: c["loads"][-1][2], False, base=USER),
     "--device": Row(["--device", "meta"], lambda c: str(c.kw("user_model_evidence")["device"]), "meta", base=USER),
     "--threads": Row(["--threads", "5"], lambda c: c["threads"][-1], 5, base=USER),
 }.items()})
@@ -311,8 +315,8 @@ def run_cli(folders, monkeypatch):
             return then(*args, **kwargs)
         return record
 
-    def fake_load(name, data_dir=None, device="cpu", download=True):
-        calls["loads"].append((name, str(data_dir)))
+    def fake_load(name, data_dir=None, device="cpu", download=True, label_probe=True):
+        calls["loads"].append((name, str(data_dir), label_probe))
         return small["digits" if name == "digits" else "synthetic"].to(device)
 
     # "meta" stands for a device other than the default: the real resolver refuses it (only cpu and

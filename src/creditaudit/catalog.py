@@ -8,7 +8,8 @@ computed once per source tree and kept as plain JSON beside the package's byteco
 (`__pycache__/catalog.<digest>.json`, else the user's cache folder), keyed by a sha256 of every
 source file of the package: any edit (a new method, a changed default) gives another key, and the
 next command computes it afresh. `--help` and an argument error then need no torch. The file is
-read as JSON only; one that does not parse or lacks a key is recomputed, never trusted.
+read as JSON only; one that does not parse, lacks a key or holds a value of another type than the
+catalog computes (`well_formed`) is recomputed and replaced, never trusted.
 """
 from __future__ import annotations
 
@@ -125,6 +126,29 @@ def _cache_files(digest: str) -> list[Path]:
     return [PACKAGE / "__pycache__" / f"catalog.{digest}.json", home / "creditaudit" / f"catalog.{digest}.json"]
 
 
+_STRING_LISTS = ("precisions", "presets", "executors", "datasets", "archs", "activations", "methods", "recipes")
+
+
+def well_formed(values: Any, digest: str) -> bool:
+    """Whether a cache file's JSON has the catalog's form: this source tree's digest, every key,
+    each value of the type `live` computes — run / audit: field → [default (JSON), help line];
+    lists of names; experiment_out: subcommand → folder; knobs / rules / stackable: text; max_count
+    and null_k: positive integers. A file of the right keys with other types (hand-edited, written
+    by another program) would otherwise reach argparse as choices and defaults."""
+    if not isinstance(values, dict) or values.get("digest") != digest or not all(k in values for k in _KEYS):
+        return False
+    is_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0
+    names = lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) and x for x in v)
+    fields = lambda v: isinstance(v, dict) and bool(v) and all(
+        isinstance(k, str) and isinstance(f, list) and len(f) == 2 and isinstance(f[1], str)
+        for k, f in v.items())
+    return (fields(values["run"]) and fields(values["audit"]) and is_int(values["max_count"])
+            and is_int(values["null_k"]) and all(names(values[k]) for k in _STRING_LISTS)
+            and isinstance(values["experiment_out"], dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in values["experiment_out"].items())
+            and all(isinstance(values[k], str) for k in ("knobs", "rules", "stackable")))
+
+
 def load() -> Catalog:
     """The catalog of this source tree: read from its cache file when one holds it, else computed
     (`live`) and written to the first cache folder that takes it (none: computed each time)."""
@@ -133,7 +157,7 @@ def load() -> Catalog:
     for path in files:
         try:
             values = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(values, dict) and values.get("digest") == digest and all(k in values for k in _KEYS):
+            if well_formed(values, digest):
                 return Catalog(values)
         except (OSError, ValueError):
             continue

@@ -84,12 +84,24 @@ def _set_threads(args) -> None:
 
 
 # -- train ----------------------------------------------------------------------------------------
+def _given_once(pairs: list[tuple[str, object]], flag: str) -> dict[str, object]:
+    """KEY=VALUE pairs of a repeatable option as a dict; a key given twice is refused (the last
+    value would silently win), even with the same value twice (a typo is as likely as intent)."""
+    seen: dict[str, object] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise CreditAuditError(f"{flag} {key} is given twice ({flag} {key}={seen[key]!r} and "
+                                   f"{flag} {key}={value!r}); give each key once")
+        seen[key] = value
+    return seen
+
+
 def _run_config(args):
     from .config import PENALTY_OPTION, RunConfig
     if args.blocks < 1:
         raise CreditAuditError(f"--blocks must be ≥ 1, got {args.blocks}; for the control without "
                                "blocks use --shallow")
-    options = dict(args.option)
+    options = _given_once(args.option, "--option")
     if args.lam is not None:
         given = options.get(PENALTY_OPTION, args.lam)
         if given != args.lam:       # two spellings of one knob: neither may silently win
@@ -103,7 +115,7 @@ def _run_config(args):
                      blocks=0 if args.shallow else args.blocks, activation=args.activation,
                      w2_std=args.w2_std, clip=args.clip, trainable_blocks=trainable,
                      stop_when_flagged=args.stop_when_flagged, options=options,
-                     arch_options=dict(args.arch_option), precision=args.precision)
+                     arch_options=_given_once(args.arch_option, "--arch-option"), precision=args.precision)
 
 
 def _compile_step(args) -> bool | None:
@@ -121,7 +133,7 @@ def _cmd_train(args) -> int:
         from .trackers import check_log_dir
         check_log_dir(args.tensorboard)
     _set_threads(args)
-    data = load_dataset(config.dataset, args.data_dir, "cpu")
+    data = load_dataset(config.dataset, args.data_dir, "cpu", label_probe=not args.no_label_probe)
     config = config.bind_data(data.digest)      # the default folder's key names the data too
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
     device = resolve_device(args.device)      # a bad device is refused before any folder is made
@@ -214,7 +226,8 @@ def _load_for_diagnosis(args):
                                    "give the control's run folder (`creditaudit train ... --frozen --out "
                                    "DIR`), a weights file only with --model")
         control = load_run(args.frozen_control, "cpu")
-    data = load_dataset(run.config.dataset, args.data_dir, next(run.model.parameters()).device)
+    data = load_dataset(run.config.dataset, args.data_dir, next(run.model.parameters()).device,
+                        label_probe=not args.no_label_probe)
     batches = eval_batches(data, args.eval_batches)
     _check_credit(run, *batches[0])
     return run, batches, control, data
@@ -255,7 +268,7 @@ def _diagnose_user_model(args):
     if args.run_dir:
         raise CreditAuditError("give either a run folder or --model/--weights, not both")
     device = resolve_device(args.device)
-    data = load_dataset(args.dataset, args.data_dir, device)
+    data = load_dataset(args.dataset, args.data_dir, device, label_probe=not args.no_label_probe)
     batches = eval_batches(data, args.eval_batches)
     ev = user_model_evidence(args.model, args.weights, data, batches, frozen=args.frozen_control,
                              init=args.init_weights, device=device, yardstick=args.yardstick)
@@ -393,7 +406,8 @@ def _cmd_audit(args) -> int:
                         f"× {plural(len(config.seeds), 'seed')} → {plural(n_runs, 'run')} → {config.out}",
                         width, subsequent_indent="    ", break_on_hyphens=False))
     with _locked_out(Path(config.out)):
-        result = audit(config, progress=not args.quiet, compile_step=_compile_step(args))
+        result = audit(config, progress=not args.quiet, compile_step=_compile_step(args),
+                       label_probe=not args.no_label_probe)
         files = _write_report_together(write_report, result, Path(config.out))
     if args.tensorboard is not None:  # every run's monitor history, one log folder per run
         from .trackers import log_runs
@@ -483,7 +497,7 @@ def _cmd_ladder(args) -> int:
     bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
     with _locked_out(out):
         _refuse_other_result(out / "ladder.json", {"base": [c.to_dict() for c in bases]})
-        result = ladder(bases, out, execution=execution_of(config, _compile_step(args)),
+        result = ladder(bases, out, execution=execution_of(config, _compile_step(args), not args.no_label_probe),
                         thresholds=Thresholds(**config.thresholds), n_eval=config.eval_batches,
                         progress=not args.quiet)
         ladder_figure(result, out / "ladder.png")
@@ -516,7 +530,8 @@ def _cmd_penalty(args) -> int:
     with _locked_out(out):
         _refuse_other_result(out / "penalty_sweep.json", {"base": [c.to_dict() for c in bases],
                                                           "lambdas": [float(v) for v in lambdas]})
-        result = penalty_sweep(bases, out, lambdas=lambdas, execution=execution_of(config, _compile_step(args)),
+        result = penalty_sweep(bases, out, lambdas=lambdas,
+                               execution=execution_of(config, _compile_step(args), not args.no_label_probe),
                                thresholds=Thresholds(**config.thresholds), n_eval=config.eval_batches,
                                progress=not args.quiet)
         penalty_figure(result, out / "penalty_sweep.png")
@@ -653,11 +668,19 @@ def _run_options(p: argparse.ArgumentParser, cat) -> None:
                    help="train the step eagerly (default: compiled into CUDA graphs on a GPU, eager on a CPU)")
 
 
-def _where_options(p: argparse.ArgumentParser, cat, threads: bool = True) -> None:
-    """Where a single-run command reads data and runs: --data-dir, --device, --threads."""
+_LABEL_PROBE_HELP = ("do not warn when a linear probe cannot predict the labels (labels that depend "
+                     "on the inputs nonlinearly); labels with no signal still leave the verdict "
+                     "incomplete after training (default: warn)")
+
+
+def _where_options(p: argparse.ArgumentParser, cat, threads: bool = True, labels: bool = True) -> None:
+    """Where a single-run command reads data and runs: --data-dir, --device, --threads; and,
+    for a command that reads the labels, --no-label-probe."""
     for name in ("data_dir", "device"):
         p.add_argument(f"--{name.replace('_', '-')}", default=cat.audit_default(name),
                        help=f"{cat.audit_help(name)} (default: {cat.audit_default(name)})")
+    if labels:
+        p.add_argument("--no-label-probe", action="store_true", help=_LABEL_PROBE_HELP)
     if threads:
         p.add_argument("--threads", type=_count(1, 4096), metavar="N",
                        help="CPU threads (default: the idle cores, 1 to 4)")
@@ -707,6 +730,7 @@ def _audit_options(p: argparse.ArgumentParser, cat, methods: bool = True) -> Non
                    help="train every step eagerly (default: compiled into CUDA graphs on a GPU, eager on a CPU)")
     p.add_argument("--data-dir", dest="data_dir", metavar="DIR",
                    help=f"{cat.audit_help('data_dir')} (default: {cat.audit_default('data_dir')})")
+    p.add_argument("--no-label-probe", action="store_true", help=_LABEL_PROBE_HELP)
     p.add_argument("--jobs", type=_count(0, 4096), help=f"{cat.audit_help('jobs')} (default: 0)")
     p.add_argument("--eval-batches", dest="eval_batches", type=_count(1, cat.max_count),
                    help=f"{cat.audit_help('eval_batches')} (default: {cat.audit_default('eval_batches')})")
@@ -821,7 +845,7 @@ def _options_identity(p: argparse.ArgumentParser, cat) -> None:
     p.add_argument("--w2-std", type=_finite_float, default=r("w2_std"), help=f"(default: {r('w2_std')})")
     out = cat.experiment_out["identity-check"]
     p.add_argument("--out", default=out, help=f"(default: {out})")
-    _where_options(p, cat)
+    _where_options(p, cat, labels=False)       # it measures the blocks at init: no label is read
 
 
 def _options_thresholds(p: argparse.ArgumentParser, cat) -> None:

@@ -35,6 +35,7 @@ footnote under a method's "trustworthy".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from .errors import CreditAuditError
 
@@ -209,6 +210,36 @@ def gate(evidence: Evidence) -> Admission:
     acc, why = _control(evidence.control)
     return Admission(acc, why, None if acc is None else weakness(evidence.control, evidence.depth_margin),
                      None if acc is None else control_note(evidence.control))
+
+
+CHANCE_ALPHA = 1e-3     # the largest chance that an arm which learned nothing is read as learning
+
+
+def chance_gap(arms: Sequence[tuple[str, float]], y_test: Sequence[int], n_classes: int) -> str | None:
+    """None when some arm's test accuracy beats chance; else the evidence gap (a `missing_evidence`
+    line: the verdict becomes "incomplete", never "trustworthy").
+
+    `arms`: (label, accuracy on the whole test set `y_test`) of every trained arm of a seed — its
+    yardstick (trained by exact gradients), the run, its control: the data carry no signal when
+    none of them beats chance (one that does has found one). Chance p₀ = max(1/n_classes, the test labels' majority-class rate): what a prediction
+    independent of the inputs scores at most. An arm beats chance when its k = round(acc·n) correct
+    answers of n have a one-sided binomial tail P(X ≥ k | n, p₀) < `CHANCE_ALPHA`; on data whose
+    labels carry no signal, every arm sits at chance, and every accuracy gap (d) reads is noise."""
+    from .data.checks import binomial_tail
+    n = len(y_test)
+    if not arms or n == 0:
+        return None
+    counts = [0] * max(n_classes, 1)
+    for y in y_test:
+        counts[int(y)] += 1
+    p0 = max(1 / max(n_classes, 1), max(counts) / n)
+    tails = {label: binomial_tail(round(acc * n), n, p0) for label, acc in arms}
+    if min(tails.values()) < CHANCE_ALPHA:
+        return None
+    scores = ", ".join(f"{label} {acc:.3f}" for label, acc in arms)
+    return (f"the data carry no signal a trained network finds: {scores} on {n} test samples, chance "
+            f"{p0:.3f} (one-sided binomial p ≥ {min(tails.values()):.2g}, not below {CHANCE_ALPHA:g}); "
+            "check the labels (shuffled? random?)")
 
 
 def check_depth(n_blocks: int) -> None:

@@ -363,18 +363,50 @@ def _rho_layers(rho) -> bool | list[int]:
     return layers
 
 
+EXACT_TOLERANCE = 1e-6     # |1 − Γ_l| at a position declared exact by construction
+
+
 def _exact_positions(method, n_blocks: int) -> list[int]:
     """The positions the method declares exact by construction (`Method.exact_positions`); none
-    for a plain credit callable or a method that declares none. A declaration outside 0 … L is
-    the method's bug, said in one line."""
+    for a plain credit callable or a method that declares none. The declaration must be a set (or
+    list, tuple) of residual positions 0 … L, each an integer (numpy's included); anything else —
+    None, a string, a position of another type or out of range, a declaration that raises — is the
+    method's bug, said in one line naming `exact_positions` and the fix."""
     declare = getattr(method, "exact_positions", None)
     if declare is None:
         return []
-    exact = sorted(declare(n_blocks))
-    if any(isinstance(l, bool) or not isinstance(l, int) or not 0 <= l <= n_blocks for l in exact):
-        raise CreditAuditError(f"method {getattr(method, 'name', '')!r}: exact_positions({n_blocks}) "
-                               f"returned {exact}; return residual positions 0 … {n_blocks}")
-    return exact
+    name = getattr(method, "name", "")
+    fix = (f"return a set of residual positions 0 … {n_blocks} (ints) where the credit is ∂CE/∂h_l "
+           "by construction, or an empty set (docs/WRITING_A_RULE.md)")
+    try:
+        declared = declare(n_blocks)
+    except Exception as err:  # noqa: BLE001 — a user's declaration failing is theirs to fix
+        raise CreditAuditError(f"method {name!r}: exact_positions({n_blocks}) raised "
+                               f"{type(err).__name__}: {' '.join(str(err).split())[:160]}; {fix}") from None
+    if not isinstance(declared, (set, frozenset, list, tuple)):
+        raise CreditAuditError(f"method {name!r}: exact_positions({n_blocks}) returned a "
+                               f"{type(declared).__name__} ({declared!r:.80}); {fix}")
+    wrong = [l for l in declared
+             if isinstance(l, bool) or not isinstance(l, numbers.Integral) or not 0 <= int(l) <= n_blocks]
+    if wrong:
+        raise CreditAuditError(f"method {name!r}: exact_positions({n_blocks}) holds "
+                               f"{', '.join(f'{l!r} ({type(l).__name__})' for l in wrong[:4])}; {fix}")
+    return sorted({int(l) for l in declared})
+
+
+def _check_exact_claim(method, exact: list[int], gamma: list[float]) -> None:
+    """A declared exact position is measured, not believed: Γ_l must be 1 ± `EXACT_TOLERANCE` on
+    the eval batches (a positive per-sample factor leaves each cosine 1), or the declaration is
+    false — it would drop a measured Γ_l from the deep Γ as "exact by construction" — and is
+    refused. A non-finite Γ_l is left to the credit's own gap (Γ not evaluated)."""
+    false = [l for l in exact if math.isfinite(gamma[l]) and abs(1.0 - gamma[l]) > EXACT_TOLERANCE]
+    if false:
+        measured = ", ".join(f"Γ_{l} = {gamma[l]:.4f}" for l in false)
+        raise CreditAuditError(f"method {getattr(method, 'name', '')!r}: exact_positions declares "
+                               f"position(s) {', '.join(map(str, false))} exact by construction, but the "
+                               f"credit measures {measured} there (exact: Γ = 1 ± {EXACT_TOLERANCE:g}); "
+                               "leave out of exact_positions every position where the credit is not "
+                               "∂CE/∂h_l itself (docs/WRITING_A_RULE.md)")
 
 
 def _check_null(method, null) -> None:
@@ -664,6 +696,7 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
         credits = _credits(credit_fn, batches, [[h.shape for h in b.hidden] for b in bps])
         report.gamma = M.gradient_cosine(M.pool_samples(credits), pooled.grads)
         report.gamma_exact = _exact_positions(method, stream.n_blocks)
+        _check_exact_claim(method, report.gamma_exact, report.gamma)
         bad = [l for l, a in enumerate(M.pool_samples(credits)) if not bool(torch.isfinite(a).all())]
         report.gamma_interpretable = not (flags["b"] or flags["b_prime"] or bad)
         if bad:

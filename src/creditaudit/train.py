@@ -54,6 +54,7 @@ from .config import RunConfig
 from .data import ArrayDataset, load_dataset
 from .errors import CreditAuditError
 from .methods import METHODS, method_class
+from .methods.base import checked_feedback_pairs
 from .methods.members import MemberStack
 from .metrics import alignment_every, correctness, credit_alignment, monitor_snapshot, weight_alignment
 from .model import ARCH_CLASSES
@@ -478,7 +479,7 @@ def _alignment(model, method, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any
     gamma = credit_alignment(model, credit, x, y) if credit is not None else None
     if gamma is not None:
         out["gamma"] = gamma
-    pairs = method.feedback_pairs()
+    pairs = checked_feedback_pairs(method)      # a malformed declaration: one line, naming it
     if pairs:
         out["weight_alignment"] = weight_alignment(pairs)
     return out

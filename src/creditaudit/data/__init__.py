@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CreditAuditError
-from .checks import check_learnable
+from .checks import LabelProbeWarning, check_learnable, warn_if_labels_unpredicted
 from .cifar import load_cifar10, load_cifar100
 from .generated import load_digits, load_mnist1d, load_synthetic
 from .idx import load_fashion_mnist, load_mnist
@@ -30,18 +30,21 @@ DATASET_NAMES = tuple(LOADERS)     # --help, validation and the docs take the na
 
 
 def load_dataset(name: str, data_dir: str | Path | None = None, device: str | torch.device = "cpu",
-                 download: bool = True) -> ArrayDataset:
+                 download: bool = True, label_probe: bool = True) -> ArrayDataset:
     """Load a dataset by name onto `device`; user-fixable problems raise CreditAuditError.
     Its content digest (part of every run's key) is computed here, once, on the CPU copy, and data
-    that cannot carry a verdict (one class, constant, non-finite or overflowing inputs, labels a
-    linear probe cannot tell from random: checks.py) are refused here."""
+    that cannot carry a verdict by construction (one class, constant, non-finite or overflowing
+    inputs: checks.py) are refused here. Labels a linear probe cannot tell from random are only
+    warned about (`LabelProbeWarning`), unless `label_probe` is False (`--no-label-probe`)."""
     if name not in LOADERS:
         raise CreditAuditError(
             f"unknown dataset {name!r}; choose one of: {', '.join(DATASET_NAMES)}")
     data = LOADERS[name](Path(data_dir) if data_dir else DEFAULT_DATA_DIR, download=download)
     data.digest                     # cached on the object; `to` carries it to every device copy
     check_learnable(data, data.describe())     # before any training or diagnosis reads them
+    if label_probe:
+        warn_if_labels_unpredicted(data, data.describe())
     return data.to(device)
 
 
-__all__ = ["ArrayDataset", "DATASET_NAMES", "LOADERS", "DEFAULT_DATA_DIR", "load_dataset", "random_crop_flip"]
+__all__ = ["ArrayDataset", "DATASET_NAMES", "LabelProbeWarning", "warn_if_labels_unpredicted", "LOADERS", "DEFAULT_DATA_DIR", "load_dataset", "random_crop_flip"]

@@ -1,28 +1,33 @@
 """Whether a loaded dataset can carry a verdict at all, checked before any training or diagnosis.
 
 A verdict compares accuracies (the run's with its controls') and reads gradients of the loss on
-these data; on data where the labels cannot be predicted from the inputs every accuracy is chance,
-every control "matches" the run, and a verdict would judge nothing. `check_learnable` refuses, in
-one line each:
+these data. `check_learnable` refuses, in one line each, only what cannot carry a verdict by
+construction:
 
 - one class (in either split): accuracy is 100 % for any network;
 - non-finite inputs, or inputs that are all the same sample: nothing to learn from;
 - inputs whose magnitude overflows float32 in a forward: a pre-LN block squares its input
   (LayerNorm's variance, ‖h‖² of the monitor), so a sample of norm ‖x‖ ≥ √(float32 max) ≈ 1.8e19
   overflows at once; we refuse from `OVERFLOW_NORM` = 1e16 (three orders of magnitude of margin for
-  the embedding's gain);
-- labels that look independent of the inputs (random labels, a shuffled cache): a linear probe.
+  the embedding's gain).
+
+Labels that look independent of the inputs (random labels, a shuffled cache) are only *warned*
+about (`warn_if_labels_unpredicted`, a `LabelProbeWarning`; `--no-label-probe` silences it): the
+probe is linear, and a failed test of dependence is no evidence of independence — labels that
+depend on the inputs nonlinearly (a class that raises every pixel's brightness, read one-vs-rest)
+fail it although a network learns them. Data whose labels carry no signal are caught where it
+shows, after training: an audit seed none of whose trained arms (its yardstick, the run, its
+control) beats chance is "incomplete" (`evidence.chance_gap`), never "trustworthy".
 
 The probe: closed-form ridge regression of one-hot labels on standardised inputs, fitted on up to
 `PROBE_N` training samples (a fixed subset: seed 0) and scored on up to `PROBE_N` test samples.
 If the labels are independent of the inputs, the probe's prediction is independent of each test
 label, so its accuracy p ≤ max_c P(y = c) =: p₀ (the majority-class rate of the test subset) and
-the count of correct test predictions is at most Binomial(n, p₀) in the upper tail. We refuse when
+the count of correct test predictions is at most Binomial(n, p₀) in the upper tail. We warn when
 the one-sided binomial test cannot reject that null at `PROBE_ALPHA` = 1e-3, so data with random
-labels pass by chance in at most 0.1 % of draws. Real data sit far from that edge (the probe on the
+labels pass silently in at most 0.1 % of draws. Real data sit far from that edge (the probe on the
 bundled sets, tests/test_data_checks.py: digits 0.93 of 360, synthetic 0.69 of 500, mnist1d 0.23 of
-1000, against chance bounds 0.11–0.14: p < 1e-29); a dataset that a linear probe cannot tell from random labels
-at n = 1000 is refused too, and the message says why. Cost: one (n × n) kernel solve on the CPU
+1000, against chance bounds 0.11–0.14: p < 1e-29). Cost: one (n × n) kernel solve on the CPU
 (n ≤ 1000), a few tens of milliseconds; the result is remembered per content digest.
 """
 from __future__ import annotations
@@ -31,7 +36,9 @@ import math
 
 import torch
 
-from ..errors import CreditAuditError
+import warnings
+
+from ..errors import CreditAuditError, CreditAuditWarning
 from .tensors import ArrayDataset
 
 PROBE_N = 1000               # samples per split the probe reads
@@ -41,6 +48,11 @@ OVERFLOW_NORM = 1e16         # refuse samples of this norm or more (√(float32 
 CHUNK = 4096                 # samples per pass of the checks that read every sample
 
 _passed: set[str] = set()    # digests already checked in this process
+_probed: set[str] = set()    # digests whose labels the probe already read in this process
+
+
+class LabelProbeWarning(CreditAuditWarning):
+    """A linear probe cannot tell the labels from random ones (see the module docstring)."""
 
 
 def binomial_tail(k: int, n: int, p: float) -> float:
@@ -110,12 +122,24 @@ def check_learnable(data: ArrayDataset, where: str) -> None:
     if all(bool((x[i:i + CHUNK] == x[:1]).all()) for i in range(0, len(x), CHUNK)):
         raise CreditAuditError(f"{where}: every training input is the same sample (constant "
                                "inputs): nothing can be learned from them; fix or regenerate the data")
+    _passed.add(data.digest)
+
+
+def warn_if_labels_unpredicted(data: ArrayDataset, where: str) -> None:
+    """Warn (`LabelProbeWarning`, once per content digest and process) when a linear probe cannot
+    tell the labels from random ones at `PROBE_ALPHA`. Never refuses: labels a linear probe misses
+    may still be learned (nonlinear dependence), and labels that carry no signal leave the audit
+    "incomplete" after training, where it shows (`evidence.chance_gap`)."""
+    if data.digest in _probed:
+        return
+    _probed.add(data.digest)
     correct, n, p0 = probe_accuracy(data)
     p_value = binomial_tail(correct, n, p0)
     if p_value >= PROBE_ALPHA:
-        raise CreditAuditError(
-            f"{where}: the labels look independent of the inputs — a linear probe scores "
+        warnings.warn(LabelProbeWarning(
+            f"{where}: a linear probe cannot tell the labels from random ones — it scores "
             f"{correct}/{n} = {correct / n:.3f} on held-out samples, chance is {p0:.3f} (binomial "
-            f"p = {p_value:.2g} ≥ {PROBE_ALPHA:g}); with labels the inputs do not predict, every "
-            "accuracy is chance and no verdict can be drawn: check the labels (shuffled? random?)")
-    _passed.add(data.digest)
+            f"p = {p_value:.2g} ≥ {PROBE_ALPHA:g}); labels that depend on the inputs nonlinearly "
+            "can do that, shuffled or random ones do too (check them); if the labels carry no "
+            "signal, the audit ends \"incomplete\" after training; --no-label-probe silences this"),
+            stacklevel=3)

@@ -24,12 +24,13 @@ from .common import Execution, Outcome, dataset, mean_std, median_of, run_all
 STRATEGIES = ("accuracy only", "accuracy + Γ", "full protocol")
 
 
-def execution_of(config: AuditConfig, compile_step: bool | None = False) -> Execution:
+def execution_of(config: AuditConfig, compile_step: bool | None = False, label_probe: bool = True) -> Execution:
     """compile_step: False (eager, the library default), True, or None = on CUDA only (the
-    command line's default; `train.compile_mode_for`)."""
+    command line's default; `train.compile_mode_for`). label_probe: False silences the warning
+    about labels a linear probe cannot predict (`--no-label-probe`)."""
     return Execution(data_dir=config.data_dir, device=config.device, jobs=config.jobs,
                      executor=config.executor, address=config.address, max_retries=config.max_retries,
-                     stack=config.stack, compile_step=compile_step)
+                     stack=config.stack, compile_step=compile_step, label_probe=label_probe)
 
 
 def _frozen_by_seed(method: str, outcomes: Sequence[Outcome]) -> dict[int, Outcome]:
@@ -327,7 +328,8 @@ def frozen_control_of(config: RunConfig) -> RunConfig | None:
     return canonical_control(config.replace(trainable_blocks=0))
 
 
-def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None = False) -> dict:
+def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None = False,
+          label_probe: bool = True) -> dict:
     """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back."""
     out = Path(config.out)
     refuse_run_folder(out)
@@ -336,7 +338,7 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
     canonical = [canonical_control(c) for c in config.run_configs()]
     runs = list({c.run_key: c for c in canonical}.values())     # provably equal runs, trained once
     t0 = time.perf_counter()
-    outcomes = run_all(runs, out, execution=execution_of(config, compile_step), thresholds=thresholds,
+    outcomes = run_all(runs, out, execution=execution_of(config, compile_step, label_probe), thresholds=thresholds,
                        n_eval=config.eval_batches, frozen_of=frozen_control_of,
                        yardstick_of=yardstick_control, progress=progress)
     # accuracies are measured on the whole test split: (d)'s binomial floor

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from .. import evidence, store
 from ..catalog import source_digest
 from ..config import AuditConfig, RunConfig, default
-from ..data import ArrayDataset, load_dataset
+from ..data import ArrayDataset, load_dataset, warn_if_labels_unpredicted
 from ..errors import CreditAuditError
 from ..metrics import accuracy
 from ..protocol import diagnose
@@ -60,10 +60,14 @@ def check_eval_batches(n_test: int, k: int) -> None:
 _DATA_CACHE: dict[tuple, ArrayDataset] = {}
 
 
-def dataset(name: str, data_dir: str, device: str) -> ArrayDataset:
+def dataset(name: str, data_dir: str, device: str, label_probe: bool = False) -> ArrayDataset:
+    """The data, loaded once per process. `label_probe`: warn when a linear probe cannot tell the
+    labels from random (`load_dataset`); the driver asks for it once, workers never repeat it."""
     key = (name, str(data_dir), str(device))
     if key not in _DATA_CACHE:
-        _DATA_CACHE[key] = load_dataset(name, data_dir, device)
+        _DATA_CACHE[key] = load_dataset(name, data_dir, device, label_probe=False)
+    if label_probe:
+        warn_if_labels_unpredicted(_DATA_CACHE[key], _DATA_CACHE[key].describe())
     return _DATA_CACHE[key]
 
 
@@ -403,6 +407,7 @@ class Execution:
     max_retries: int = default(AuditConfig, "max_retries")
     stack: bool | None = default(AuditConfig, "stack")   # one stack per model shape; None = where it pays
     compile_step: bool | None = False  # compile each run's step; None = on CUDA only (the CLI's default)
+    label_probe: bool = True           # warn when a linear probe cannot tell the labels from random
 
 
 def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = Execution(),
@@ -424,7 +429,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     workers = execution.jobs or default_workers(dev, len(configs))
     # a Ray task reserves one CPU, and parallel local workers share the cores: one thread each
     threads = 1 if workers > 1 or execution.executor == "ray" else max(1, torch.get_num_threads())
-    data = dataset(configs[0].dataset, execution.data_dir, "cpu")  # fail fast before any worker starts
+    data = dataset(configs[0].dataset, execution.data_dir, "cpu",   # fail fast before any worker starts
+                   label_probe=execution.label_probe)
     check_eval_batches(len(data.y_test), n_eval)
     # the data's contents are part of every run's key: other data under the same --out are other runs
     configs = [c.bind_data(dataset(c.dataset, execution.data_dir, "cpu").digest) for c in configs]
@@ -516,6 +522,19 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             except CreditAuditError as err:
                 o.status, o.message = "refused", str(err)
 
+    test_labels = data.y_test.tolist()
+
+    def no_signal(o: Outcome, control: Outcome | None) -> list[str]:
+        """The gap when the data carry no signal a trained network finds (`evidence.chance_gap`):
+        none of the seed's trained arms — its yardstick, the run, its frozen control — beats
+        chance. Not the yardstick alone: a frozen-blocks yardstick can sit at chance on data the
+        trained run learns (labels a linear read-out of random features misses)."""
+        arms = {a.config.run_key: a for a in (finished_yardstick(o), o, control)
+                if a is not None and a.status in DONE and a.test_acc is not None}
+        gap = evidence.chance_gap([(a.config.label, a.test_acc) for a in arms.values()], test_labels,
+                                  data.n_classes)
+        return [gap] if gap else []
+
     diag_jobs, diag_index = [], []
     for i, o in enumerate(outcomes):
         # a run with no residual block (the shallow control) has no depth to diagnose
@@ -533,7 +552,8 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
                                      weak=admitted.weak if admitted else None,
                                      # against the yardstick: the audit's (d) across seeds decides
                                      weak_decided=finished_yardstick(o) is not None,
-                                     missing_evidence=[refused] if refused else [], n_eval=n_eval,
+                                     missing_evidence=([refused] if refused else []) + no_signal(o, control),
+                                     n_eval=n_eval,
                                      rho=rho and o.config.control == "none",
                                      control_note=admitted.note if admitted else None,
                                      control_binding=(diagnosis_binding(control.run_dir)

@@ -27,7 +27,7 @@ def identity_check_experiment(config: RunConfig, seeds: Sequence[int], out: Path
     if len(set(seeds)) != len(seeds):
         raise CreditAuditError(f"--seeds lists a seed more than once ({seeds}); list each once")
     path = Path(out) / "identity_check.json"
-    data = load_dataset(config.dataset, data_dir, device)
+    data = load_dataset(config.dataset, data_dir, device, label_probe=False)   # no label is read
     x, _ = data.eval_batch(0, n_samples)
     if path.exists():
         old = store.read_sealed_json(path, "identity-check result")

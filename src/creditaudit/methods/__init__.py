@@ -137,6 +137,14 @@ def _check_declarations(cls: type[Method], spec: str) -> None:
     if not isinstance(helps, dict) or not all(isinstance(v, str) for v in helps.values()):
         raise CreditAuditError(f"{spec!r}: option_help must be a dict of option name → one line of "
                                f"help, got {helps!r} {fix}")
+    # a str, dict or property in place of a Recipe would fail deep in the run config
+    # (config._resolve_recipe) or the optimiser; the class attribute is read as it is declared
+    recipe = cls.recipe            # a property reads as the property object on the class
+    if not isinstance(recipe, Recipe):
+        raise CreditAuditError(f"{spec!r}: recipe must be a class attribute recipe = Recipe(...) "
+                               f"(creditaudit.methods.Recipe), got a {type(recipe).__name__} "
+                               f"({recipe!r:.60}); or leave it out for the shared AdamW recipe "
+                               "(docs/WRITING_A_RULE.md)")
 
 
 def methods_with_option(option: str) -> list[str]:

@@ -370,6 +370,41 @@ class Method(ABC):
 
 
 
+def checked_feedback_pairs(method: Method) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """`method.feedback_pairs()`, each pair checked before cos(W, B) is read from it: a list of
+    (name, W, B) with name a string, W a parameter of the method's model (a forward weight: W comes
+    first), B a tensor of W's shape other than W itself. A transposed B of a non-square W has
+    another shape and is refused; of a square W it cannot be told from shapes — the declared order
+    (W, then B as the backward pass uses it) is then the rule's word. Anything else would end in a
+    tensor-size error inside the monitor, or record a meaningless cos(W, B): one line naming
+    feedback_pairs and the fix instead."""
+    name = getattr(method, "name", type(method).__name__)
+    fix = ("return a list of (name, W, B): W a forward weight of the model, B the feedback weight "
+           "standing in for it, of W's shape (docs/WRITING_A_RULE.md)")
+    try:
+        pairs = method.feedback_pairs()
+    except Exception as err:  # noqa: BLE001 — a user's declaration failing is theirs to fix
+        raise CreditAuditError(f"method {name!r}: feedback_pairs() raised {type(err).__name__}: "
+                               f"{' '.join(str(err).split())[:160]}; {fix}") from None
+    if not isinstance(pairs, (list, tuple)):
+        raise CreditAuditError(f"method {name!r}: feedback_pairs() returned a {type(pairs).__name__}; {fix}")
+    params = {id(q) for q in method.model.parameters()}
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 3 and isinstance(pair[0], str)
+                and all(isinstance(t, torch.Tensor) for t in pair[1:])):
+            raise CreditAuditError(f"method {name!r}: feedback_pairs() item {i} is {pair!r:.80}; {fix}")
+        key, w, b = pair
+        if id(w) not in params:
+            raise CreditAuditError(f"method {name!r}: feedback_pairs() {key!r}: its W (shape "
+                                   f"{tuple(w.shape)}) is not a parameter of the model — the pair order is "
+                                   f"(name, W, B), W first; {fix}")
+        if b is w or tuple(b.shape) != tuple(w.shape):
+            what = "W itself" if b is w else f"shape {tuple(b.shape)}"
+            raise CreditAuditError(f"method {name!r}: feedback_pairs() {key!r}: B is {what}, W has shape "
+                                   f"{tuple(w.shape)}{' (B is W transposed?)' if tuple(b.shape) == tuple(w.shape)[::-1] else ''}; {fix}")
+    return list(pairs)
+
+
 def compiled_step(gradients, clear, apply, prepare=None, end=None, name: str = "", fallback: bool = False,
                   **compile_options):
     """A step `clear → prepare → gradients → end → apply` whose `gradients` is compiled whole
