@@ -232,3 +232,22 @@ def test_an_edited_helper_trains_and_diagnoses_again_and_says_why(userpkg, tmp_p
         assert main(argv) == 2
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(err) == 1 and needle in err[0] and f"{name}/deep.py" in err[0], err
+
+
+def test_code_is_the_users_own_only(tmp_path):
+    """The rule's own package counts even installed in site-packages; a top-level module beside it
+    counts in the user's own folder and not in site-packages; creditaudit, torch and the standard
+    library, which lie elsewhere, never do (read from the source: nothing here is imported)."""
+    from creditaudit.methods.rule_code import rule_files
+    for where, sibling_counts in (("work", True), ("lib/site-packages", False)):
+        root = tmp_path / where
+        (root / "mine").mkdir(parents=True)
+        (root / "mine" / "__init__.py").write_text("")
+        (root / "mine" / "rule.py").write_text(
+            "import os, json, torch\nimport creditaudit.methods\nfrom creditaudit.methods.bp import BP\n"
+            "import sibling\nfrom mine import helper\n")
+        (root / "mine" / "helper.py").write_text("from . import helper\n")      # a cycle ends
+        (root / "sibling.py").write_text("import mine.helper\n")
+        code = rule_files("mine.rule", str(root / "mine" / "rule.py"), root)
+        expected = {"mine/__init__.py", "mine/rule.py", "mine/helper.py"}
+        assert set(code) == expected | ({"sibling.py"} if sibling_counts else set()), where

@@ -84,10 +84,13 @@ def rule_files(module_name: str, module_file: str | None, root: Path | None,
     own_folder = not _third_party(root)
 
     def ours(name: str) -> Path | None:
-        if name.split(".")[0] != top and not own_folder:
+        # the rule's own package is the user's code even where it is installed (site-packages);
+        # another top-level module counts only beside it in the user's own folder
+        same_package = name.split(".")[0] == top
+        if not same_package and not own_folder:
             return None
         path = _file_of(root, name)
-        if path is None or _CREDITAUDIT == path or _CREDITAUDIT in path.parents or _third_party(path):
+        if path is None or _CREDITAUDIT in path.parents or (not same_package and _third_party(path)):
             return None
         return path
 
