@@ -1436,7 +1436,7 @@ def start_and_code_cases(w: World) -> list[Case]:
         _must(cli("train", *TINY, "--method", rule("MovesAtLoad"), "--out", d)(), ("train", d))
         os.environ["SWEEP34_MOVE_AT_LOAD"] = "1"
         try:
-            return cli("diagnose", d, "--threads", "1", "--frozen-control", o / "frozen")()
+            return cli("diagnose", d, "--threads", "1")()     # no control: a refusal here is the load's
         finally:
             del os.environ["SWEEP34_MOVE_AT_LOAD"]
     add("diagnose a run whose rule moves the loaded weights when it is built again", "refusal", at_load)
