@@ -76,6 +76,7 @@ class Outcome:
     value: object = None
     clean_exc: bool = False  # a refusal raised by creditaudit itself
     check_code: int | None = None
+    wrong: str = ""          # what a case's own check found silently wrong in an outcome that looks right
 
 
 # -- running an entrance -------------------------------------------------------------------------
@@ -153,6 +154,8 @@ def says_trustworthy(o: Outcome) -> bool:
 
 def classify(case: Case, o: Outcome) -> tuple[str, bool, str]:
     """(class, as expected, detail)."""
+    if o.wrong:
+        return "silently wrong", False, o.wrong
     if o.kind == "exit":
         lines = [l for l in o.err.strip().splitlines() if l.strip()]
         tb = "Traceback (most recent call last)" in o.err
@@ -625,6 +628,7 @@ def cases(w: World) -> list[Case]:
     C += issue28_cases(w)
     C += yardstick_cases(w)
     C += issue34_cases(w)
+    C += start_and_code_cases(w)
     return C
 
 
@@ -1463,6 +1467,172 @@ def chain(*steps: Callable[[], Outcome]) -> Callable[[], Outcome]:
                 return o
         return o
     return run
+
+
+# -- issue 34, items 3 and 4: runs start where the seed says; reuse keyed by all the code that ran ---
+RULES34 = """
+import os
+import torch
+from creditaudit.methods.bp import BP
+from .helpers import scale
+
+
+def _nudge(model, by):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(by)
+
+
+class Honest(BP):
+    name = "honest34"
+    def credit(self, x, y):
+        return [scale(c) for c in super().credit(x, y)]
+
+
+class PretrainInInit(BP):
+    \"\"\"Pretrains every weight by backprop inside __init__: epoch 0 is already trained.\"\"\"
+    name = "pretrain34"
+    def __init__(self, model, settings):
+        super().__init__(model, settings)
+        x, y = torch.randn(128, 64), torch.randint(0, 10, (128,))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+
+class PretrainControlOnly(BP):
+    \"\"\"Moves its frozen control's weights (blocks included) in __init__, not its run's.\"\"\"
+    name = "pretraincontrol34"
+    def __init__(self, model, settings):
+        super().__init__(model, settings)
+        if not settings.trainable_blocks:
+            _nudge(model, 0.05)
+
+
+class MovesInCredit(BP):
+    \"\"\"Moves the weights whenever its credit is read (the monitor reads it at epoch 0).\"\"\"
+    name = "movesincredit34"
+    def credit(self, x, y):
+        _nudge(self.model, 0.01)
+        return super().credit(x, y)
+
+
+class MovesAtLoad(BP):
+    \"\"\"Honest while it trains; moves the loaded weights when it is built again to be diagnosed.\"\"\"
+    name = "movesatload34"
+    def __init__(self, model, settings):
+        super().__init__(model, settings)
+        if os.environ.get("SWEEP34_MOVE_AT_LOAD"):
+            _nudge(model, 0.05)
+
+
+class MovesInLoadState(BP):
+    \"\"\"Moves the weights whenever its checkpointed state is loaded back.\"\"\"
+    name = "movesinloadstate34"
+    def load_extra_state(self, state):
+        _nudge(self.model, 0.05)
+"""
+
+TOP34 = """
+from creditaudit.methods.bp import BP
+import sweep34_sibling
+
+
+class TopLevel(BP):
+    name = "toplevel34"
+    def credit(self, x, y):
+        return [c * sweep34_sibling.FACTOR for c in super().credit(x, y)]
+"""
+
+
+def start_and_code_cases(w: World) -> list[Case]:
+    """Issue 34: a rule that moves the weights outside its steps (in __init__, when its credit is
+    read, when it is built again at load) is refused in one line; a rule whose code changed (its
+    module, a helper of its package, a top-level sibling module it imports) trains and diagnoses
+    again and says why, and its old folder named explicitly is refused; an unchanged rule is reused."""
+    o, C = w.out, []
+    add = lambda name, expect, run, owner="": C.append(Case(f"issue34: {name}", expect, run, owner))
+    root = o / "rules34"
+    pkg = root / "sweep34pkg"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "rules.py").write_text(RULES34)
+    (pkg / "helpers.py").write_text("FACTOR = 1.0\n\ndef scale(t):\n    return t * FACTOR\n")
+    (root / "sweep34_top.py").write_text(TOP34)
+    (root / "sweep34_sibling.py").write_text("FACTOR = 1.0\n")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    rule = lambda cls: f"sweep34pkg.rules:{cls}"
+    edits = iter(range(1, 10 ** 6))
+
+    def edit(path: Path) -> None:          # what a user does: the file's bytes change
+        path.write_text(path.read_text() + f"# edit {next(edits)}\n")
+
+    for cls in ("PretrainInInit", "MovesInCredit", "MovesInLoadState"):
+        add(f"train a rule that moves the weights outside its steps ({cls})", "refusal",
+            cli("train", *TINY, "--method", rule(cls), "--out", w.fresh(cls)))
+    add("train --frozen a rule that moves its control's weights in __init__", "refusal",
+        cli("train", *TINY, "--frozen", "--method", rule("PretrainControlOnly"), "--out", w.fresh("ctl34")))
+    pre = w.fresh("audit-pretrain34")
+    add("audit a rule that pretrains every weight in __init__", "never-trustworthy",
+        cli("audit", "--config", o / "audit.toml", "--methods", rule("PretrainInInit"), "--quiet",
+            "--device", "cpu", "--out", pre, check=pre))
+
+    def at_load() -> Outcome:
+        d = w.fresh("load34")
+        _must(cli("train", *TINY, "--method", rule("MovesAtLoad"), "--out", d)(), ("train", d))
+        os.environ["SWEEP34_MOVE_AT_LOAD"] = "1"
+        try:
+            return cli("diagnose", d, "--threads", "1")()     # no control: a refusal here is the load's
+        finally:
+            del os.environ["SWEEP34_MOVE_AT_LOAD"]
+    add("diagnose a run whose rule moves the loaded weights when it is built again", "refusal", at_load)
+
+    def audited(spec: str, touch: Path | None, d: Path) -> Outcome:
+        """Audit `spec` into `d`, edit `touch` (None: nothing), audit again: with an edit every run of
+        the rule trains and is diagnosed again and stderr says why; without, everything is reused."""
+        argv = ("audit", "--config", o / "audit.toml", "--methods", spec, "--seeds", "1", "--quiet",
+                "--device", "cpu", "--out", d)
+        _must(cli(*argv)(), argv)
+        if touch is not None:
+            edit(touch)
+        second = cli(*argv)()
+        if second.kind != "exit" or second.code not in (0, 3):
+            return second
+        second.code = 0
+        result = json.loads((d / "audit.json").read_text())
+        mine = [r for r in result["runs"] if r["method"] == spec]
+        stale = [r["label"] for r in mine if (not r["trained_now"] or r["diagnosis_reused"]) == (touch is not None)]
+        if touch is not None and (stale or "the rule's code changed since the run was trained" not in second.err):
+            second.wrong = f"after editing {touch.name}: reused {stale}; stderr {second.err.strip()[-200:]!r}"
+        if touch is None and stale:
+            second.wrong = f"unchanged code, yet trained or diagnosed again: {stale}"
+        return second
+    add("audit an honest user rule twice, unchanged (every run and diagnosis reused)", "result",
+        lambda: audited(rule("Honest"), None, w.fresh("honest34")))
+    add("audit again after the rule's imported helper was edited", "result",
+        lambda: audited(rule("Honest"), pkg / "helpers.py", w.fresh("helper34")))
+    add("audit again after the rule's own module was edited", "result",
+        lambda: audited(rule("Honest"), pkg / "rules.py", w.fresh("module34")))
+    add("audit again after a top-level sibling module the rule imports was edited", "result",
+        lambda: audited("sweep34_top:TopLevel", root / "sweep34_sibling.py", w.fresh("sibling34")))
+
+    def old_folder(command: str, needle: str) -> Callable[[], Outcome]:
+        def run() -> Outcome:
+            d = w.fresh(f"old34-{command}")
+            _must(cli("train", *TINY, "--method", rule("Honest"), "--out", d)(), ("train", d))
+            edit(pkg / "helpers.py")
+            argv = (("train", *TINY, "--method", rule("Honest"), "--out", d) if command == "train"
+                    else ("diagnose", d, "--threads", "1"))
+            return advice(cli(*argv), needle)()
+        return run
+    add("train --out a run's folder after its rule's helper was edited", "refusal",
+        old_folder("train", "trained by other code"))
+    add("diagnose a run after its rule's helper was edited", "refusal",
+        old_folder("diagnose", "its weights are not this code's"))
+    return C
 
 
 def advice(run: Callable[[], Outcome], needle: str) -> Callable[[], Outcome]:

@@ -294,10 +294,26 @@ class RunConfig:
         return self if self.data_digest == digest else self.replace(data_digest=digest)
 
     @property
+    def rule_code(self) -> str | None:
+        """For a user's rule (PKG.MODULE:CLASS), the digest of the code it runs: its module and
+        every module of its own package it imports, transitively (`methods.rule_code`); None for
+        a built-in rule, whose code `code_version` covers."""
+        from .methods import METHODS
+        from .methods.rule_code import code_digest, code_of
+        return None if self.method in METHODS else code_digest(code_of(self.method))
+
+    @property
     def run_key(self) -> str:
         """A stable 12-hex-digit hash of the resolved config: every field, so every setting,
-        resolved option, stop threshold, the data digest and the code version."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        resolved option, stop threshold, the data digest and the code version; for a user's rule
+        also the digest of its code (`rule_code`: an edit of the rule or of a helper it imports is
+        another run). A built-in rule's key hashes the fields alone, as it always has, so existing
+        run folders keep their keys."""
+        fields = self.to_dict()
+        code = self.rule_code
+        if code is not None:
+            fields["rule_code"] = code
+        blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

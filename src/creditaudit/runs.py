@@ -16,6 +16,7 @@ Nothing here trains or judges; `train.py` writes runs, the experiments read them
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from .data import ArrayDataset
 from .errors import CreditAuditError
 from .evidence import ControlEvidence
 from .methods import METHODS, Method, MethodSettings, method_class, method_origin, not_importable
+from .methods.rule_code import changed_files, code_of
 from .metrics import branch_ratios
 from .model import ResidualModel, build_model as build_architecture
 from .seeding import seed_everything
@@ -103,6 +105,7 @@ class Run:
     status: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)    # the checkpoint's remaining state (RNGs)
     shape: dict[str, Any] = field(default_factory=dict)    # the data's input_shape and n_classes
+    init_weights: str | None = None     # digest of the seed's initial weights (`weights_digest`)
 
     @property
     def test_acc(self) -> float | None:
@@ -121,9 +124,76 @@ ORIGIN_FILE = "method_origin.json"       # where a user's rule (PKG.MODULE:CLASS
 
 
 def record_method_origin(run_dir: Path, method: str) -> None:
-    """For a user's rule, write where it was imported from into its run folder (`ORIGIN_FILE`)."""
+    """For a user's rule, write where it was imported from into its run folder (`ORIGIN_FILE`),
+    with the code it trains with ("code": {path: sha256} of the rule's module and every module of
+    its package it imports, `methods.rule_code`)."""
     if method_class(method) is not METHODS.get(method):
-        store.atomic_write_json(Path(run_dir) / ORIGIN_FILE, method_origin(method))
+        store.atomic_write_json(Path(run_dir) / ORIGIN_FILE, {**method_origin(method), "code": code_of(method)})
+
+
+def rule_code_change(run_dir: Path, method: str, unrecorded: bool = True) -> str | None:
+    """Why the user's rule `method` now runs other code than the run in `run_dir` was trained with
+    (the files that changed), or None when it runs the same code, or is a built-in rule. A folder
+    that records no code (written before creditaudit recorded it) counts as changed, unless
+    `unrecorded` is False (reading such a run back stays possible)."""
+    if method in METHODS:
+        return None
+    path = Path(run_dir) / ORIGIN_FILE
+    recorded = None
+    if path.exists():
+        origin = store.read_json(path, "run folder's record of its rule")
+        recorded = origin.get("code") if isinstance(origin, dict) else None
+    if not isinstance(recorded, dict):
+        return ("the run folder does not record the rule's code (an older creditaudit trained it)"
+                if unrecorded else None)
+    edited = changed_files(recorded, code_of(method))
+    if not edited:
+        return None
+    return f"the rule's code changed since the run was trained ({', '.join(edited)})"
+
+
+def superseded_by_code(run_dir: Path, config: RunConfig) -> str | None:
+    """For a run of a user's rule not trained yet in `run_dir` (an audit's folder, named by its
+    key): why a folder beside it holds the same run trained by other code (that is why it trains
+    now), or None. The key includes the rule's code, so an edit names a new folder."""
+    run_dir = Path(run_dir)
+    if config.method in METHODS or (run_dir / "config.json").exists():
+        return None
+    prefix = run_dir.name[:-len(config.run_key)]
+    for other in sorted(run_dir.parent.glob(f"{glob_escape(prefix)}*")):
+        try:
+            if store.has_checkpoint(other) and \
+                    store.read_json(other / "config.json", "run folder") == config.to_dict():
+                return rule_code_change(other, config.method)
+        except (CreditAuditError, OSError):
+            continue
+    return None
+
+
+def glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 of a model's weights (every tensor of its state_dict: name, dtype, shape, bytes).
+    At a run's start it is the digest of the initial weights its seed and architecture give
+    (`build_model`), recorded in the run folder (checkpoint.json's and status.json's
+    "init_weights")."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def moved_weights(method: str, where: str) -> CreditAuditError:
+    """The one line for a rule that changed the model's weights outside its training steps."""
+    return CreditAuditError(
+        f"rule {method} changed the model's weights {where}; a rule may change weights only in its "
+        "training steps (gradients / train_step), so that every run starts from the initial weights "
+        "its seed gives — move that work into the step (or train the model elsewhere and diagnose "
+        "it with --model)")
 
 
 def _check_importable(run_dir: Path, method) -> None:
@@ -182,15 +252,26 @@ def load_run(run_dir: str | Path, device: str | torch.device | None = None) -> R
     except (RuntimeError, KeyError) as err:
         raise CreditAuditError(f"checkpoint in {run_dir} does not fit its config.json ({err})") from None
     model.to(as_device(device))
+    # a user's rule edited since the run trained would diagnose weights of other code as its own
+    changed = rule_code_change(run_dir, config.method, unrecorded=False)
+    if changed:
+        raise CreditAuditError(f"{run_dir}: {changed}; its weights are not this code's — retrain it "
+                               "(an audit does, into a new folder) or restore the rule's code")
+    loaded = weights_digest(model)
     method = build_method(config, model)
     try:
         method.load_state_dict(state.pop("method"))
     except (KeyError, ValueError, RuntimeError, TypeError) as err:
         raise CreditAuditError(f"the method state in {run_dir} does not fit a {config.method!r} run "
                                f"({type(err).__name__}: {err}); the checkpoint is corrupt or foreign") from None
+    if weights_digest(model) != loaded:      # the weights read must be the weights diagnosed
+        raise moved_weights(config.method, f"when it is built again to read {run_dir} (its __init__ or "
+                                           "load_extra_state)")
     history = state.pop("history")
+    init_weights = meta.get("init_weights")
     return Run(config, run_dir, model, method, history, read_status(run_dir), state,
-               {"input_shape": meta["input_shape"], "n_classes": meta["n_classes"]})
+               {"input_shape": meta["input_shape"], "n_classes": meta["n_classes"]},
+               init_weights if isinstance(init_weights, str) else None)
 
 
 def existing_run_is_done(out: Path, config: RunConfig) -> bool:
@@ -211,6 +292,11 @@ def existing_run_is_done(out: Path, config: RunConfig) -> bool:
         raise CreditAuditError(
             f"{out} already holds a different run ({existing.label}, key {existing.run_key}; "
             f"it differs in {', '.join(differ)}); choose another --out or delete that folder")
+    # a folder with no checkpoint kept nothing of the old code: it trains anew under the new
+    changed = rule_code_change(out, config.method) if store.has_checkpoint(out) else None
+    if changed:
+        raise CreditAuditError(f"{out} already holds a run of {config.label} trained by other code: "
+                               f"{changed}; choose another --out or delete that folder to retrain it")
     return read_status(out).get("status") in DONE
 
 

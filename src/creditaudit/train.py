@@ -59,7 +59,7 @@ from .methods.members import MemberStack
 from .metrics import alignment_every, correctness, credit_alignment, monitor_snapshot, weight_alignment
 from .model import ARCH_CLASSES
 from .runs import (Run, as_device, build_method, build_model, data_shape, existing_run_is_done, load_run,
-                   record_method_origin)
+                   moved_weights, record_method_origin, weights_digest)
 from .seeding import derived_generator
 
 StopRule = Callable[[Sequence[dict]], "str | None"]
@@ -246,6 +246,7 @@ class _Member:
     rng: torch.Tensor
     history: list[dict] = field(default_factory=list)
     run: Run | None = None                 # set once the member's folder is finished
+    init_weights: str | None = None        # digest of the seed's initial weights (`weights_digest`)
 
 
 def train_runs(configs: Sequence[RunConfig], outs: Sequence[str | Path], *,
@@ -313,10 +314,18 @@ def _start_member(config: RunConfig, out: Path, data: ArrayDataset, dev: torch.d
     if store.has_checkpoint(out):
         run = load_run(out, dev)
         data_gen.set_state(run.state["data_gen"])
-        return _Member(config, out, run.model, run.method, data_gen, run.state["torch_rng"], run.history)
-    model = build_model(config, data.input_shape, data.n_classes).to(dev)
+        return _Member(config, out, run.model, run.method, data_gen, run.state["torch_rng"], run.history,
+                       init_weights=run.init_weights)
+    model = build_model(config, data.input_shape, data.n_classes)
+    # PROTOCOL §3.7: a run starts from the weights its seed gives; recorded before the method
+    # exists, checked after its __init__ and at epoch 0 (a rule that pretrains inside __init__
+    # would be judged on weights no step of it produced)
+    init = weights_digest(model)
+    model = model.to(dev)
     method = build_method(config, model)
-    return _Member(config, out, model, method, data_gen, torch.get_rng_state())
+    if weights_digest(model) != init:
+        raise moved_weights(config.method, "in its __init__, before its first step")
+    return _Member(config, out, model, method, data_gen, torch.get_rng_state(), init_weights=init)
 
 
 @contextlib.contextmanager
@@ -336,7 +345,8 @@ def _save(m: _Member, epoch: int, data: ArrayDataset) -> None:
         store.save_checkpoint(m.out, epoch, {
             "model": m.model.state_dict(), "method": m.method.state_dict(),
             "data_gen": m.data_gen.get_state(), "torch_rng": m.rng, "history": m.history,
-        }, {**data_shape(data), "label": m.config.label}, m.config.to_dict())
+        }, {**data_shape(data), "label": m.config.label,
+            **({"init_weights": m.init_weights} if m.init_weights else {})}, m.config.to_dict())
         store.write_metrics(m.out, m.history)
     except (OSError, SafetensorError) as err:  # safetensors reports ENOSPC/EFBIG as its own error
         raise _write_error(m.out, err, epoch - 1 if epoch else None) from None
@@ -352,6 +362,7 @@ def _finish(m: _Member, status: str, message: str, dev: torch.device, wall: floa
             "status": status, "message": message, "epochs_completed": last["epoch"],
             "epochs_planned": m.config.epochs, "test_acc": last["test_acc"],
             "wall_time": last["wall_time"] if wall is None else wall,
+            **({"init_weights": m.init_weights} if m.init_weights else {}),
             "checkpoint": store.checkpoint_digest(m.out)}))
     except OSError as err:
         raise _write_error(m.out, err, last["epoch"]) from None
@@ -384,6 +395,9 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
         if not m.history:  # epoch 0: the model at init, the reference for every later growth figure
             with _own_rng(m):
                 m.history.append(_record(0, None, m.model, data, eval_x, eval_y, 0.0, {}, m.method))
+            if m.init_weights is not None and weights_digest(m.model) != m.init_weights:
+                raise moved_weights(m.config.method, "before its first step (at epoch 0: in credit, "
+                                    "feedback_pairs or the stack's construction)")
             _save(m, 0, data)
         if on_epoch is not None:
             on_epoch(k, m.history)

@@ -7,7 +7,6 @@ call reuses finished runs and resumes interrupted ones. A run that raises is rec
 """
 from __future__ import annotations
 
-import hashlib
 import inspect
 import math
 import os
@@ -31,7 +30,7 @@ from ..protocol import diagnose
 from ..runner import make_executor
 from ..runs import (DONE, Run, as_device, build_model, control_evidence, diagnosis_binding,
                     existing_run_is_done, failure_record, load_run, read_status, run_dir_for,
-                    write_diagnosis)
+                    superseded_by_code, write_diagnosis)
 from ..store import json_number as _num
 from ..train import can_stack, group_stacks, train_run, train_runs
 from ..verdict import Thresholds, stop_rule
@@ -130,23 +129,23 @@ def diagnosis_settings(job: DiagnoseJob) -> str:
         "weak": job.weak, "weak_decided": job.weak_decided,
         "missing_evidence": list(job.missing_evidence), "control": job.control_binding,
         "control_note": job.control_note,
-        # a user's rule (PKG.MODULE:CLASS) is keyed by name, not code: its source is part of what
-        # its diagnosis measures (a corrected `credit` is measured again)
+        # a user's rule (PKG.MODULE:CLASS): the code it runs, helpers included, is part of what its
+        # diagnosis measures (a corrected `credit` or helper is measured again)
         "rule_source": _rule_source(job.config.get("method")),
         "source": source_digest(skip=_NOT_DIAGNOSIS)}))
 
 
 def _rule_source(spec) -> str | None:
-    """The sha256 of the file a user's rule PKG.MODULE:CLASS was imported from (None for a
-    built-in rule, whose code `source_digest` covers, or when it has no file)."""
+    """The digest of the code a user's rule PKG.MODULE:CLASS runs: its module and every module of
+    its own package it imports, transitively (`RunConfig.rule_code`, `methods.rule_code`: an edited
+    helper is re-diagnosed too); None for a built-in rule, whose code `source_digest` covers."""
     if not isinstance(spec, str) or ":" not in spec:
         return None
-    from ..methods import method_origin
+    from ..methods.rule_code import code_digest, code_of
     try:
-        file = method_origin(spec).get("file")
+        return code_digest(code_of(spec))
     except CreditAuditError:         # not importable now: nothing to reuse a diagnosis against
         return "not importable"
-    return None if file is None or not Path(file).is_file() else hashlib.sha256(Path(file).read_bytes()).hexdigest()
 
 
 # the modules no diagnosis is computed by: editing them leaves every sealed diagnosis reusable
@@ -438,6 +437,10 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     executor = make_executor(execution.executor, workers=workers, address=execution.address,
                              max_retries=execution.max_retries, gpus_per_job=gpu_share(dev, workers))
     dirs = [run_dir_for(root, c) for c in configs]
+    for c, d in zip(configs, dirs):     # a user's rule edited since its runs trained: say why it retrains
+        why = superseded_by_code(d, c)
+        if why:
+            print(f"creditaudit: training {c.label} again: {why}", file=sys.stderr)
     train_jobs = [Job(c.to_dict(), str(d), execution.data_dir, str(dev), threads, asdict(thresholds),
                       execution.compile_step) for c, d in zip(configs, dirs)]
     use_stack = stacking_pays(dev) if execution.stack is None else execution.stack
