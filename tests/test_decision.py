@@ -214,7 +214,8 @@ def test_a_run_stopped_early_is_never_trustworthy(tmp_path):
     assert run.status["status"] == "stopped" and run.epochs_completed == 1
     # the run kept its per-example record beside the accuracy it reports
     bits = run.history[-1]["test_correct"]
-    assert bits["n"] == 360 and "test_correct" not in run.history[0]
+    assert bits["n"] == 360 and abs(sum(map(int, __import__("numpy").unpackbits(
+        __import__("numpy").frombuffer(__import__("base64").b64decode(bits["bits"]), "uint8"))[:360])) / 360 - run.test_acc) < 1e-9
     data = load_dataset("digits", tmp_path / "data")
     report = diagnose_run(run, eval_batches(data, 8), frozen_acc=0.0, run_data=data)
     assert report.project.outcome == report.paper.outcome == "incomplete"

@@ -90,6 +90,8 @@ def test_stack_equals_serial(tmp_path, f64, method):
                         assert torch.equal(rw[name], sw[name]), name
         # the same test accuracy and monitor lines as the serial run
         assert run.test_acc == s.test_acc
+        # the per-example record (d)'s test-set variance reads: bit-identical, line by line
+        assert [r["test_correct"] for r in run.history] == [r["test_correct"] for r in s.history]
         _close_records(run.history, s.history)
         # optimizer moments and schedules map back onto the member's serial Method
         ms, mr = s.method.state_dict(), run.method.state_dict()

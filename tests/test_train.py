@@ -72,6 +72,8 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path, synthetic, monkeypatch
     resumed = train_run(config, tmp_path / "killed", data=synthetic, progress=False)
     assert resumed.status["status"] == "finished"
     assert _metrics_without_time(resumed.history) == _metrics_without_time(whole.history)
+    # the per-example record beside the reported accuracy survives the resume bit for bit
+    assert resumed.history[-1]["test_correct"] == whole.history[-1]["test_correct"]
     assert _same_weights(resumed.model, whole.model)
     lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(l)["epoch"] for l in lines] == [0, 1, 2, 3, 4]

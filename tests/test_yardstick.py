@@ -432,3 +432,32 @@ def test_a_reused_diagnosis_is_bound_to_whether_its_control_is_weak():
     weak = replace(base, weak="2.5 points short of the yardstick")
     decided = replace(weak, weak_decided=True)
     assert len({diagnosis_settings(j) for j in (base, weak, decided)}) == 3
+
+
+def test_each_recipe_gets_its_own_yardstick_and_its_rules_are_judged_against_it(tmp_path):
+    """bp (AdamW) and pepita (SGD, its paper's recipe): the audit trains bp's frozen control under
+    pepita's recipe too, and pepita's second statistic — the gap to the yardstick — reads that run,
+    not bp's AdamW control (issue 33: a yardstick under the same recipe)."""
+    result = audit(audit_config_from_dict({
+        "dataset": "digits", "methods": ["bp", "pepita"], "seeds": [1, 2], "epochs": 1,
+        "controls": ["frozen"], "model": {"width": 16, "blocks": 2}, "jobs": 1, "device": "cpu",
+        "out": str(tmp_path / "a")}), progress=False)
+    runs = {(r["method"], r["control"], r["seed"], r["config"]["recipe"]["optimizer"]): r for r in result["runs"]}
+    for seed in (1, 2):
+        sgd = runs[("bp", "frozen", seed, "sgd")]
+        adamw = runs[("bp", "frozen", seed, "adamw")]
+        assert sgd["status"] == adamw["status"] == "finished"
+        pepita_cfg = runs[("pepita", "none", seed, "sgd")]["config"]
+        for k in ("recipe", "lr", "weight_decay", "batch_size", "epochs", "width", "blocks", "seed"):
+            assert sgd["config"][k] == pepita_cfg[k], k
+        row = {r["method"]: r for r in result["methods"]}
+        assert row["pepita"]["per_seed"][str(seed)]["yardstick_acc"] == sgd["test_acc"]
+        assert row["bp"]["per_seed"][str(seed)]["yardstick_acc"] == adamw["test_acc"]
+    depth = {r["method"]: r["depth"] for r in result["methods"]}
+    assert depth["pepita"]["yardstick"]["values"] == pytest.approx(
+        [runs[("pepita", "none", s, "sgd")]["test_acc"] - runs[("bp", "frozen", s, "sgd")]["test_acc"] for s in (1, 2)])
+    # bp's own frozen control is its recipe's yardstick: no shortfall, nothing to say about it
+    assert depth["bp"]["shortfall"]["values"] == [0.0, 0.0] and depth["bp"]["control_note"] is None
+    assert {tuple(y["for"]) for y in result["yardstick"]["runs"]} == {("bp",), ("pepita",)}
+    # K methods tested, Holm: stated once per audit
+    assert result["depth_error_rate"]["methods_tested"] == 2

@@ -523,8 +523,6 @@ class Monitor:
                 **({"test_correct": correct} if correct is not None else {})}
 
     def _append(self, record: dict) -> None:
-        for row in self.history:      # only the last record's accuracy is reported: only it keeps its bits
-            row.pop("test_correct", None)
         self.history.append(record)
         try:
             store.save_checkpoint(self.out, record["epoch"], {

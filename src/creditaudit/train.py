@@ -444,7 +444,6 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
                 _retire(stack, k, m, live)
                 continue
             m.history.append(record)
-            _keep_last_correct(m.history)
             _save(m, epoch, data)
             if on_epoch is not None:
                 on_epoch(k, m.history)
@@ -509,19 +508,14 @@ def _record(epoch: int, train_loss: float | None, model, data: ArrayDataset, eva
     finite = all(_finite(v) for v in snap.h_norms)     # a diverged line is discarded anyway
     align = _alignment(model, method, eval_x, eval_y) if method is not None and finite else {}
     correct = correctness(model, data.eval_batches("test", 1000))
-    # test_correct: one bit per test example (depth.pack_correct), the evidence (d)'s variance
-    # over the shared test set reads; only the last record keeps it (`_keep_last_correct`)
+    # test_correct: one bit per test example (store.pack_correct) beside the accuracy, the evidence
+    # (d)'s variance over the shared test set reads (depth.py); N/8 bytes a line, sealed with the
+    # history in the checkpoint, so resume and stacking keep it bit for bit
     return {"epoch": epoch, "train_loss": train_loss,
             "test_acc": int(correct.sum()) / max(len(correct), 1),
             **snap.to_dict(), **align, **method_log, "wall_time": wall,
             "test_correct": store.pack_correct(correct.numpy())}
 
-
-def _keep_last_correct(history: list[dict]) -> None:
-    """Per-example correctness matters only for the accuracy a run reports (its last record):
-    earlier records drop theirs, so a run's log grows by a few bytes an epoch, not N bits."""
-    for row in history[:-1]:
-        row.pop("test_correct", None)
 
 
 def _write_error(out: Path, err: Exception, kept_epoch: int | None) -> CreditAuditError:
