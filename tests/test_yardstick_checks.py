@@ -122,3 +122,96 @@ def test_an_honest_yardstick_is_still_accepted(weights, model_args, capsys):
     assert code == 0, err
     report = json.loads(out)
     assert report["depth"]["frozen_acc"] is not None and "weak control" not in report["verdict"]
+
+
+# -- every accuracy carries the test set it was measured on ---------------------------------------
+def _epoch(net, mon, digits, lr, epochs=1):
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr)
+    for _ in range(epochs):
+        for x, y in digits.train_batches(128, torch.Generator().manual_seed(0)):
+            loss = F.cross_entropy(net(x), y)
+            opt.zero_grad(), loss.backward(), opt.step()
+            mon.step(loss.detach(), len(y))
+        mon.epoch_end()
+
+
+@pytest.fixture
+def monitored_run(tmp_path, digits):
+    """A finished Monitor run on the test batches `test`, and a function training its frozen
+    control (`control_of`) on given test batches (or claimed accuracies when None)."""
+    torch.manual_seed(0)
+    model = ResidualMLP(64, d=16, n_blocks=2, n_classes=10)
+    test = [digits.eval_batch(0, 360)]
+    mon = creditaudit.Monitor(model, digits.eval_batch(0), tmp_path / "run", epochs=1, seed=0, test_batches=test)
+    _epoch(model, mon, digits, 1e-2)
+    mon.finish()
+
+    def control(name, batches, lr=1e-2):
+        net = mon.frozen_control()
+        ctrl = creditaudit.Monitor(net, digits.eval_batch(0), tmp_path / name, epochs=1, seed=0,
+                                   test_batches=batches, control_of=mon)
+        if batches is None:               # a claimed accuracy, measured by the user on anything
+            opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr)
+            for x, y in digits.train_batches(128, torch.Generator().manual_seed(0)):
+                loss = F.cross_entropy(net(x), y)
+                opt.zero_grad(), loss.backward(), opt.step()
+                ctrl.step(loss.detach(), len(y))
+            ctrl.epoch_end(test_acc=0.2)
+        else:
+            _epoch(net, ctrl, digits, lr)
+        return ctrl
+    return mon, test, control
+
+
+def test_every_monitor_accuracy_records_the_digest_of_its_test_batches(monitored_run, digits):
+    """Each record and the status carry `test_digest` = data.batches_digest of the test batches,
+    however they are batched; another label changes it."""
+    from creditaudit.data.tensors import batches_digest
+    from creditaudit.monitored import load_monitored
+    mon, test, _ = monitored_run
+    run = load_monitored(mon.out)
+    digest = batches_digest(test)
+    x, y = test[0]
+    assert batches_digest([(x[:100], y[:100]), (x[100:], y[100:])]) == digest      # batching
+    assert batches_digest([(x.flip(0), y.flip(0))]) == digest                       # order
+    assert batches_digest([(x, y.roll(1))]) != digest                               # labels
+    assert [r["test_digest"] for r in run.history] == [digest] * 2
+    assert run.info["test_digest"] == digest and run.status["test_digest"] == digest
+
+
+def test_a_control_measured_on_rigged_test_batches_is_refused(monitored_run, tmp_path):
+    """The issue's input: the control's Monitor gets the same test set with 60 % of its labels
+    shifted. Its accuracy is not comparable with the run's: refused in one line when it finishes
+    (it hands itself to its run) and by audit_own_runs — never a (d) against it."""
+    mon, test, control = monitored_run
+    x, y = test[0]
+    rigged = y.clone()
+    k = int(0.6 * len(y))
+    rigged[:k] = (rigged[:k] + 1) % 10
+    with pytest.raises(CreditAuditError, match="measured on other test batches than its run"):
+        control("ctrl", [(x, rigged)]).finish()
+    assert (mon.report.to_dict().get("depth") or {}).get("frozen_acc") is None     # the run keeps no (d)
+    with pytest.raises(CreditAuditError, match="the frozen control .*ctrl was measured on other test batches"):
+        creditaudit.audit_own_runs([mon.out], [tmp_path / "ctrl"], out=tmp_path / "own", n_test=360, quiet=True)
+
+
+def test_a_control_with_a_claimed_accuracy_leaves_d_unevaluated(monitored_run, tmp_path):
+    """A control whose accuracy is the user's claim (no test_batches: no digest) is unverified:
+    (d) is not evaluated, so the run is never "trustworthy" on its word."""
+    mon, _, control = monitored_run
+    control("claimed", None).finish()
+    report = mon.report.to_dict()
+    assert (report.get("depth") or {}).get("frozen_acc") is None
+    assert report["verdicts"]["project"]["outcome"] != "trustworthy"
+    assert "no digest of the test batches" in json.dumps(report, ensure_ascii=False)
+
+
+def test_an_honest_monitor_control_is_still_admitted(monitored_run, tmp_path):
+    """The same test batches for run and control: (d) is measured against the control, as before."""
+    mon, test, control = monitored_run
+    ctrl = control("ctrl", test)
+    ctrl.finish()
+    depth = mon.report.to_dict()["depth"]
+    assert depth["frozen_acc"] == pytest.approx(ctrl.history[-1]["test_acc"])
+    own = creditaudit.audit_own_runs([mon.out], [ctrl.out], out=tmp_path / "own", n_test=360, quiet=True)
+    assert own["methods"][0]["per_seed"]["0"]["frozen_acc"] == pytest.approx(depth["frozen_acc"])

@@ -116,7 +116,20 @@ def control_evidence(control_dir: str | Path, main_info: dict) -> ControlEvidenc
     return ControlEvidence(str(control_dir), mismatch, run.finished, run.test_acc,
                            check.get("blocks_at_init"), check.get("embedding_moved"),
                            check.get("readout_moved"), check.get("finite"),
-                           branch_ratio=check.get("branch_ratio"))
+                           branch_ratio=check.get("branch_ratio"),
+                           # the test set each accuracy was measured on (None: a claimed accuracy,
+                           # or a folder of an older creditaudit — unverified)
+                           test_digest=test_digest(run), run_test_digest=main_info.get("test_digest"),
+                           check_digest=True)
+
+
+def test_digest(run: MonitoredRun) -> str | None:
+    """The digest of the test batches every accuracy of the monitored run was measured on (its
+    run.json's, which each record repeats), or None when it has none or its last record disagrees
+    (a folder written by hand)."""
+    digest = run.info.get("test_digest")
+    last = run.history[-1].get("test_digest") if run.history else None
+    return digest if digest is not None and last == digest else None
 
 
 def control_accuracy(control_dir: str | Path, main_info: dict) -> float | None:

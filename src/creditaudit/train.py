@@ -350,6 +350,7 @@ def _finish(m: _Member, status: str, message: str, dev: torch.device, wall: floa
         store.write_sealed_json(m.out / "status.json", store.json_safe({
             "status": status, "message": message, "epochs_completed": last["epoch"],
             "epochs_planned": m.config.epochs, "test_acc": last["test_acc"],
+            "test_digest": last.get("test_digest"),
             "wall_time": last["wall_time"] if wall is None else wall,
             "checkpoint": store.checkpoint_digest(m.out)}))
     except OSError as err:
@@ -494,6 +495,7 @@ def _record(epoch: int, train_loss: float | None, model, data: ArrayDataset, eva
     align = _alignment(model, method, eval_x, eval_y) if method is not None and finite else {}
     return {"epoch": epoch, "train_loss": train_loss,
             "test_acc": accuracy(model, data.eval_batches("test", 1000)),
+            "test_digest": data.test_digest,       # what test_acc was measured on (data.batches_digest)
             **snap.to_dict(), **align, **method_log, "wall_time": wall}
 
 
