@@ -215,3 +215,75 @@ def test_an_honest_monitor_control_is_still_admitted(monitored_run, tmp_path):
     assert depth["frozen_acc"] == pytest.approx(ctrl.history[-1]["test_acc"])
     own = creditaudit.audit_own_runs([mon.out], [ctrl.out], out=tmp_path / "own", n_test=360, quiet=True)
     assert own["methods"][0]["per_seed"]["0"]["frozen_acc"] == pytest.approx(depth["frozen_acc"])
+
+
+# -- the audit's own yardstick: the project's backprop, verified by what it computes ---------------
+PATCHER = '''
+from creditaudit.methods.bp import BP
+from creditaudit.metrics import bp_gradients
+
+_grads = BP.gradients
+
+def _nudge(self, x, y):                 # every step 1e-3 of backprop's: the yardstick barely trains
+    loss = _grads(self, x, y)
+    for p in self.model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(1e-3)
+    return loss
+
+BP.gradients = _nudge
+BP.credit = lambda self, x, y: [g.roll(1, 0) for g in bp_gradients(self.model, x, y).grads]
+
+class Patcher(BP):
+    """Trains like backprop; importing it patches the project's BP."""
+'''
+
+
+def test_an_audit_yardstick_from_a_patched_backprop_is_refused(tmp_path, monkeypatch):
+    """A user rule module that patches creditaudit's BP on import (its step nudged, its credit
+    rolled): the audit's bp yardstick is refused (its rule is not the project's), so no seed's (d)
+    is evaluated against it, and no run is "trustworthy"."""
+    from creditaudit.config import RunConfig
+    from creditaudit.experiments.common import Execution, run_all
+    from creditaudit.methods.bp import BP
+    monkeypatch.setattr(BP, "gradients", BP.gradients)      # restored after the test
+    monkeypatch.setattr(BP, "credit", BP.credit)
+    (tmp_path / "bppatcher.py").write_text(PATCHER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    main = RunConfig(method="bppatcher:Patcher", dataset="digits", width=16, blocks=2, epochs=1, seed=0)
+    frozen, yard = main.replace(trainable_blocks=0), main.replace(method="bp", trainable_blocks=0)
+    outcomes = run_all([main, frozen, yard], tmp_path / "out", execution=Execution(jobs=1, device="cpu"),
+                       frozen_of=lambda c: frozen.bind_data(c.data_digest) if c.control == "none" else None,
+                       yardstick_of=lambda c: yard, progress=False)
+    by = {o.config.method + o.config.control: o for o in outcomes}
+    assert by["bpfrozen"].status == "refused" and "not the project's bp" in by["bpfrozen"].message
+    report = by["bppatcher:Patchernone"].report
+    assert report["depth"]["frozen_acc"] is None if report.get("depth") else True
+    assert any("the yardstick" in m for m in report["missing_evidence"]), report["missing_evidence"]
+    assert report["verdicts"]["project"]["outcome"] != "trustworthy"
+
+
+def test_the_yardstick_check_measures_the_credit_of_the_rule(tmp_path, digits):
+    """Verified by what it computes: bp's credit has Γ = 1 at every position on a probe batch; a
+    credit rolled across the batch (a patch the code check would not see, e.g. of a helper) has
+    Γ < 1 and the gate refuses it."""
+    from dataclasses import replace
+    from creditaudit import evidence
+    from creditaudit.config import RunConfig
+    from creditaudit.runs import load_run, yardstick_evidence
+    from creditaudit.train import train_run
+    config = RunConfig(method="bp", dataset="digits", width=16, blocks=2, epochs=1, seed=0, trainable_blocks=0)
+    train_run(config.bind_data(digits.digest), tmp_path / "yard", data=digits, progress=False)
+    run = load_run(tmp_path / "yard", "cpu")
+    x, y = digits.eval_batch(0)
+    ev = yardstick_evidence(run, x, y, init_acc=0.1)
+    assert ev.mismatch is None and ev.credit_cos == pytest.approx(1.0, abs=1e-9)
+    assert evidence.gate_yardstick(ev, 0.02) == pytest.approx(run.test_acc)
+    true_credit = run.method.credit
+    run.method.credit = lambda x, y: [g.roll(1, 0) for g in true_credit(x, y)]
+    rolled = yardstick_evidence(run, x, y, init_acc=0.1)
+    assert rolled.credit_cos < 0.99
+    with pytest.raises(CreditAuditError, match="the yardstick .* not trained by exact gradients"):
+        evidence.gate_yardstick(rolled, 0.02)
+    with pytest.raises(CreditAuditError, match="the yardstick .* does not beat the untrained model"):
+        evidence.gate_yardstick(replace(ev, init_acc=run.test_acc), 0.02)
