@@ -287,3 +287,37 @@ def test_the_yardstick_check_measures_the_credit_of_the_rule(tmp_path, digits):
         evidence.gate_yardstick(rolled, 0.02)
     with pytest.raises(CreditAuditError, match="the yardstick .* does not beat the untrained model"):
         evidence.gate_yardstick(replace(ev, init_acc=run.test_acc), 0.02)
+
+
+def test_the_test_digest_survives_stacking_and_resume(tmp_path, digits, monkeypatch):
+    """Run folders: every record and the status carry the digest of the test set the accuracy was
+    measured on (data.test_digest), for stacked members, a member resumed from its checkpoint, and
+    a lone run alike; another test set has another digest."""
+    from creditaudit import store
+    from creditaudit.config import RunConfig
+    from creditaudit.data.tensors import batches_digest
+    from creditaudit.runs import load_run, read_status
+    from creditaudit.train import train_run, train_runs
+    base = RunConfig(method="bp", dataset="digits", width=16, blocks=2, epochs=2, batch_size=128)
+    configs = [c.bind_data(digits.digest) for c in (base, base.replace(seed=1))]
+    dirs = [tmp_path / "m0", tmp_path / "m1"]
+    real_save = store.save_checkpoint
+
+    def dying_save(run_dir, epoch, *args, **kwargs):
+        real_save(run_dir, epoch, *args, **kwargs)
+        if epoch == 1 and run_dir.name == "m1":
+            raise KeyboardInterrupt
+    monkeypatch.setattr(store, "save_checkpoint", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        train_runs(configs, dirs, data=digits, progress=False)
+    monkeypatch.setattr(store, "save_checkpoint", real_save)
+    trained = train_runs(configs, dirs, data=digits, progress=False)
+    assert trained[0].stack_size == 2                          # resumed together, from epoch 1
+    train_run(configs[0], tmp_path / "lone", data=digits, progress=False)
+    digest = digits.test_digest
+    assert digest == batches_digest(digits.eval_batches("test", 128))
+    for d in (*dirs, tmp_path / "lone"):
+        assert [r["test_digest"] for r in load_run(d).history] == [digest] * 3, d
+        assert read_status(d)["test_digest"] == digest
+    x, y = digits.x_test, digits.y_test
+    assert batches_digest(digits.eval_batches("test")) != batches_digest([(digits.prepare(x), y.roll(1))])
