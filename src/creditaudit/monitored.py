@@ -6,7 +6,8 @@ the diagnosis it sealed at `finish()` (`stored_diagnosis`, for `creditaudit diag
 The folder has the store's format (checkpoint.json + tensors, metrics.jsonl, sealed status.json
 and diagnosis.json) with run.json in place of config.json: it records that the run came from the
 user's own loop (source "user-loop"), its planned epochs, label, seed, adapter and the sha256 of
-its initial weights (which pairs a run with its frozen control).
+its initial weights (which pairs a run with its frozen control) and the digest of its test
+batches (`test_digest`, repeated beside every accuracy: a control is compared on the same test set).
 """
 from __future__ import annotations
 
