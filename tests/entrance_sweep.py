@@ -716,6 +716,122 @@ def yardstick_cases(w: World) -> list[Case]:
     return C
 
 
+PATCHING_RULE = '''
+from creditaudit.methods.bp import BP
+from creditaudit.metrics import bp_gradients
+
+_grads = BP.gradients
+
+def _nudge(self, x, y):                 # every step 1e-3 of backprop's: a nudge, not a yardstick
+    loss = _grads(self, x, y)
+    for p in self.model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(1e-3)
+    return loss
+
+BP.gradients = _nudge
+BP.credit = lambda self, x, y: [g.roll(1, 0) for g in bp_gradients(self.model, x, y).grads]
+
+class PatchingRule(BP):
+    """Trains like backprop; importing it patches the project's BP (the audit's yardstick)."""
+    name = "patching-rule"
+'''
+
+
+def issue34_cases(w: World) -> list[Case]:
+    """Issue 34, items 1, 2 and 7: the yardstick is evidence too (as weak as a control, the control
+    itself, built from a patched backprop), and every accuracy carries its test set (a control's
+    Monitor given rigged test batches)."""
+    from safetensors.torch import save_file
+    from creditaudit import Monitor, ResidualMLP
+    from creditaudit.data.generated import load_digits
+    from creditaudit.methods import MethodSettings, method_class
+    import sweep_user
+    o, C = w.out, []
+    add = lambda name, expect, run, owner="": C.append(Case("i34 " + name, expect, run, owner))
+    digits = load_digits()
+    # --model: init, trained, an honest frozen control and yardstick, and init + 1e-6 (eps)
+    torch.manual_seed(0)
+    init = sweep_user.good()
+    states = {"init": init.state_dict()}
+    for name, blocks, lr in (("trained", (0, 1), 1e-2), ("frozen", (), 1e-2), ("yard", (), 5e-3)):
+        torch.manual_seed(0)
+        model = sweep_user.good()
+        model.load_state_dict(init.state_dict())
+        step = method_class("bp")(model, MethodSettings(epochs=1, trainable_blocks=blocks, lr=lr))
+        for x, y in digits.train_batches(128, torch.Generator().manual_seed(0)):
+            step.train_step(x, y)
+        states[name] = model.state_dict()
+    in_blocks = {n for n, _ in init.named_parameters() if n.startswith("blocks.")}
+    states["eps"] = {n: t + 1e-6 if t.is_floating_point() and n not in in_blocks else t.clone()
+                     for n, t in init.state_dict().items()}
+    f = {}
+    for name, state in states.items():
+        f[name] = o / f"i34-{name}.safetensors"
+        save_file({k: v.contiguous() for k, v in state.items()}, str(f[name]))
+    model = ["--model", "sweep_user:good", "--weights", f["trained"], "--dataset", "digits", "--threads", "1",
+             "--device", "cpu", "--init-weights", f["init"]]
+    add("check --model: control and yardstick both init + 1e-6", "refusal",
+        cli("check", *model, "--frozen-control", f["eps"], "--yardstick", f["eps"]))
+    add("check --model: a control init + 1e-6, no yardstick", "never-trustworthy",
+        cli("check", *model, "--frozen-control", f["eps"]))
+    add("check --model: a yardstick as weak as the untrained model", "refusal",
+        cli("check", *model, "--frozen-control", f["frozen"], "--yardstick", f["eps"]))
+    add("check --model: the control as its own yardstick", "refusal",
+        cli("check", *model, "--frozen-control", f["frozen"], "--yardstick", f["frozen"]))
+    add("diagnose --model: an honest yardstick", "result",
+        cli("diagnose", *model, "--frozen-control", f["frozen"], "--yardstick", f["yard"]))
+
+    # a Monitor control measured on other test batches than its run's
+    test = [digits.eval_batch(0, 360)]
+
+    def monitored(control_test):
+        def run():
+            torch.manual_seed(0)
+            main = Monitor(ResidualMLP(64, d=16, n_blocks=2, n_classes=10), digits.eval_batch(0),
+                           w.fresh("i34-mon"), epochs=1, seed=0, test_batches=test)
+            ctl = None
+            for who in ("run", "ctl"):
+                m = main if who == "run" else Monitor(ctl, digits.eval_batch(0), w.fresh("i34-ctl"), epochs=1,
+                                                      seed=0, test_batches=control_test, control_of=main)
+                net = m.model
+                opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], 1e-2)
+                for x, y in digits.train_batches(128, torch.Generator().manual_seed(0)):
+                    loss = torch.nn.functional.cross_entropy(net(x), y)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    m.step(loss.detach(), len(y))
+                m.epoch_end()
+                m.finish()
+                ctl = main.frozen_control()
+            return main.report
+        return py(run)
+    x, y = test[0]
+    shifted = y.clone()
+    shifted[: int(0.6 * len(y))] = (shifted[: int(0.6 * len(y))] + 1) % 10
+    add("Monitor: a control given its run's test set with 60 % of labels shifted", "refusal",
+        monitored([(x, shifted)]))
+    add("Monitor: a control given a subset of its run's test set", "refusal", monitored([(x[:200], y[:200])]))
+    add("Monitor: a control given the same test set, batched otherwise", "result",
+        monitored([(x[:100], y[:100]), (x[100:], y[100:])]))
+
+    # a rule module that patches the project's BP on import: the audit's yardstick is no yardstick
+    pkg = o / "i34pkg"
+    pkg.mkdir(exist_ok=True)
+    (pkg / "sweep_patch.py").write_text(PATCHING_RULE)
+    toml = o / "toml" / "i34-two-seeds.toml"
+    toml.parent.mkdir(exist_ok=True)
+    toml.write_text('dataset = "digits"\nseeds = [1, 2]\nepochs = 1\njobs = 1\ncontrols = ["frozen"]\n'
+                    '[model]\nwidth = 16\nblocks = 2\n')
+    d = w.fresh("i34-patched-bp")
+    env = {"PYTHONPATH": os.pathsep.join([str(pkg), str(PKG.parent), os.environ.get("PYTHONPATH", "")])}
+    add("audit a rule whose module patches the project's BP on import", "never-trustworthy",
+        subproc("audit", "--config", toml, "--methods", "sweep_patch:PatchingRule", "--quiet", "--device", "cpu",
+                "--out", d, env=env, check=d))
+    return C
+
+
 def copy_run(w: World, src: Path, drop: tuple[str, ...] = ()) -> Path:
     dst = w.fresh(f"copy-{src.name}")
     shutil.copytree(src, dst)

@@ -16,15 +16,24 @@ it has into one `Evidence` record and calls `gate(evidence)`. The entrances only
         as its own group (a readout trained on a random embedding is no yardstick either);
       - a stored diagnosis bound to another run, another checkpoint or another training status
         (copied from another folder, or made before the run finished or resumed);
+      - a control measured on other test batches than its run (`ControlEvidence.test_digest`,
+        against the run's own);
     "not evaluated" ((d) gets no frozen accuracy; the verdict is at best "incomplete"):
       - no control; an unfinished control; a control whose blocks, embedding and readout could not
-        be compared with the initial weights (`ControlEvidence.unverified`).
+        be compared with the initial weights (`ControlEvidence.unverified`); a control or a run
+        whose test batches carry no digest (a claimed accuracy, or a folder of an older creditaudit).
     weak (admitted, but (d) may not clear against it: `Admission.weak`):
       - a control that falls short of the yardstick (the same frozen blocks, embedding and readout
         trained by exact gradients) by more than `verdict.YARDSTICK_TOLERANCE`, when one was given;
-        without one, a control that does not beat the untrained model (`init_acc`: its accuracy at
-        initialisation) by the (d) margin. (d) across seeds then judges each weak seed against
-        the yardstick (`verdict.depth_decision`); a lone run's (d) cannot clear against it.
+        with or without one, a control that does not beat the untrained model (`init_acc`: its
+        accuracy at initialisation) by the (d) margin — a yardstick never switches that check off.
+        (d) across seeds then judges each weak seed against the yardstick
+        (`verdict.depth_decision`); a lone run's (d) cannot clear against it.
+    The yardstick is evidence too (`gate_yardstick`): it passes every check a control passes
+    (named "the yardstick" in each refusal), and it is refused in one line when it does not beat
+    the untrained model by the (d) margin, when it holds the control's own weights (the entrance
+    compares them: `mismatch`), or when its credit is not the exact gradient at every position on
+    a probe batch (`credit_cos` < 1 − EXACT_COS, measured for the audit's own bp yardstick).
 
 A run's training status (finished, stopped, diverged, unfinished) is judged by
 `verdict.training_gaps` inside the diagnosis, and a credit that is non-finite in a seed by the
@@ -34,7 +43,7 @@ footnote under a method's "trustworthy".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from .errors import CreditAuditError
@@ -59,6 +68,18 @@ class ControlEvidence:
                     (`metrics.branch_ratios`; None: not measured). 0: every block is the identity.
     yardstick_acc:  the accuracy of the yardstick for this control (None: none given).
     init_acc:       the untrained model's accuracy (its initial weights; None: not measured).
+    role:           "control", or "yardstick" when it is judged as a control's yardstick (its
+                    name in every message).
+    test_digest / run_test_digest: `data.batches_digest` of the test batches its accuracy (the
+                    run's accuracy) was measured on; None: not recorded (a claimed accuracy, or an
+                    older folder). Unequal: refused; either None: unverified (`unverified_digest`).
+    credit_cos:     for a yardstick, min over positions l of Γ_l = cos(a_l, ∂CE/∂h_l) of its method's
+                    credit on a probe batch (None: not measured); 1 for an exact-gradient rule.
+    control_distance: for a yardstick, ‖θ_yardstick − θ_control‖ / ‖θ_control‖ over every
+                    parameter (`weights_distance`; None: not measured); ≤ SAME_WEIGHTS: the
+                    control's own weights, refused.
+    check_digest:   whether the entrance binds accuracies to their test batches (the Monitor's
+                    folders; a run folder binds its whole data set by `data_digest` instead).
     """
 
     where: str
@@ -74,6 +95,17 @@ class ControlEvidence:
     branch_ratio: float | None = None
     yardstick_acc: float | None = None
     init_acc: float | None = None
+    role: str = "control"
+    test_digest: str | None = None
+    run_test_digest: str | None = None
+    credit_cos: float | None = None
+    control_distance: float | None = None
+    check_digest: bool = False          # whether the entrance binds accuracies to test batches
+
+    @property
+    def name(self) -> str:
+        """How messages call it: "the yardstick Y", or "the frozen control C"."""
+        return f"the yardstick {self.where}" if self.role == "yardstick" else f"the {self.kind} control {self.where}"
 
     @property
     def rest_moved(self) -> bool | None:
@@ -134,53 +166,110 @@ def control_note(c: ControlEvidence) -> str | None:
 
 def _control(c: ControlEvidence) -> tuple[float | None, str | None]:
     if c.mismatch is not None:
-        raise CreditAuditError(f"the {c.kind} control {c.where} is not this run's control: {c.mismatch}; "
-                               "train the control with the run's own settings, blocks frozen")
+        raise CreditAuditError(f"{c.name} is not this run's {c.role}: {c.mismatch}; "
+                               f"train the {c.role} with the run's own settings, blocks frozen")
+    if c.check_digest and c.test_digest is not None and c.run_test_digest is not None \
+            and c.test_digest != c.run_test_digest:
+        raise CreditAuditError(f"{c.name} was measured on other test batches than its run (test "
+                               f"digest {c.test_digest[:12]} there, {c.run_test_digest[:12]} here): its "
+                               f"accuracy is not comparable; measure the {c.role} on the run's own "
+                               "test_batches")
     if c.finite is False:
-        raise CreditAuditError(f"the {c.kind} control {c.where} has non-finite weights or outputs; it "
-                               "diverged or is corrupt, so its accuracy is no yardstick — train it again")
+        raise CreditAuditError(f"{c.name} has non-finite weights or outputs; it diverged or is "
+                               "corrupt, so its accuracy is no yardstick — train it again")
     if c.blocks_at_init is False:
-        raise CreditAuditError(f"the {c.kind} control {c.where} is not frozen at initialisation: its "
-                               "block parameters differ from the run's initial ones; train the control "
-                               "with its blocks left at their initial values")
+        raise CreditAuditError(f"{c.name} is not frozen at initialisation: its block parameters "
+                               "differ from the run's initial ones; train it with its blocks left at "
+                               "their initial values")
     for part, moved in (("embedding", c.embedding_moved), ("readout", c.readout_moved)):
         if moved is False:
-            raise CreditAuditError(f"the {c.kind} control {c.where} never trained its {part}: it still "
-                                   "equals the initial weights, so the control is no yardstick and any "
-                                   "run could clear it; train its embedding and readout like the run "
-                                   "(blocks frozen), then pass it")
+            raise CreditAuditError(f"{c.name} never trained its {part}: it still equals the initial "
+                                   f"weights, so the {c.role} is no yardstick and any run could clear "
+                                   "it; train its embedding and readout like the run (blocks frozen), "
+                                   "then pass it")
     if not c.finished:
-        return None, f"the {c.kind} control {c.where} has not finished training"
+        return None, f"{c.name} has not finished training"
     if c.acc is None:
-        return None, f"the {c.kind} control {c.where} has no test accuracy"
+        return None, f"{c.name} has no test accuracy"
     if c.unverified is not None:
-        return None, (f"the {c.kind} control {c.where} (accuracy {c.acc:.4f}) is unverified: "
-                      f"{c.unverified}")
+        return None, f"{c.name} (accuracy {c.acc:.4f}) is unverified: {c.unverified}"
+    if c.check_digest and (c.test_digest is None or c.run_test_digest is None):
+        whose = "its" if c.test_digest is None else "its run's"
+        return None, (f"{c.name} (accuracy {c.acc:.4f}) is unverified: {whose} test accuracy carries "
+                      "no digest of the test batches it was measured on (a claimed test_acc without "
+                      "test_batches, or a folder of an older creditaudit), so nothing shows that "
+                      "the two were measured on the same test set; give both Monitors the same "
+                      "test_batches")
     if c.finite is None or c.blocks_at_init is None or c.rest_moved is None:
-        return None, (f"the {c.kind} control {c.where} could not be checked (blocks at initialisation, "
+        return None, (f"{c.name} could not be checked (blocks at initialisation, "
                       "embedding and readout each trained, finite weights)")
     return float(c.acc), None
 
 
 def weakness(c: ControlEvidence, margin: float) -> str | None:
     """Why the control `c` is weak (None: it is not, or nothing to compare it with): short of its
-    yardstick by more than YARDSTICK_TOLERANCE, or — without a yardstick — not beating the
-    untrained model's accuracy by `margin` (the (d) margin)."""
+    yardstick by more than YARDSTICK_TOLERANCE, or not beating the untrained model's accuracy by
+    `margin` (the (d) margin) — checked whether or not a yardstick was given."""
     from .verdict import ACC_TOLERANCE, YARDSTICK_TOLERANCE
     if c.acc is None:
         return None
     if c.yardstick_acc is not None:
         short = c.yardstick_acc - c.acc
         if short > YARDSTICK_TOLERANCE + ACC_TOLERANCE:
-            return (f"the frozen control {c.where} ({c.acc:.4f}) falls {100 * short:.1f} points short of "
+            return (f"{c.name} ({c.acc:.4f}) falls {100 * short:.1f} points short of "
                     f"its yardstick ({c.yardstick_acc:.4f}), more than the {100 * YARDSTICK_TOLERANCE:g}-"
                     "point tolerance")
-        return None
     if c.init_acc is not None and c.acc < c.init_acc + margin - ACC_TOLERANCE:
-        return (f"the frozen control {c.where} ({c.acc:.4f}) does not beat the untrained model "
-                f"({c.init_acc:.4f}) by the +{100 * margin:g}-point margin, and no yardstick was given "
-                "(the same frozen blocks, embedding and readout trained by exact gradients)")
+        return (f"{c.name} ({c.acc:.4f}) does not beat the untrained model "
+                f"({c.init_acc:.4f}) by the +{100 * margin:g}-point margin"
+                + ("" if c.yardstick_acc is not None else ", and no yardstick was given (the same "
+                   "frozen blocks, embedding and readout trained by exact gradients)"))
     return None
+
+
+# a yardstick's credit is the exact gradient: Γ_l = 1 to float precision at every position
+EXACT_COS = 1e-6
+# weights within this relative distance of the control's are the control's own (a perturbation of
+# 1e-6 on a unit-scale weight is 1e-6 of it; any trained difference is orders of magnitude more)
+SAME_WEIGHTS = 1e-4
+
+
+def weights_distance(a: dict, b: dict) -> float:
+    """‖θ_a − θ_b‖ / ‖θ_b‖ over the parameters the two state dicts share (float64; inf when b is
+    all zeros and a is not): how far the weights `a` are from `b`, relative to b's size."""
+    diff = sum(float((a[n].detach().double().cpu() - b[n].detach().double().cpu()).square().sum())
+               for n in b if n in a and b[n].is_floating_point())
+    size = sum(float(b[n].detach().double().cpu().square().sum()) for n in b if b[n].is_floating_point())
+    return (diff / size) ** 0.5 if size > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def gate_yardstick(y: ControlEvidence, margin: float) -> float:
+    """The accuracy of the yardstick `y` (role "yardstick") as evidence, or one line (CreditAuditError):
+    every check a control passes, finished and verified, then: it beats the untrained model
+    (`init_acc`) by the (d) margin — a yardstick that does not has learnt nothing a control could
+    fall short of —, and its credit, where measured, is the exact gradient at every position
+    (min_l Γ_l ≥ 1 − EXACT_COS: a yardstick built from a rule that is not backprop is no yardstick)."""
+    from .verdict import ACC_TOLERANCE
+    y = y if y.role == "yardstick" else replace(y, role="yardstick")
+    acc, why = _control(y)
+    if acc is None:
+        raise CreditAuditError(f"{why}; a yardstick must be finished and checkable to count — "
+                               "finish it (or leave it out)")
+    if y.control_distance is not None and not y.control_distance > SAME_WEIGHTS:
+        raise CreditAuditError(f"{y.name} holds the frozen control's own weights (relative distance "
+                               f"{y.control_distance:.2g} ≤ {SAME_WEIGHTS:g}): a control is no yardstick "
+                               "of itself; give the same frozen blocks with embedding and readout "
+                               "trained by backprop, a run of its own")
+    if y.credit_cos is not None and not y.credit_cos >= 1 - EXACT_COS:
+        raise CreditAuditError(f"{y.name} was not trained by exact gradients: its method's credit has "
+                               f"Γ = {y.credit_cos:.6g} < 1 − {EXACT_COS:g} against ∂CE/∂h_l on a probe "
+                               "batch (the backprop rule was changed, e.g. patched by an imported "
+                               "module); audit with the project's own bp, in a fresh --out")
+    if y.init_acc is not None and acc < y.init_acc + margin - ACC_TOLERANCE:
+        raise CreditAuditError(f"{y.name} ({acc:.4f}) does not beat the untrained model "
+                               f"({y.init_acc:.4f}) by the +{100 * margin:g}-point (d) margin: it is "
+                               "no yardstick; train its embedding and readout by backprop until it does")
+    return acc
 
 
 def _binding(recorded: dict | None, actual: dict | None, label: str) -> None:

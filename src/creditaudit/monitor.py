@@ -46,6 +46,7 @@ import torch
 from . import __version__, evidence, store
 from .adapter import Adapter, check_reproduces, check_residual, stream_of
 from .errors import CreditAuditError, CreditAuditWarning
+from .data.tensors import batches_digest
 from .metrics import MonitorSnapshot, alignment_every, correctness, credit_alignment, monitor_snapshot
 from .monitor_control import check_control_of, control_check, frozen_control
 from .monitor_diagnosis import diagnose_monitored
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
 # the fields of a monitor line the monitor measures (train._record's): user logs never overwrite them
-MEASURED_FIELDS = ("epoch", "train_loss", "test_acc", "wall_time", "gamma", "weight_alignment",
+MEASURED_FIELDS = ("epoch", "train_loss", "test_acc", "test_digest", "wall_time", "gamma", "weight_alignment",
                    *MonitorSnapshot([], [], 0.0, 0.0, 0.0, 0.0).to_dict())
 
 
@@ -248,6 +249,7 @@ class Monitor:
         # a one-shot iterator would be empty from the second epoch on: keep its batches
         self.test_batches = list(test_batches) if test_batches is not None and \
             iter(test_batches) is test_batches else test_batches
+        self._test_digest: str | None = None       # of the test batches last measured on
         self.diagnose_batches = [_batch(b, "each of diagnose_batches") for b in diagnose_batches] \
             if diagnose_batches is not None else None
         self.stream = stream_of(model, adapter)
@@ -299,6 +301,9 @@ class Monitor:
             from .trackers import TensorBoardLog
             self._tb = TensorBoardLog(tensorboard, thresholds)
         first = self._record(0, None, None, {})     # measured before anything is written: a
+        # the run's test set (None without test_batches: its accuracies are the user's claim); a
+        # control is compared with its run on it (monitored.control_evidence)
+        self.info["test_digest"] = first["test_digest"]
         try:                                         # refusal here leaves no run.json behind
             self.out.mkdir(parents=True, exist_ok=True)
             store.atomic_write_json(self.out / RUN_FILE, self.info)
@@ -480,8 +485,11 @@ class Monitor:
         # through the stream, as every other measurement: a module needs no forward() of its own
         logits = lambda x: self.stream.forward_from(0, self.stream.embed(x))
         try:
+            batches = list(self.test_batches)
+            # what this accuracy was measured on: a control is compared on the same test set only
+            self._test_digest = batches_digest(batches)
             with torch.no_grad():
-                correct = correctness(logits, ((x.to(dev), y.to(dev)) for x, y in self.test_batches))
+                correct = correctness(logits, ((x.to(dev), y.to(dev)) for x, y in batches))
             # one bit per test example beside the accuracy (store.pack_correct): (d)'s variance
             # over the shared test set reads it (depth.py)
             self._last_correct = store.pack_correct(correct.numpy())
@@ -516,9 +524,16 @@ class Monitor:
             self.model.train(was)
         if epoch == 0 and test_acc is None and self.test_batches is not None:
             test_acc = self._measure_test_acc()
-        correct = getattr(self, "_last_correct", None) if self.test_batches is not None else None
+        # the digest of the batches test_acc was measured on (None: a claimed accuracy)
+        digest = self._test_digest if self.test_batches is not None and test_acc is not None else None
+        if epoch > 0 and digest != self.info.get("test_digest"):
+            raise CreditAuditError("test_batches changed during the run (they hold other samples or "
+                                   "labels than at its start): every accuracy of a run is measured on "
+                                   "one test set — give the Monitor a fixed list of test batches")
+        correct = getattr(self, "_last_correct", None) if digest is not None else None
         self._last_correct = None
-        return {"epoch": epoch, "train_loss": train_loss, "test_acc": test_acc, **snap.to_dict(), **align,
+        return {"epoch": epoch, "train_loss": train_loss, "test_acc": test_acc, "test_digest": digest,
+                **snap.to_dict(), **align,
                 **logs, "wall_time": time.perf_counter() - self._t0,
                 **({"test_correct": correct} if correct is not None else {})}
 
@@ -564,6 +579,7 @@ class Monitor:
         last = self.history[-1]
         self.status = {"status": status, "message": message, "epochs_completed": last["epoch"],
                        "epochs_planned": self.epochs, "test_acc": last["test_acc"],
+                       "test_digest": last.get("test_digest"),
                        "wall_time": last["wall_time"] if wall is None else wall,
                        "source": SOURCE, "checkpoint": store.checkpoint_digest(self.out)}
         if self.info["control"] == "frozen":       # measured here; the gate judges it (evidence.py)

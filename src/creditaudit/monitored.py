@@ -6,7 +6,8 @@ the diagnosis it sealed at `finish()` (`stored_diagnosis`, for `creditaudit diag
 The folder has the store's format (checkpoint.json + tensors, metrics.jsonl, sealed status.json
 and diagnosis.json) with run.json in place of config.json: it records that the run came from the
 user's own loop (source "user-loop"), its planned epochs, label, seed, adapter and the sha256 of
-its initial weights (which pairs a run with its frozen control).
+its initial weights (which pairs a run with its frozen control) and the digest of its test
+batches (`test_digest`, repeated beside every accuracy: a control is compared on the same test set).
 """
 from __future__ import annotations
 
@@ -116,7 +117,20 @@ def control_evidence(control_dir: str | Path, main_info: dict) -> ControlEvidenc
     return ControlEvidence(str(control_dir), mismatch, run.finished, run.test_acc,
                            check.get("blocks_at_init"), check.get("embedding_moved"),
                            check.get("readout_moved"), check.get("finite"),
-                           branch_ratio=check.get("branch_ratio"))
+                           branch_ratio=check.get("branch_ratio"),
+                           # the test set each accuracy was measured on (None: a claimed accuracy,
+                           # or a folder of an older creditaudit — unverified)
+                           test_digest=test_digest(run), run_test_digest=main_info.get("test_digest"),
+                           check_digest=True)
+
+
+def test_digest(run: MonitoredRun) -> str | None:
+    """The digest of the test batches every accuracy of the monitored run was measured on (its
+    run.json's, which each record repeats), or None when it has none or its last record disagrees
+    (a folder written by hand)."""
+    digest = run.info.get("test_digest")
+    last = run.history[-1].get("test_digest") if run.history else None
+    return digest if digest is not None and last == digest else None
 
 
 def control_accuracy(control_dir: str | Path, main_info: dict) -> float | None:

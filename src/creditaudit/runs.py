@@ -126,10 +126,14 @@ ORIGIN_FILE = "method_origin.json"       # where a user's rule (PKG.MODULE:CLASS
 def record_method_origin(run_dir: Path, method: str) -> None:
     """For a user's rule, write where it was imported from into its run folder (`ORIGIN_FILE`),
     with the code it trains with ("code": {path: sha256} of the rule's module and every module of
-    its package it imports, `methods.rule_code`)."""
+    its package it imports, `methods.rule_code`); for a built-in rule whose code an imported module
+    replaced (`foreign_code`), which of its functions came from where — so the run is never taken
+    for the project's own rule."""
     if method_class(method) is not METHODS.get(method):
         store.atomic_write_json(Path(run_dir) / ORIGIN_FILE, {**method_origin(method), "code": code_of(method)})
-
+    elif foreign_code(METHODS[method]):
+        store.atomic_write_json(Path(run_dir) / ORIGIN_FILE,
+                                {"method": method, "patched": foreign_code(METHODS[method])})
 
 def rule_code_change(run_dir: Path, method: str, unrecorded: bool = True) -> str | None:
     """Why the user's rule `method` now runs other code than the run in `run_dir` was trained with
@@ -194,6 +198,48 @@ def moved_weights(method: str, where: str) -> CreditAuditError:
         "training steps (gradients / train_step), so that every run starts from the initial weights "
         "its seed gives — move that work into the step (or train the model elsewhere and diagnose "
         "it with --model)")
+
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def foreign_code(cls: type) -> list[str]:
+    """"name (file)" for each function of the class `cls` (its own or inherited) whose code lies
+    outside the creditaudit package — for a built-in rule, code an imported module patched in;
+    empty for the project's own rule as written."""
+    out = []
+    for name in sorted(dir(cls)):
+        attr = getattr(cls, name, None)
+        code = getattr(getattr(attr, "__func__", attr), "__code__", None)
+        if code is None or name.startswith("__"):
+            continue
+        file = Path(code.co_filename).resolve()
+        if _PACKAGE not in file.parents:
+            out.append(f"{name} ({file})")
+    return out
+
+
+def yardstick_evidence(run: Run, x: torch.Tensor, y: torch.Tensor, init_acc: float | None) -> ControlEvidence:
+    """What the audit's yardstick run (bp's frozen control of a seed) shows `evidence.gate_yardstick`:
+    the checks of a control judged on its own, the untrained model's accuracy `init_acc`, and
+    what its rule computes — min_l Γ_l of its method's credit against ∂CE/∂h_l on the probe batch
+    (x, y) (1 for backprop), and whether the rule's code, now or when it trained
+    (`ORIGIN_FILE`), is the project's own. Measures only; the gate decides."""
+    from .metrics import credit_alignment
+    ev = dataclasses.replace(control_evidence(None, run, x), role="yardstick", init_acc=init_acc)
+    origin = run.run_dir / ORIGIN_FILE
+    recorded = store.read_json(origin, "run folder's record of its rule") if origin.exists() else {}
+    patched = foreign_code(type(run.method)) or (recorded.get("patched") if isinstance(recorded, dict) else None) \
+        or ([f"the rule {recorded.get('method')}"] if isinstance(recorded, dict) and recorded.get("file") else [])
+    if patched:
+        return dataclasses.replace(ev, mismatch=(
+            f"its rule is not the project's {run.config.method}: {', '.join(patched[:3])} came from "
+            "outside creditaudit (patched by an imported module)"))
+    model = run.model.eval()
+    dev = next(model.parameters()).device
+    x, y = x.to(dev), y.to(dev)
+    gammas = credit_alignment(model, run.method.credit(x, y), x, y)
+    return dataclasses.replace(ev, credit_cos=min(gammas) if gammas else float("nan"))
 
 
 def _check_importable(run_dir: Path, method) -> None:

@@ -361,6 +361,7 @@ def _finish(m: _Member, status: str, message: str, dev: torch.device, wall: floa
         store.write_sealed_json(m.out / "status.json", store.json_safe({
             "status": status, "message": message, "epochs_completed": last["epoch"],
             "epochs_planned": m.config.epochs, "test_acc": last["test_acc"],
+            "test_digest": last.get("test_digest"),
             "wall_time": last["wall_time"] if wall is None else wall,
             **({"init_weights": m.init_weights} if m.init_weights else {}),
             "checkpoint": store.checkpoint_digest(m.out)}))
@@ -513,6 +514,7 @@ def _record(epoch: int, train_loss: float | None, model, data: ArrayDataset, eva
     # history in the checkpoint, so resume and stacking keep it bit for bit
     return {"epoch": epoch, "train_loss": train_loss,
             "test_acc": int(correct.sum()) / max(len(correct), 1),
+            "test_digest": data.test_digest,       # what test_acc was measured on (data.batches_digest)
             **snap.to_dict(), **align, **method_log, "wall_time": wall,
             "test_correct": store.pack_correct(correct.numpy())}
 

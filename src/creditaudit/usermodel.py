@@ -30,10 +30,11 @@ from pathlib import Path
 import torch
 
 from .errors import CreditAuditError
-from .evidence import ControlEvidence, Evidence, gate
+from .evidence import ControlEvidence, gate_yardstick, weights_distance
 from .metrics import accuracy, branch_ratios, monitor_snapshot
 from .model import ResidualStream
 from .model.stream import parameter_roles
+from .verdict import Thresholds
 
 
 
@@ -219,13 +220,15 @@ def control_evidence(model: torch.nn.Module, control: torch.nn.Module, init: tor
 
 def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str | None = None,
                         init: str | None = None, device: torch.device | None = None,
-                        yardstick: str | None = None) -> dict:
+                        yardstick: str | None = None, margin: float = Thresholds().depth_margin) -> dict:
     """The model and what `protocol.diagnose` needs beside it: its test accuracy, the frozen
     control's evidence (`control`: a ControlEvidence for `evidence.gate`, or None), and a two-row
     monitor history (init, now) when `init` is given. The models are put on `device`, by default
     where the data are. `yardstick`: weights of the same model, blocks at init, embedding and
     readout trained by backprop; it must pass the gate as a control would (so `init` is needed to
-    check it), and its accuracy is the control's yardstick_acc."""
+    check it), beat the untrained model by the (d) `margin` and hold weights of its own, not the
+    control's (`evidence.gate_yardstick`); its accuracy is the control's yardstick_acc. The
+    control is still checked against the untrained model (`evidence.weakness`)."""
     if yardstick and not (frozen and init):
         raise CreditAuditError("--yardstick needs --frozen-control (the control it measures) and "
                                "--init-weights (to check that its blocks are at initialisation)")
@@ -247,12 +250,13 @@ def user_model_evidence(spec: str, weights: str, data, batches, *, frozen: str |
             init_acc=None if start is None else accuracy(start, data.eval_batches("test", 1000)))
         if yardstick:
             yard = in_eval_mode(load_weights(build_user_model(spec), yardstick, "yardstick weights").to(device), spec)
-            yard_ev = dataclasses.replace(control_evidence(model, yard, start, yardstick, x),
-                                          acc=accuracy(yard, data.eval_batches("test", 1000)))
-            admitted = gate(Evidence(yardstick, None, yard_ev))
-            if admitted.frozen_acc is None:
-                raise CreditAuditError(f"the yardstick is no evidence: {admitted.depth_why}")
-            control_ev = dataclasses.replace(control_ev, yardstick_acc=admitted.frozen_acc)
+            # the yardstick is evidence too (evidence.gate_yardstick): checked as a control is, and
+            # it must beat the untrained model by the margin and not be the control's own weights
+            yard_ev = dataclasses.replace(
+                control_evidence(model, yard, start, yardstick, x), role="yardstick",
+                acc=accuracy(yard, data.eval_batches("test", 1000)), init_acc=control_ev.init_acc,
+                control_distance=weights_distance(yard.state_dict(), control.state_dict()))
+            control_ev = dataclasses.replace(control_ev, yardstick_acc=gate_yardstick(yard_ev, margin))
     history = None
     if start is not None:
         history = [{"epoch": 0, "test_acc": None, **monitor_snapshot(start, x, y).to_dict()},

@@ -46,6 +46,24 @@ def random_crop_flip(x: torch.Tensor, pad: int, gen: torch.Generator) -> torch.T
     return crop_flip(x, pad, offsets.to(x.device), flip.to(x.device))
 
 
+def batches_digest(batches) -> str:
+    """sha256 (hex) of the test samples in `batches` (an iterable of (x, y)): each sample's input
+    bytes (dtype, shape) and its label hashed alone, the sorted per-sample hashes hashed together —
+    so the digest names the set of (input, label) pairs an accuracy was measured on, whatever the
+    batching or order (an accuracy depends on neither), and changes with any input or label."""
+    per_sample = []
+    for x, y in batches:
+        x, y = torch.as_tensor(x).detach().cpu().contiguous(), torch.as_tensor(y).detach().cpu().contiguous()
+        head = f"{x.dtype}|{tuple(x.shape[1:])}|{y.dtype}|".encode()
+        xs = x.reshape(len(x), -1).view(torch.uint8).numpy() if x.numel() else [b""] * len(x)
+        ys = y.reshape(len(y), -1).view(torch.uint8).numpy()
+        per_sample += [hashlib.sha256(head + bytes(xi) + b"|" + bytes(yi)).digest() for xi, yi in zip(xs, ys)]
+    h = hashlib.sha256(f"{len(per_sample)}|".encode())
+    for d in sorted(per_sample):
+        h.update(d)
+    return h.hexdigest()
+
+
 @dataclass
 class ArrayDataset:
     """Train/test tensors plus what is needed to turn a raw batch into network input.
@@ -70,6 +88,7 @@ class ArrayDataset:
     pad: int = 4
     source: str = ""        # where the tensors came from (a cache, a folder), for `describe`
     _digest: str | None = field(default=None, repr=False, compare=False)
+    _test_digest: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def digest(self) -> str:
@@ -87,6 +106,19 @@ class ArrayDataset:
                 h.update(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
             self._digest = h.hexdigest()
         return self._digest
+
+    @property
+    def test_digest(self) -> str:
+        """`batches_digest` of the test split as the model sees it (`eval_batches("test")`, prepared
+        on the CPU, so the same on every device): what a run's test accuracy was measured on.
+        Computed once per load and carried by `to`."""
+        if self._test_digest is None:
+            cpu = replace(self, x_train=self.x_train[:0].cpu(), y_train=self.y_train[:0].cpu(),
+                          x_test=self.x_test.cpu(), y_test=self.y_test.cpu(),
+                          mean=None if self.mean is None else self.mean.cpu(),
+                          std=None if self.std is None else self.std.cpu())
+            self._test_digest = batches_digest(cpu.eval_batches("test", 1000))
+        return self._test_digest
 
     def describe(self) -> str:
         """What was loaded, for headers and messages: name (source, train/test sizes, digest)."""

@@ -28,7 +28,7 @@ from ..errors import CreditAuditError
 from ..metrics import accuracy
 from ..protocol import diagnose
 from ..runner import make_executor
-from ..runs import (DONE, Run, as_device, build_model, control_evidence, diagnosis_binding,
+from ..runs import (DONE, Run, as_device, build_model, control_evidence, diagnosis_binding, yardstick_evidence,
                     existing_run_is_done, failure_record, load_run, read_status, run_dir_for,
                     superseded_by_code, write_diagnosis)
 from ..store import json_number as _num
@@ -493,23 +493,51 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
         yard = by_key.get(yard.bind_data(o.config.data_digest).run_key) if yard else None
         return yard if yard is not None and yard.status == "finished" and yard.test_acc is not None else None
 
+    yard_refused: dict[str, str | None] = {}
+
+    def checked_yardstick(o: Outcome) -> tuple[Outcome | None, str | None]:
+        """The seed's yardstick as evidence (`evidence.gate_yardstick`): (it, None) when it finished
+        and passed — a control's checks, beating the untrained model by the (d) margin, and its
+        rule computing backprop (Γ = 1 at every position on the probe batch, the project's own
+        code) —, (None, why) when refused (then the seed's (d) cannot clear), (None, None) when
+        there is none. Checked once per yardstick."""
+        yard = finished_yardstick(o)
+        if yard is None:
+            return None, None
+        key = yard.config.run_key
+        if key not in yard_refused:
+            try:
+                run = load_run(yard.run_dir, "cpu")
+                init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
+                init_acc = accuracy(init.eval(), data.eval_batches("test", 1000))
+                evidence.gate_yardstick(yardstick_evidence(run, *data.eval_batch(0), init_acc),
+                                        thresholds.depth_margin)
+                yard_refused[key] = None
+            except CreditAuditError as err:
+                yard_refused[key] = str(err)
+                yard.status, yard.message = "refused", str(err)
+        return (yard, None) if yard_refused[key] is None else (None, yard_refused[key])
+
     def admit(o: Outcome, control: Outcome) -> tuple[evidence.Admission | None, str | None]:
         """The evidence gate on `control` as the frozen control of `o`: (admission, None), or
         (None, why) when refused — then (d) is not evaluated for `o`'s seed, and the control is
-        marked refused so that no table pairs a seed with it."""
+        marked refused so that no table pairs a seed with it. A refused yardstick leaves the seed's
+        (d) not evaluated too."""
         key = (o.config.run_key, control.config.run_key)
+        yard, yard_why = checked_yardstick(o)
+        if yard_why is not None:
+            return None, yard_why
         if control.status == "refused":        # refused for another run it controls (a λ sweep's)
             return None, control.message
         if key not in gated:
             try:
                 ev = control_evidence(o.config, load_run(control.run_dir, "cpu"), data.eval_batch(0)[0])
-                yard = finished_yardstick(o)
+                # a control must beat the untrained model by the margin, with or without a yardstick
+                run = load_run(o.run_dir, "cpu")
+                init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
+                ev = replace(ev, init_acc=accuracy(init.eval(), data.eval_batches("test", 1000)))
                 if yard is not None:
                     ev = replace(ev, yardstick_acc=yard.test_acc)
-                else:           # none (or it failed): a control must beat the untrained model by the margin
-                    run = load_run(o.run_dir, "cpu")
-                    init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
-                    ev = replace(ev, init_acc=accuracy(init.eval(), data.eval_batches("test", 1000)))
                 gated[key] = evidence.gate(evidence.Evidence(o.config.label, None, ev,
                                                              depth_margin=thresholds.depth_margin)), None
             except CreditAuditError as err:
@@ -554,7 +582,7 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
                                      depth_why=admitted.depth_why if admitted else refused,
                                      weak=admitted.weak if admitted else None,
                                      # against the yardstick: the audit's (d) across seeds decides
-                                     weak_decided=finished_yardstick(o) is not None,
+                                     weak_decided=checked_yardstick(o)[0] is not None,
                                      missing_evidence=([refused] if refused else []) + no_signal(o, control),
                                      n_eval=n_eval,
                                      rho=rho and o.config.control == "none",

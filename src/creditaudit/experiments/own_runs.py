@@ -21,6 +21,7 @@ from .. import __version__, evidence, store
 from ..errors import CreditAuditError, CreditAuditWarning
 from ..methods import resolve_method_name
 from ..monitor import FINISHED, MonitoredRun, control_accuracy, load_monitored
+from ..monitored import test_digest
 from ..runs import refuse_run_folder
 from ..verdict import Thresholds
 from .audit import read_audit, tabulate
@@ -106,13 +107,16 @@ def _method_of(run: MonitoredRun, method: str | None) -> str:
     return recorded
 
 
-def _yardsticks(folders: Sequence[str | Path], mains: Sequence[MonitoredRun],
-                seeds: dict[int, int]) -> dict[int, Outcome]:
+def _yardsticks(folders: Sequence[str | Path], mains: Sequence[MonitoredRun], controls: Sequence[MonitoredRun],
+                seeds: dict[int, int], thresholds: Thresholds) -> dict[int, Outcome]:
     """seed → the user's yardstick (as an Outcome: its accuracy and per-example record): Monitor folders of frozen controls (blocks at
     init, embedding and readout each trained, finite, finished — the evidence gate's checks) that
-    start from the initial weights of the runs of one seed and plan their epochs, their embedding
-    and readout trained by exact gradients (backprop). How a loop the tool did not run trained is
-    the user's word; that it is frozen, trained and this seed's is checked."""
+    start from the initial weights of the runs of one seed, plan their epochs and were measured on
+    their test set, their embedding and readout trained by exact gradients (backprop). Each is
+    evidence itself (`evidence.gate_yardstick`): it must beat the untrained model (its run's
+    epoch-0 accuracy) by the (d) margin and hold weights of its own, not a control's. How a loop
+    the tool did not run trained is the user's word; that it is frozen, trained and this seed's is
+    checked."""
     out: dict[int, float] = {}
     for folder in folders:
         run = load_monitored(folder)
@@ -125,17 +129,35 @@ def _yardsticks(folders: Sequence[str | Path], mains: Sequence[MonitoredRun],
             raise CreditAuditError(f"the yardstick {run.run_dir} plans {run.info.get('epochs')} epochs, the "
                                    f"runs of its seed {mine[0].info.get('epochs')}; train it on the same budget")
         check = run.status.get("control_check") or {}
-        admitted = evidence.gate(evidence.Evidence(str(run.run_dir), None, evidence.ControlEvidence(
+        weights = store.load_checkpoint(run.run_dir)[1]["model"]
+        # the nearest control of its seed: a control passed again as the yardstick is no yardstick
+        same_seed = [c for c in controls if c.info.get("init_sha256") == run.info.get("init_sha256")]
+        distance = min((evidence.weights_distance(weights, store.load_checkpoint(c.run_dir)[1]["model"])
+                        for c in same_seed), default=None)
+        first = mine[0].history[0] if mine[0].history else {}
+        acc = evidence.gate_yardstick(evidence.ControlEvidence(
             str(run.run_dir), None, run.finished, run.test_acc, check.get("blocks_at_init"),
-            check.get("embedding_moved"), check.get("readout_moved"), check.get("finite"))))
-        if admitted.frozen_acc is None:
-            raise CreditAuditError(f"the yardstick is no evidence: {admitted.depth_why}; finish it (or "
-                                   "leave it out)")
+            check.get("embedding_moved"), check.get("readout_moved"), check.get("finite"),
+            role="yardstick", test_digest=test_digest(run), run_test_digest=mine[0].info.get("test_digest"),
+            check_digest=True, control_distance=distance,
+            init_acc=first.get("test_acc") if first.get("epoch") == 0 else None), thresholds.depth_margin)
         seed = seeds[id(mine[0])]
         if seed in out:
             raise CreditAuditError(f"two yardsticks for seed {seed}; pass one per seed")
         out[seed] = _outcome(run, "yardstick", seed)
     return out
+
+
+def _one_test_set(mains: Sequence[MonitoredRun]) -> None:
+    """Refuse runs measured on different test sets (their test digests differ): the audit compares
+    their accuracies, and (d)'s noise floor takes one n_test for all. A run without a digest (a
+    claimed accuracy, an older folder) is compared with nothing here; its control is unverified."""
+    digests = {m.run_dir: test_digest(m) for m in mains}
+    known = {d: r for r, d in digests.items() if d is not None}
+    if len(known) > 1:
+        (d1, r1), (d2, r2) = list(known.items())[:2]
+        raise CreditAuditError(f"{r1} and {r2} were measured on different test sets (test digests "
+                               f"{d1[:12]} and {d2[:12]}); give every run's Monitor the same test_batches")
 
 
 def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = (), *,
@@ -173,6 +195,7 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         raise CreditAuditError("audit_own_runs needs at least one run folder")
     mains = [load_monitored(r) for r in runs]
     ctrls = [load_monitored(c) for c in controls]
+    _one_test_set(mains)
     method_of = {id(run): _method_of(run, method) for run in mains}
     seen: dict[tuple[str, str], Path] = {}
     seeds: dict[int, int] = {}                 # id(run) → its seed (else its place in its method)
@@ -230,7 +253,7 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         outcomes.append(_outcome(c, method_of[id(main)], seeds[id(main)]))
 
     t0 = time.perf_counter()
-    by_seed = _yardsticks(yardsticks, mains, seeds)
+    by_seed = _yardsticks(yardsticks, mains, ctrls, seeds, thresholds)
     table = tabulate(methods, outcomes, thresholds, n_test, yardstick_of=lambda o: by_seed.get(o.config.seed))
     out = Path(out)
     per_method = "; ".join(
