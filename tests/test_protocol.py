@@ -18,8 +18,8 @@ from creditaudit.methods.bp import BP
 from creditaudit.model import ResidualMLP, ResidualStream
 from creditaudit.errors import CreditAuditError
 from creditaudit.protocol import Report, diagnose
-from creditaudit.verdict import (Thresholds, fires_a, fires_b, fires_b_prime, first_fire_epochs,
-                                 threshold_sensitivity)
+from creditaudit.sensitivity import threshold_sensitivity
+from creditaudit.verdict import Thresholds, fires_a, fires_b, fires_b_prime, first_fire_epochs
 
 
 @pytest.fixture(scope="module")

@@ -44,12 +44,13 @@ from .store import json_number as _num, json_safe
 
 TRUSTWORTHY, WALK_BACK, INCOMPLETE = "trustworthy", "walk back", "incomplete"
 # A frozen control is weak, at one seed, when its accuracy falls short of the yardstick of the
-# same seed (the same frozen blocks, embedding and readout trained by exact gradients under the
-# same recipe: bp's frozen control) by more than this. Only a lone run (`diagnose`, `check`) reads
-# it; across seeds the shortfall is its own statistic (depth.py). Derived from the sd of the
-# *difference* yardstick − control within a method over seeds, pooled over the zoo audit's rules
-# (docs/rules/audit.json): t_{0.95, df} · sd — see docs/PROTOCOL.md "The yardstick".
-YARDSTICK_TOLERANCE = 0.02
+# same seed (the same frozen blocks, embedding and readout trained by exact gradients: bp's frozen
+# control) by more than this. Only a lone run (`diagnose`, `check`) reads it; across seeds the
+# shortfall is its own statistic with its own interval (depth.py). The line is one-sided 5 % for
+# the *difference* yardstick − control at one seed: t_{0.95, 24} · 0.97 points = 1.66 points, 0.97
+# the sd of that difference within a rule over its seeds, pooled over the 12 distinct controls of
+# the zoo audit (docs/rules/audit.json; docs/PROTOCOL.md "The yardstick").
+YARDSTICK_TOLERANCE = 0.0166
 
 
 @dataclass(frozen=True)
