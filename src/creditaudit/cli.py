@@ -65,22 +65,10 @@ def _choices(names) -> str:
     return ", ".join(names)
 
 
-def _default_threads() -> int:
-    """Threads for a single-run command: the cores the machine's load leaves idle (at least 1, at
-    most 4). A small model at the default thread count on a busy machine can run 20× slower than at
-    one thread; at 1–2 threads it never crawls."""
-    cores = os.cpu_count() or 1
-    try:
-        busy = round(os.getloadavg()[0])
-    except OSError:
-        busy = 0
-    return max(1, min(4, cores - busy))
-
-
 def _set_threads(args) -> None:
-    import torch
-    threads = getattr(args, "threads", None) or _default_threads()
-    torch.set_num_threads(threads)
+    """Threads for a single-run command: --threads, else the idle cores (threads.idle_threads)."""
+    from .threads import guard_threads, idle_threads
+    guard_threads(getattr(args, "threads", None) or idle_threads())
 
 
 # -- train ----------------------------------------------------------------------------------------

@@ -198,6 +198,11 @@ class Monitor:
                       monitor scalar and flag, per epoch (trackers.py).
     trackers:         trackers.TensorBoardLog / WandbLog / MLflowLog (one or a list): every
                       monitor scalar and flag per epoch, the status and verdict at the end.
+    threads:          torch's CPU thread count for your loop, as `creditaudit` commands set it
+                      (threads.guard_threads): "auto" (default) lowers torch's count to the cores
+                      the machine's load leaves idle, with a CreditAuditWarning saying so (a busy
+                      machine at every core can run a small model 20× slower); N sets N; None
+                      leaves torch's setting alone.
     """
 
     def __init__(self, model: torch.nn.Module, eval_batch, out: str | Path, *, epochs: int,
@@ -210,7 +215,8 @@ class Monitor:
                  stop_when_flagged: int | None = None,
                  on_flag: Callable[[str, int, dict], None] | None = None,
                  on_epoch: Callable[[dict[str, float]], None] | None = None,
-                 tensorboard: "str | Path | SummaryWriter | None" = None, trackers=None):
+                 tensorboard: "str | Path | SummaryWriter | None" = None, trackers=None,
+                 threads: int | str | None = "auto"):
         _check_model(model)
         out = store.as_path(out, "out")
         if not isinstance(thresholds, Thresholds):
@@ -283,6 +289,10 @@ class Monitor:
                      "control_of_id": main_id,
                      "stop_when_flagged": stop_when_flagged, "thresholds": asdict(thresholds)}
         _trackers.set_params(self._trackers, _trackers.run_params(self.info))   # once, before epoch 0
+        from .threads import guard_threads
+        advice = guard_threads(threads)
+        if advice:
+            warnings.warn(f"creditaudit.Monitor: {advice}", CreditAuditWarning, stacklevel=2)
         self.history: list[dict] = []
         self.status: dict[str, Any] = {}
         # set by an integration whose epochs do not see all the training data (Lightning's
