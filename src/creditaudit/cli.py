@@ -632,7 +632,7 @@ def _run_options(p: argparse.ArgumentParser, cat) -> None:
     p.add_argument("--stop-when-flagged", type=_count(1, cat.max_count), metavar="N",
                    help="end the run once (a) or (b′) has held N epochs (default: train to the end)")
     p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="method option, e.g. --option beta=10 (README, Methods) (default: none)")
+                   help="method option, e.g. --option beta=10 (docs/METHODS.md) (default: none)")
     p.add_argument("--arch-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="architecture option, e.g. --arch-option heads=4 (default: none)")
     p.add_argument("--precision", choices=cat.precisions, default=d("precision"), help=h("precision"))
