@@ -1,4 +1,5 @@
-"""CA102 and CA103: a cosine whose denominator is clamped (`cosine_similarity`'s eps = 1e-8, or a literal floor ≥ 1e-12), which shrinks Γ when ‖g‖ is near the floor.
+"""CA102 and CA103: a cosine whose denominator is clamped (`cosine_similarity`'s eps = 1e-8, or a
+literal floor ≥ 1e-12), which shrinks Γ when ‖g‖ is near the floor.
 
 A mixin of `checker.Checker`: its methods read the checker's state (`facts`, scopes, `_report`).
 The rule in full is in the package's docstring (`creditaudit.lint`)."""

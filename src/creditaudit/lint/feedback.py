@@ -1,4 +1,5 @@
-"""CA106: random feedback matrices drawn without a seeded generator, or never saved with the checkpoint.
+"""CA106: random feedback matrices drawn without a seeded generator, or never saved with the
+checkpoint.
 
 A mixin of `checker.Checker`: its methods read the checker's state (`facts`, scopes, `_report`).
 The rule in full is in the package's docstring (`creditaudit.lint`)."""
