@@ -20,7 +20,7 @@ from creditaudit.protocol import diagnose
 
 TINY = ["--dataset", "digits", "--width", "16", "--blocks", "2", "--quiet", "--threads", "1",
         "--device", "cpu", "--epochs", "1"]
-README = Path(__file__).resolve().parents[1] / "README.md"
+USAGE = Path(__file__).resolve().parents[1] / "docs" / "USAGE.md"
 
 
 def cli(argv, capsys) -> tuple[int, str, str]:
@@ -254,15 +254,15 @@ def test_image_architectures_refuse_bad_arguments_in_one_line():
         SmallResNet((3, 32, 32), width=0)
 
 
-# -- the package's Python API, as the README shows it --------------------------------------------
+# -- the package's Python API, as docs/USAGE.md shows it ----------------------------------------
 def test_readme_python_example_runs_with_diagnose_from_the_package():
     assert creditaudit.diagnose is diagnose and "diagnose" in creditaudit.__all__
-    text = README.read_text()
+    text = USAGE.read_text()
     block = text.split("From Python, the protocol reaches a model only through", 1)[1]
     code = block.split("```python", 1)[1].split("```", 1)[0]
     assert "from creditaudit import ResidualStream, diagnose" in code
 
-    class Mine(torch.nn.Module):        # the names the README's example assumes
+    class Mine(torch.nn.Module):        # the names the example assumes
         def __init__(self):
             super().__init__()
             self.stem = torch.nn.Linear(10, 16)
@@ -274,7 +274,7 @@ def test_readme_python_example_runs_with_diagnose_from_the_package():
     net = Mine()
     scope = {"my_model": net, "my_eval_batches": [(X, Y), (X.flip(0), Y.flip(0))],
              "my_credit_signals": lambda x, y: [torch.zeros(len(x), 16) for _ in range(3)]}
-    exec(compile(code, str(README), "exec"), scope)
+    exec(compile(code, str(USAGE), "exec"), scope)
     assert scope["report"].gamma is not None and len(scope["report"].residual_norms) == 3
 
 

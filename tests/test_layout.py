@@ -294,3 +294,27 @@ def test_help_summaries_are_whole_sentences():
     for name, cls in METHODS.items():
         line = summary_line(name, cls)
         assert line and line.count("(") == line.count(")") and line.count('"') % 2 == 0, (name, line)
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """No import loop between our modules: the graph of every relative import (inside functions
+    and `if TYPE_CHECKING:` too) between top-level modules has no cycle (monitor.py and
+    monitor_diagnosis.py were one)."""
+    graph: dict[str, set[str]] = {}
+    for _, here, t in _internal_imports():
+        if here != "__init__":                  # the package root re-exports, and is imported by none
+            graph.setdefault(here, set()).add(t)
+    loops, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                loops.append(" → ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert loops == [], loops

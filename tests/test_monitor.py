@@ -419,3 +419,38 @@ def test_a_zero_initialised_model_is_told_its_frozen_control_is_shallow(tmp_path
     assert load_monitored(tmp_path / "ctrl").status["control_check"]["branch_ratio"] == 0.0
     notes = " ".join(load_monitored(tmp_path / "run").diagnosis["notes"])
     assert "exactly a shallow network" in notes and "beat no blocks at all" in notes
+
+
+def test_the_monitor_guards_the_thread_count_as_the_command_line_does(tmp_path, digits, monkeypatch):
+    """A Monitor in a user's loop on a busy machine: torch at more threads than the idle cores is
+    lowered to them (the command line's `threads.idle_threads`), with one CreditAuditWarning that
+    says what it did and how to choose; threads=N sets N, threads=None leaves torch alone, a
+    count below the idle cores is never raised, and a bad value is one line. The command line's
+    default is the same function."""
+    from creditaudit import threads as guard
+    from creditaudit.cli import _set_threads
+    from creditaudit.errors import CreditAuditWarning
+    before = torch.get_num_threads()
+    monkeypatch.setattr(guard, "idle_threads", lambda: 1)             # a busy 2-core machine
+    model = lambda: creditaudit.ResidualMLP(64, d=8, n_blocks=2)
+    try:
+        torch.set_num_threads(2)
+        with pytest.warns(CreditAuditWarning, match=r"torch was set to 2 CPU threads with 1 core\(s\) idle: set to 1"):
+            creditaudit.Monitor(model(), digits.eval_batch(0), tmp_path / "a", epochs=1)
+        assert torch.get_num_threads() == 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CreditAuditWarning)        # nothing to say: no warning
+            creditaudit.Monitor(model(), digits.eval_batch(0), tmp_path / "b", epochs=1)
+            torch.set_num_threads(2)
+            creditaudit.Monitor(model(), digits.eval_batch(0), tmp_path / "c", epochs=1, threads=None)
+            assert torch.get_num_threads() == 2
+            creditaudit.Monitor(model(), digits.eval_batch(0), tmp_path / "d", epochs=1, threads=3)
+            assert torch.get_num_threads() == 3
+        with pytest.raises(CreditAuditError, match="threads must be a number of CPU threads"):
+            creditaudit.Monitor(model(), digits.eval_batch(0), tmp_path / "e", epochs=1, threads=0)
+        assert not (tmp_path / "e").exists()
+        torch.set_num_threads(4)
+        _set_threads(type("Args", (), {"threads": None})())
+        assert torch.get_num_threads() == 1                           # the CLI: the same idle count
+    finally:
+        torch.set_num_threads(before)

@@ -52,6 +52,13 @@ def test_example_method_trains_and_audits_through_the_cli(tmp_path):
     assert controls == {"none", "frozen", "shallow"}          # every control, like a built-in
     assert row["verdict"].split(":")[0] in ("trustworthy", "walk back", "incomplete")
     assert row["gamma_layers"] is not None and row["null_layers"] is not None  # Γ and its null
+    # every table names the rule by its `name`; audit.md gives its import path once
+    assert row["rule_name"] == "scfa"
+    md = (tmp_path / "audit" / "audit.md").read_text()
+    assert md.count("scfa:SignConcordantFA`") == 1 and "`scfa:SignConcordantFA`" in md
+    assert "| scfa " in md and "| scfa:SignConcordantFA " not in md
+    table = audit.stdout.split("\n\n")
+    assert any(part.startswith("method ") and "\nscfa " in part for part in table), audit.stdout
 
 
 def _toml(tmp_path: Path) -> Path:

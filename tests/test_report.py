@@ -261,8 +261,11 @@ def test_compact_table_fits_a_terminal_and_names_each_method(audited):
         assert line.startswith(row["method"]) and f"{100 * row['acc']:.1f}" in line
     below = " ".join(" ".join(line.split()) for line in lines[top + 2 + len(result["methods"]):])
     for row in result["methods"]:
-        assert f"{row['method']}: {' '.join(row['verdict'].split())}" in below
-        assert f"paper's rule: {' '.join(row['paper_verdict'].split())}" in below
+        heading = "incomplete" if row["verdict"].startswith("incomplete") else row["verdict"]
+        assert f"{row['method']}: {' '.join(heading.split())}" in below
+        for item in row.get("reasons") or []:
+            assert " ".join(item.split()) in below
+        assert "paper's rule: " in below
     assert "median over seeds" in below            # which cells are medians, and that reasons quote a seed
     wide = compact_table(_degenerate(result))
     assert "walk back: (a), (b′), (d)" in " ".join(wide.split())   # flag names shortened to fit
@@ -470,5 +473,93 @@ def test_the_terminal_ends_with_what_to_do_next_for_its_outcome(audited):
     row.update(verdict="incomplete: (d) undetermined", missing=["(d) undetermined: about 9 seeds would likely decide it"],
                verdicts={"project": Verdict("project", "incomplete", missing=("(d) undetermined",)).to_dict()})
     undecided["config"] = {**(undecided.get("config") or {}), "seeds": [7]}
-    assert last(undecided) == ("next: add seeds to decide (d): --seeds 7 8 9 (runs of the seeds you have "
-                               "are reused).")
+    assert last(undecided) == ("next: add seeds to decide (d) for bp: --seeds 7 8 9 10 11 12 13 14 15 "
+                               "(9 seeds, the estimate; runs of the seeds you have are reused).")
+    # an estimate past what seeds can practically give is said as such, with no --seeds to run
+    row["missing"] = ["(d) undetermined: about 68 seeds would likely decide it"]
+    assert "--seeds" not in last(undecided) and "~68 seeds" in last(undecided)
+    # a run that failed the way a rerun repeats is never answered with "run the same command again"
+    failed = store.json_safe(copy.deepcopy(undecided))
+    failed["runs"][0].update(status="failed", message="ValueError: the rule's shapes do not match")
+    assert "run the same command again" not in last(failed) and "a rerun repeats" in last(failed)
+    failed["runs"][0].update(message="interrupted by the user")
+    assert "run the same command again" in last(failed)
+
+
+def _flat(text):
+    """A text as compared for repetition: whitespace collapsed, every number masked."""
+    return re.sub(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", "#", " ".join(text.split()))
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_the_terminal_says_each_reason_once_defines_its_symbols_and_agrees_with_next(columns, monkeypatch):
+    """The zoo audit (docs/rules/audit.json: 14 rules, reasons, weak controls, per-seed notes,
+    undetermined (d)) at the width COLUMNS gives, as the command line reads it: each reason,
+    missing item and note of a method is said once (a per-seed note once for all its seeds; a
+    note inside a reason not again); every symbol a table cell uses is defined in the legend;
+    the columns (d) rests on stay; `next:` suggests as many seeds as the estimate says, and none
+    where the estimate is past what seeds can give."""
+    import shutil
+    from pathlib import Path
+    from creditaudit.report import compact_table
+    from creditaudit.report.tables import SEEDS_WORTH_ADDING
+    monkeypatch.setenv("COLUMNS", str(columns))
+    audit = json.loads((Path(__file__).resolve().parents[1] / "docs" / "rules" / "audit.json").read_text())
+    text = compact_table(audit, width=shutil.get_terminal_size((120, 24)).columns, out="audits/zoo")
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= columns
+    top = next(i for i, line in enumerate(lines) if line.startswith("method "))
+    assert "frozen %" in lines[top] and "vs yardstick" in lines[top]
+    end = lines.index("", top)
+    table, rest = "\n".join(lines[top + 2:end]), "\n".join(lines[end:])
+    legend = " ".join(rest.strip().split("\n\n")[0].split())
+    for symbol, defined in (("*", "*: "), ("—", "—: "), ("exact", "exact: "), ("λ=", "λ: "), ("±", "mean ± std"),
+                            ("weak", "weak k/n")):
+        if symbol in table:
+            assert defined in legend, symbol
+    from creditaudit.report.format import _method_name
+    sections = [" ".join(part.split()) for part in text.split("\n\n")]
+    for row in audit["methods"]:
+        mine = [p for p in sections if p.startswith(f"{_method_name(row)}: ")]
+        assert len(mine) == 1, _method_name(row)
+        flat = _flat(mine[0])
+        for item in [*row["reasons"], *row["missing"], *row["notes"]]:
+            body = re.sub(r"^\S+/s\d+: ", "", " ".join(item.split()))
+            key = _flat(re.sub(r"^\([a-d]′?\) ", "", body).rstrip("."))[:90]
+            assert flat.count(key) == 1, (row["method"], key, flat.count(key))
+    step = " ".join(text.split("\n\n")[-1].split())
+    estimates = [int(n) for row in audit["methods"] for m in row["missing"]
+                 for n in re.findall(r"about (\d+) seeds would likely decide", m)]
+    assert estimates, "the zoo audit should hold an undetermined (d)"
+    worth = [n for n in estimates if n <= SEEDS_WORTH_ADDING]
+    suggested = re.search(r"--seeds ((?:\d+ )+)\(", step)
+    assert (suggested is not None) == bool(worth)
+    if worth:
+        assert len(suggested.group(1).split()) == max(worth)
+    for n in estimates:
+        if n > SEEDS_WORTH_ADDING:
+            assert f"~{n} seeds" in step
+    assert "run the same command again" not in step       # every run finished
+
+
+def test_a_failure_that_repeats_is_never_advised_a_rerun_and_seeds_are_counted(audited, tmp_path):
+    """Through the command line (`creditaudit report` at COLUMNS=80): a run that failed the way a
+    rerun repeats makes `next:` say to change its cause, not to run the command again."""
+    import os
+    import subprocess
+    import sys
+    result, _, tmp = audited
+    audit = store.json_safe(copy.deepcopy(result))
+    audit["runs"][0].update(status="failed", message="ValueError: the rule's shapes do not match")
+    row = _row(audit, audit["runs"][0]["method"])
+    incomplete = Verdict("project", "incomplete", missing=("1/2 runs failed",))
+    row.update(verdict=incomplete.text, verdicts={"project": incomplete.to_dict(), "paper": incomplete.to_dict()})
+    store.write_sealed_json(tmp_path / "audit.json", audit)
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-m", "creditaudit", "report", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.split("\nwritten from")[0]
+    assert max(map(len, printed.splitlines())) <= 80
+    step = " ".join(printed.split("\n\n")[-1].split())
+    assert step.startswith("next:") and "a rerun repeats" in step and "run the same command again" not in step

@@ -69,8 +69,8 @@ def _wandb_records(path: str):
 
 
 def wandb_runs(root: Path) -> dict[str, dict]:
-    """Every offline W&B run under root by its name: its history rows and its summary (the later
-    of a run's resumed files wins)."""
+    """Every offline W&B run under root by its name: its history rows, its summary, its config
+    (the later of a run's resumed files wins) and how many run files it has."""
     runs: dict[str, dict] = {}
     by_id: dict[str, str] = {}
     paths = sorted(glob.glob(str(root / "**" / "offline-run-*" / "run-*.wandb"), recursive=True))
@@ -80,20 +80,23 @@ def wandb_runs(root: Path) -> dict[str, dict]:
             break
         time.sleep(0.1)
     for path in paths:
-        history, summary, name, run_id = [], {}, None, None
+        history, summary, config, name, run_id = [], {}, {}, None, None
         for rec in _wandb_records(path):
             kind = rec.WhichOneof("record_type")
             if kind == "run":
                 name, run_id = rec.run.display_name or name, rec.run.run_id
             elif kind == "history":
                 history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+            elif kind == "config":
+                config.update({i.key: json.loads(i.value_json) for i in rec.config.update})
             elif kind == "summary":
                 summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
         name = name or by_id.get(run_id)
         by_id[run_id] = name
-        entry = runs.setdefault(name, {"history": [], "summary": {}, "files": 0})
+        entry = runs.setdefault(name, {"history": [], "summary": {}, "config": {}, "files": 0})
         entry["history"] += history
         entry["summary"].update(summary)
+        entry["config"].update({k: v.get("value") if isinstance(v, dict) else v for k, v in config.items()})
         entry["files"] += 1
     return runs
 
@@ -125,20 +128,12 @@ def test_monitor_logs_to_wandb_and_mlflow(offline, digits):
     ml = trackers.MLflowLog(experiment="mine", tracking_uri=uri, name="main")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", creditaudit.FlagFired)
-        with creditaudit.Monitor(model, digits.eval_batch(0), offline / "run", epochs=2,
+        with creditaudit.Monitor(model, digits.eval_batch(0), offline / "run", epochs=2, seed=3,
                                  method="mine", trackers=[wb, ml], on_epoch=seen.append) as mon:
             _train(mon, 2)
         first_verdict = mon.report.verdict
         assert mon.report.to_dict()["depth"] is None             # no control yet: (d) not evaluated
         assert mon.report.to_dict()["missing_evidence"] or first_verdict != "trustworthy"
-
-        got = wandb_runs(offline / "wb")["main"]
-        rows = [r for r in got["history"] if "creditaudit/epoch" in r]
-        assert [r["creditaudit/epoch"] for r in rows] == [0, 1, 2]
-        for row, want in zip(rows, seen):
-            assert {k: row[k] for k in want} == pytest.approx(want, rel=1e-6)
-        assert got["summary"]["creditaudit/verdict"] == first_verdict
-        assert got["summary"]["creditaudit/status"] == "finished"
 
         runs, client = mlflow_runs(uri, "mine")
         run = runs["main"]
@@ -146,14 +141,19 @@ def test_monitor_logs_to_wandb_and_mlflow(offline, digits):
             hist = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
             assert [m.step for m in hist] == [0, 1, 2]
             assert [m.value for m in hist] == pytest.approx([s[key] for s in seen], rel=1e-6)
-        assert run.data.tags["creditaudit/verdict"] == first_verdict
-        assert run.data.tags["creditaudit/paper_verdict"] == mon.report.paper_verdict
+        # the run's own verdict, named so: no audit judged it, so no creditaudit/verdict
+        assert run.data.tags["creditaudit/run_verdict"] == first_verdict
+        assert run.data.tags["creditaudit/run_paper_verdict"] == mon.report.paper_verdict
+        assert "creditaudit/verdict" not in run.data.tags
+        assert run.data.params["method"] == "mine" and run.data.params["seed"] == "3"
+        assert run.data.params["control"] == "none"
         assert run.info.status == "FINISHED"
 
         # the frozen control finishes later: the main run is re-diagnosed with (d), and its
-        # trackers get the newer verdict
+        # trackers get the newer verdict; the control itself gets none
+        ctrl_log = trackers.MLflowLog(experiment="mine", tracking_uri=uri, name="ctrl")
         ctrl = creditaudit.Monitor(mon.frozen_control(), digits.eval_batch(0), offline / "ctrl",
-                                   epochs=2, control_of=mon)
+                                   epochs=2, control_of=mon, trackers=ctrl_log)
         for _ in range(2):
             for p in [*ctrl.model.embed_parameters(), *ctrl.model.head_parameters()]:
                 p.data.add_(0.01)        # embedding and readout both train (each its own group)
@@ -162,19 +162,32 @@ def test_monitor_logs_to_wandb_and_mlflow(offline, digits):
         ctrl.finish()
     assert mon.report.to_dict()["depth"] is not None          # (d) now evaluated
     now = mon.report.verdict
-    got = wandb_runs(offline / "wb")["main"]
-    # resumed by id to take the update; the epochs logged before are kept
-    assert [r["creditaudit/epoch"] for r in got["history"] if "creditaudit/epoch" in r] == [0, 1, 2]
-    assert got["summary"]["creditaudit/verdict"] == now
-    assert mlflow_runs(uri, "mine")[0]["main"].data.tags["creditaudit/verdict"] == now
+    got = wandb_runs(offline / "wb")
+    # the W&B run waited open for its control: one folder, every epoch, the newer verdict
+    assert list(got) == ["main"] and got["main"]["files"] == 1
+    assert len(glob.glob(str(offline / "wb" / "**" / "offline-run-*"), recursive=True)) == 1
+    rows = [r for r in got["main"]["history"] if "creditaudit/epoch" in r]
+    assert [r["creditaudit/epoch"] for r in rows] == [0, 1, 2]
+    for row, want in zip(rows, seen):
+        assert {k: row[k] for k in want} == pytest.approx(want, rel=1e-6)
+    assert got["main"]["summary"]["creditaudit/run_verdict"] == now
+    assert got["main"]["summary"]["creditaudit/status"] == "finished"
+    assert got["main"]["config"]["method"] == "mine" and got["main"]["config"]["seed"] == 3
+    runs, _ = mlflow_runs(uri, "mine")
+    assert runs["main"].data.tags["creditaudit/run_verdict"] == now
+    assert not any("verdict" in k for k in runs["ctrl"].data.tags)            # a control: no verdict
+    assert runs["ctrl"].data.params["control"] == "frozen"
 
 
-def test_audit_own_runs_and_cli_audit_log_each_run(offline, digits):
+def test_audit_own_runs_and_cli_audit_log_each_run(offline, digits, monkeypatch):
     """`audit_own_runs(trackers=...)` and `creditaudit audit --tracker` open one tracker run per
-    run folder, named by it, with its whole monitor history and, at the end, its status, its
-    diagnosis' verdict and its method's audit verdict."""
+    run folder, named by it, once, with its settings (W&B config, MLflow params), its whole monitor
+    history and, at the end, its status and — a run of a method — the audit's verdict on its method
+    as `creditaudit/verdict`, its own as `creditaudit/run_verdict`; controls get no verdict; one
+    summary run per audit holds each method's verdict; MLflow's log lines stay out of W&B's."""
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
+    monkeypatch.delenv("WANDB_CONSOLE")         # W&B's own setting must keep the console out
     uri = (offline / "mlruns").as_uri()
     torch.manual_seed(1)
     model = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
@@ -190,10 +203,11 @@ def test_audit_own_runs_and_cli_audit_log_each_run(offline, digits):
     got = wandb_runs(offline / "wb_own")["r1"]
     rows = [r for r in got["history"] if "creditaudit/epoch" in r]
     assert [r["creditaudit/gain"] for r in rows] == pytest.approx([r["gain"] for r in mon.history], rel=1e-6)
-    assert got["summary"]["creditaudit/verdict"] == mon.report.verdict
-    assert got["summary"]["creditaudit/method_verdict"] == method_verdict
+    assert got["summary"]["creditaudit/run_verdict"] == mon.report.verdict
+    assert got["summary"]["creditaudit/verdict"] == method_verdict
     runs, _ = mlflow_runs(uri, "own")
-    assert runs["r1"].data.tags["creditaudit/method_verdict"] == method_verdict
+    assert runs["r1"].data.tags["creditaudit/verdict"] == method_verdict
+    assert runs["audit-summary"].data.tags["creditaudit/verdict/mine"] == method_verdict
 
     code = main(["audit", "--dataset", "digits", "--epochs", "1", "--device", "cpu", "--quiet",
                  "--methods", "bp", "--seeds", "42", "--jobs", "1",
@@ -205,7 +219,15 @@ def test_audit_own_runs_and_cli_audit_log_each_run(offline, digits):
     assert len(names) == 3                                  # the run, its frozen and shallow controls
     wb = wandb_runs(offline / "wb_audit")
     ml, client = mlflow_runs(uri, "cli")
-    assert sorted(wb) == names and sorted(ml) == names
+    assert sorted(wb) == sorted(ml) == sorted([*names, "audit-summary"])
+    assert all(entry["files"] == 1 for entry in wb.values())          # one W&B folder per run
+    assert len(glob.glob(str(offline / "wb_audit" / "**" / "offline-run-*"), recursive=True)) == len(wb)
+    for log in glob.glob(str(offline / "wb_audit" / "**" / "output.log"), recursive=True):
+        assert "mlflow" not in Path(log).read_text().lower(), log
+    row = result["methods"][0]
+    assert wb["audit-summary"]["summary"]["creditaudit/verdict/bp"] == row["verdict"]
+    assert ml["audit-summary"].data.tags["creditaudit/paper_verdict/bp"] == row["paper_verdict"]
+    assert ml["audit-summary"].data.params["methods"] == "bp"
     for run in result["runs"]:
         name = Path(run["run_dir"]).name
         history = [json.loads(x) for x in (Path(run["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
@@ -216,9 +238,16 @@ def test_audit_own_runs_and_cli_audit_log_each_run(offline, digits):
             pytest.approx([r["gain"] for r in history], rel=1e-6)
         assert ml[name].data.tags["creditaudit/status"] == run["status"]
         assert wb[name]["summary"]["creditaudit/status"] == run["status"]
-        if run["control"] == "none":
-            assert ml[name].data.tags["creditaudit/verdict"] == run["report"]["verdict"]
-            assert wb[name]["summary"]["creditaudit/method_verdict"] == result["methods"][0]["verdict"]
+        for params in (ml[name].data.params, wb[name]["config"]):
+            assert str(params["method"]) == "bp" and str(params["seed"]) == "42"
+            assert str(params["control"]) == run["control"] and str(params["recipe.optimizer"]) == "adamw"
+        if run["control"] == "none":        # the audit's verdict on bp, and this run's own beside it
+            assert ml[name].data.tags["creditaudit/verdict"] == row["verdict"]
+            assert wb[name]["summary"]["creditaudit/verdict"] == row["verdict"]
+            assert ml[name].data.tags["creditaudit/run_verdict"] == run["report"]["verdict"]
+        else:
+            assert not any("verdict" in k for k in ml[name].data.tags)
+            assert not any("verdict" in k for k in wb[name]["summary"])
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -289,18 +318,19 @@ def test_docs_tracker_snippets_run_as_written(offline, digits, monkeypatch):
     for i, code in enumerate(snippets):
         torch.manual_seed(0)
         model = creditaudit.ResidualMLP(64, d=16, n_blocks=2)
-        scope = {"creditaudit": creditaudit, "model": model, "eval_batch": digits.eval_batch(0), "E": 1}
+        scope = {"creditaudit": creditaudit, "model": model, "eval_batch": digits.eval_batch(0), "EPOCHS": 1}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", creditaudit.FlagFired)
             exec(compile(code, f"docs/YOUR_OWN_LOOP.md (tracker snippet {i})", "exec"), scope)
             mon = scope["mon"]
             _train(mon, 1)
             verdicts.append(mon.finish().verdict)
+            mon.end_trackers()                            # no control will come: end the W&B run now
         shutil.move("runs", f"runs{i}")                   # each snippet writes runs/dfa-s0
     assert (offline / "tb" / "dfa-s0").is_dir()
-    assert wandb_runs(offline / "wandb_logs")["dfa-s0"]["summary"]["creditaudit/verdict"] == verdicts[1]
+    assert wandb_runs(offline / "wandb_logs")["dfa-s0"]["summary"]["creditaudit/run_verdict"] == verdicts[1]
     runs, client = mlflow_runs("sqlite:///mlflow.db", "my-dfa")
-    assert runs["dfa-s0"].data.tags["creditaudit/verdict"] == verdicts[2]
+    assert runs["dfa-s0"].data.tags["creditaudit/run_verdict"] == verdicts[2]
     assert [m.step for m in client.get_metric_history(runs["dfa-s0"].info.run_id, "creditaudit/gain")] == [0, 1]
 
 
@@ -342,7 +372,7 @@ def test_lightning_callback_passes_trackers_on(offline, digits):
     runs, client = mlflow_runs(uri, "pl")
     hist = sorted(client.get_metric_history(runs["pl"].info.run_id, "creditaudit/gain"), key=lambda m: m.step)
     assert [m.value for m in hist] == pytest.approx([r["gain"] for r in cb.monitor.history], rel=1e-6)
-    assert runs["pl"].data.tags["creditaudit/verdict"] == cb.report.verdict
+    assert runs["pl"].data.tags["creditaudit/run_verdict"] == cb.report.verdict
 
 
 def test_trackers_flag_by_the_monitors_thresholds(offline, digits):
@@ -365,3 +395,26 @@ def test_trackers_flag_by_the_monitors_thresholds(offline, digits):
     flags = [m.value for m in client.get_metric_history(runs["strict"].info.run_id, "creditaudit/flag/a")]
     assert flags == [1.0, 1.0]
     assert trackers.epoch_flags(mon.history[0], None)["a"] is False   # the default would not fire
+
+
+def test_wandb_keeps_other_libraries_lines_out_of_its_run(offline, monkeypatch, capsys):
+    """No cross-talk: while a WandbLog's run is open, what MLflow (or anything else) writes to the
+    console does not land in the W&B run's console log — W&B's own console capture is off,
+    whatever WANDB_CONSOLE says."""
+    pytest.importorskip("wandb")
+    import logging
+    monkeypatch.delenv("WANDB_CONSOLE")
+    log = trackers.WandbLog(project="x", dir=offline / "wb", name="quiet")
+    handler = logging.StreamHandler(sys.stderr)
+    logging.getLogger("mlflow").addHandler(handler)
+    try:
+        logging.getLogger("mlflow").warning("an mlflow line")
+        print("a line of the user's own", flush=True)
+    finally:
+        logging.getLogger("mlflow").removeHandler(handler)
+    log.end({"creditaudit/status": "finished"})
+    assert "an mlflow line" in capsys.readouterr().err          # it was written, to the console
+    assert wandb_runs(offline / "wb")["quiet"]["summary"]["creditaudit/status"] == "finished"
+    for path in glob.glob(str(offline / "wb" / "**" / "output.log"), recursive=True):
+        text = Path(path).read_text()
+        assert "an mlflow line" not in text and "a line of the user's own" not in text, path

@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 from .errors import CreditAuditError, CreditAuditWarning
 
 # The model classes, the monitor for a user's own loop (docs/YOUR_OWN_LOOP.md) and the protocol's
-# `diagnose` (README, "Auditing your own model"), imported on first use so that `import creditaudit`
+# `diagnose` (docs/USAGE.md, "Auditing your own model"), imported on first use so that `import creditaudit`
 # (and with it `creditaudit --help`) imports no torch: name → module that defines it.
 _LAZY = {"Monitor": "monitor", "StopRun": "monitor", "FlagFired": "monitor",
          "load_monitored": "monitor", "Adapter": "adapter",

@@ -65,22 +65,10 @@ def _choices(names) -> str:
     return ", ".join(names)
 
 
-def _default_threads() -> int:
-    """Threads for a single-run command: the cores the machine's load leaves idle (at least 1, at
-    most 4). A small model at the default thread count on a busy machine can run 20× slower than at
-    one thread; at 1–2 threads it never crawls."""
-    cores = os.cpu_count() or 1
-    try:
-        busy = round(os.getloadavg()[0])
-    except OSError:
-        busy = 0
-    return max(1, min(4, cores - busy))
-
-
 def _set_threads(args) -> None:
-    import torch
-    threads = getattr(args, "threads", None) or _default_threads()
-    torch.set_num_threads(threads)
+    """Threads for a single-run command: --threads, else the idle cores (threads.idle_threads)."""
+    from .threads import guard_threads, idle_threads
+    guard_threads(getattr(args, "threads", None) or idle_threads())
 
 
 # -- train ----------------------------------------------------------------------------------------
@@ -660,7 +648,7 @@ def _run_options(p: argparse.ArgumentParser, cat) -> None:
     p.add_argument("--stop-when-flagged", type=_count(1, cat.max_count), metavar="N",
                    help="end the run once (a) or (b′) has held N epochs (default: train to the end)")
     p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="method option, e.g. --option beta=10 (README, Methods) (default: none)")
+                   help="method option, e.g. --option beta=10 (docs/METHODS.md) (default: none)")
     p.add_argument("--arch-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="architecture option, e.g. --arch-option heads=4 (default: none)")
     p.add_argument("--precision", choices=cat.precisions, default=d("precision"), help=h("precision"))

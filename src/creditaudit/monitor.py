@@ -199,6 +199,11 @@ class Monitor:
                       monitor scalar and flag, per epoch (trackers.py).
     trackers:         trackers.TensorBoardLog / WandbLog / MLflowLog (one or a list): every
                       monitor scalar and flag per epoch, the status and verdict at the end.
+    threads:          torch's CPU thread count for your loop, as `creditaudit` commands set it
+                      (threads.guard_threads): "auto" (default) lowers torch's count to the cores
+                      the machine's load leaves idle, with a CreditAuditWarning saying so (a busy
+                      machine at every core can run a small model 20× slower); N sets N; None
+                      leaves torch's setting alone.
     """
 
     def __init__(self, model: torch.nn.Module, eval_batch, out: str | Path, *, epochs: int,
@@ -211,7 +216,8 @@ class Monitor:
                  stop_when_flagged: int | None = None,
                  on_flag: Callable[[str, int, dict], None] | None = None,
                  on_epoch: Callable[[dict[str, float]], None] | None = None,
-                 tensorboard: "str | Path | SummaryWriter | None" = None, trackers=None):
+                 tensorboard: "str | Path | SummaryWriter | None" = None, trackers=None,
+                 threads: int | str | None = "auto"):
         _check_model(model)
         out = store.as_path(out, "out")
         if not isinstance(thresholds, Thresholds):
@@ -284,6 +290,11 @@ class Monitor:
                      "control_of": self.control_of, "run_id": uuid.uuid4().hex,
                      "control_of_id": main_id,
                      "stop_when_flagged": stop_when_flagged, "thresholds": asdict(thresholds)}
+        _trackers.set_params(self._trackers, _trackers.run_params(self.info))   # once, before epoch 0
+        from .threads import guard_threads
+        advice = guard_threads(threads)
+        if advice:
+            warnings.warn(f"creditaudit.Monitor: {advice}", CreditAuditWarning, stacklevel=2)
         self.history: list[dict] = []
         self.status: dict[str, Any] = {}
         # set by an integration whose epochs do not see all the training data (Lightning's
@@ -349,6 +360,13 @@ class Monitor:
             from .trackers import end_runs
             end_runs(self._trackers, self.status)
         return False
+
+    def end_trackers(self) -> None:
+        """End the trackers' runs now. A finished run without its frozen control keeps its W&B run
+        open for the control's (d) — until that control finishes, or the process exits; call this
+        to end it sooner (a control finishing later then resumes it by id)."""
+        for t in self._trackers:
+            t.close()
 
     @property
     def epochs_completed(self) -> int:
@@ -448,7 +466,12 @@ class Monitor:
             self.report = self._diagnose(from_checkpoint=again)
             main = self._main
             from .trackers import end_runs
-            end_runs(self._trackers, self.status, self.report)
+            # a control is evidence for its run, not a claim: no verdict of its own in a tracker;
+            # a finished run without its control yet may still gain (d): its W&B run stays open
+            control = self.info["control"] != "none"
+            end_runs(self._trackers, self.status, None if control else self.report,
+                     final=control or self.frozen_control_dir is not None
+                     or self.status["status"] != FINISHED)
             if main is not None and self.status["status"] == FINISHED and main.report is not None:
                 main.finish(frozen_control=self.out)     # the run this controls gains its (d)
         return self.report

@@ -2,12 +2,16 @@
 frozen control's evidence (monitored.control_evidence) go to the evidence gate, then
 `protocol.diagnose` measures the model through its residual stream — the last (finite) checkpoint
 when the run diverged or is diagnosed again with a control — and the sealed diagnosis.json is
-written beside the run."""
+written beside the run.
+
+It reads the run through `MonitoredRun`, the few attributes a `Monitor` has, and never imports
+monitor.py: the Monitor calls down into this module, never the other way round."""
 from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
@@ -17,11 +21,31 @@ from .monitored import DIVERGED, control_evidence
 from .runs import write_diagnosis
 
 if TYPE_CHECKING:
-    from .monitor import Monitor
+    from .adapter import Adapter
     from .protocol import Report
+    from .verdict import Thresholds
 
 
-def diagnose_monitored(mon: "Monitor", batches: list[tuple[torch.Tensor, torch.Tensor]],
+class MonitoredRun(Protocol):
+    """What the diagnosis reads of a monitored run (a `Monitor` after `finish` sealed it)."""
+
+    model: torch.nn.Module
+    adapter: "Adapter | None"
+    credit: Callable | None
+    out: Path
+    label: str
+    info: dict[str, Any]
+    status: dict[str, Any]
+    history: list[dict]
+    epochs: int
+    thresholds: "Thresholds"
+    frozen_control_dir: Path | None
+
+    @property
+    def epochs_completed(self) -> int: ...
+
+
+def diagnose_monitored(mon: MonitoredRun, batches: list[tuple[torch.Tensor, torch.Tensor]],
                        from_checkpoint: bool = False) -> "Report":
     """Gate the evidence of the sealed run of `mon`, diagnose it on `batches` and write it."""
     from .protocol import diagnose

@@ -16,8 +16,15 @@ The flags are decided by verdict.py's rules, on the same record the verdict read
 is one clear error. A `SummaryWriter` of the user's own may be handed over instead of a folder.
 
 W&B (`WandbLog`, the `wandb` extra) and MLflow (`MLflowLog`, the `mlflow` extra) get the same
-names plus `creditaudit/epoch` to plot them against, and at the end of a run its status and
-verdicts (`end_tags`); so do Lightning's loggers and any `on_epoch` callback (`epoch_scalars`).
+names plus `creditaudit/epoch` to plot them against, the run's settings once (`run_params`: W&B
+config, MLflow params, TensorBoard text), and at the end of a run its status and verdicts
+(`end_tags`); so do Lightning's loggers and any `on_epoch` callback (`epoch_scalars`).
+
+One verdict per name, so a tracker never contradicts the audit: `creditaudit/verdict` and
+`creditaudit/paper_verdict` are the audit's verdicts on the run's method (its seeds pooled), given
+only where an audit judged the run; `creditaudit/run_verdict` and `creditaudit/run_paper_verdict`
+are this run's own diagnosis (one seed, its own control), which can differ. A control gets no
+verdict: it is evidence for its run, not a claim.
 Each tracker's library is imported only when that tracker is asked for. The Monitor takes tracker
 objects (`trackers=`); `creditaudit audit --tracker KIND[:WHERE]` and `audit_own_runs(trackers=)`
 log every judged run folder after the audit (`log_judged_runs`).
@@ -133,7 +140,12 @@ class TensorBoardLog:
 
     __call__ = log
 
-    def end(self, tags: dict[str, str]) -> None:
+    def params(self, params: dict) -> None:
+        """The run's settings (`run_params`) as one text at step 0."""
+        import json
+        self.writer.add_text(f"{PREFIX}/params", json.dumps(params, sort_keys=True, default=str), 0)
+
+    def end(self, tags: dict[str, str], final: bool = True) -> None:
         """The run's status and verdicts (`end_tags`) as text at its last epoch, then `close`."""
         for key, text in tags.items():
             self.writer.add_text(key, text, max(self._logged, 0))
@@ -186,18 +198,59 @@ def _need(module: str, extra: str, what: str):
                                f"pip install \"creditaudit[{extra}]\"") from None
 
 
-def end_tags(status: dict | None, report=None, method_verdict: str | None = None) -> dict[str, str]:
-    """What a tracker records when its run ends: the run's status, and the diagnosis' verdicts
-    (project rule, paper rule) when it was diagnosed; `method_verdict`: the audit's verdict on the
-    run's method (seeds pooled), when the run was judged in an audit."""
+def end_tags(status: dict | None, report=None, method: dict | None = None) -> dict[str, str]:
+    """What a tracker records when its run ends: the run's status; `report`: its own diagnosis,
+    as `run_verdict` / `run_paper_verdict` (None for a control: it gets no verdict); `method`: the
+    audit's row of the run's method, whose verdicts are `verdict` / `paper_verdict`."""
     tags = {f"{PREFIX}/status": str((status or {}).get("status", "unfinished"))}
     if report is not None:
         r = report if isinstance(report, dict) else report.to_dict()
-        tags[f"{PREFIX}/verdict"] = str(r["verdict"])
-        tags[f"{PREFIX}/paper_verdict"] = str(r["paper_verdict"])
-    if method_verdict is not None:
-        tags[f"{PREFIX}/method_verdict"] = str(method_verdict)
+        tags[f"{PREFIX}/run_verdict"] = str(r["verdict"])
+        tags[f"{PREFIX}/run_paper_verdict"] = str(r["paper_verdict"])
+    if method is not None:
+        tags[f"{PREFIX}/verdict"] = str(method["verdict"])
+        tags[f"{PREFIX}/paper_verdict"] = str(method["paper_verdict"])
     return tags
+
+
+# what names a run in a tracker: the settings a dashboard groups runs by
+PARAM_KEYS = ("method", "seed", "control", "recipe", "options", "lam", "dataset", "arch", "width",
+              "blocks", "epochs", "trainable_blocks", "model", "label", "control_of")
+
+
+def run_params(config: dict) -> dict[str, str | int | float | bool]:
+    """A run's settings as one flat dict of plain values (W&B config, MLflow params): the
+    `PARAM_KEYS` it has (a run folder's config.json, a monitored run's run.json), nested
+    dicts flattened with "." (recipe.optimizer, options.lam), lists joined, None left out."""
+    out: dict = {}
+
+    def put(key, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                put(f"{key}.{k}", v)
+        elif isinstance(value, (list, tuple)):
+            out[key] = ", ".join(map(str, value))
+        elif value is not None:
+            out[key] = value
+    for key in PARAM_KEYS:
+        put(key, config.get(key))
+    return out
+
+
+def set_params(trackers: Sequence, params: dict) -> None:
+    """The run's settings to each tracker that takes them (`params(dict)`), once."""
+    for t in trackers:
+        if callable(getattr(t, "params", None)):
+            t.params(params)
+
+
+def _takes_final(tracker) -> bool:
+    """Whether a tracker's `end` takes `final` (ours do; a tracker of the user's own may not)."""
+    import inspect
+    try:
+        return "final" in inspect.signature(tracker.end).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _new_rows(history: Sequence[dict], logged: int, t: Thresholds):
@@ -210,23 +263,28 @@ def _new_rows(history: Sequence[dict], logged: int, t: Thresholds):
 
 class WandbLog:
     """Monitor records to a Weights & Biases run: each scalar of `epoch_scalars` per epoch, plotted
-    against `creditaudit/epoch`; at the end the status and verdicts as summary fields.
+    against `creditaudit/epoch`; the run's settings as its config; at the end the status and
+    verdicts as summary fields.
 
     run: your own run (`wandb.init(...)`: logged to, never finished here); or None: a run is
     started with `wandb.init(project=, dir=, name=)` and finished at the end. With WANDB_MODE=offline
-    it writes only under `dir` (upload later with `wandb sync`). A newer verdict after the end (a
-    frozen control that finished later) resumes that run by its id to update its summary."""
+    it writes only under `dir` (upload later with `wandb sync`). An end that is not `final` (a run
+    whose frozen control may still come and change its (d)) updates the summary and keeps the run
+    open — finished by the final end, `close`, or at exit — so the control's verdict lands in the
+    same run, not in a second folder of the same id. W&B does not capture the console
+    (console="off"): another library's log lines (MLflow's) stay out of the run's output."""
 
     def __init__(self, run=None, *, project: str | None = None, dir: str | Path | None = None,
                  name: str | None = None, thresholds: Thresholds = Thresholds()):
         self.wandb = _need("wandb", "wandb", "Weights & Biases")
         self.thresholds, self._logged, self._owned, self._ended = thresholds, -1, run is None, False
+        self._waiting = False
         self.dir = None if dir is None else str(_log_folder(dir, "Weights & Biases"))
         if run is None:
             if self.dir is not None:
                 Path(self.dir).mkdir(parents=True, exist_ok=True)
             run = self.wandb.init(project=project, dir=self.dir, name=name, reinit="create_new",
-                                  settings=self.wandb.Settings(silent=True))
+                                  settings=self.wandb.Settings(silent=True, console="off"))
         self.run = run
         self.run.define_metric(f"{PREFIX}/*", step_metric=f"{PREFIX}/epoch")
 
@@ -237,14 +295,22 @@ class WandbLog:
 
     __call__ = log
 
-    def end(self, tags: dict[str, str]) -> None:
-        if self._ended and self._owned:      # resumed by id, updated, finished again
+    def params(self, params: dict) -> None:
+        self.run.config.update(params, allow_val_change=True)
+
+    def end(self, tags: dict[str, str], final: bool = True) -> None:
+        if self._ended and self._owned:      # closed early by hand: resumed by id to take the update
             self.run = self.wandb.init(id=self.run.id, project=self.run.project, dir=self.dir,
-                                       resume="allow", reinit="create_new",
-                                       settings=self.wandb.Settings(silent=True))
+                                       name=self.run.name, resume="allow", reinit="create_new",
+                                       settings=self.wandb.Settings(silent=True, console="off"))
             self._ended = False
         self.run.summary.update(tags)
-        self.close()
+        if final:
+            self.close()
+        elif self._owned and not self._waiting:
+            import atexit
+            atexit.register(self.close)      # no control came: the run ends with the process
+            self._waiting = True
 
     def close(self) -> None:
         if self._owned and not self._ended:
@@ -296,7 +362,13 @@ class MLflowLog:
 
     __call__ = log
 
-    def end(self, tags: dict[str, str]) -> None:
+    def params(self, params: dict) -> None:
+        """The run's settings as MLflow params (strings; logged once: MLflow keeps params fixed)."""
+        from mlflow.entities import Param
+        self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in params.items()])
+
+    def end(self, tags: dict[str, str], final: bool = True) -> None:
+        """Tags (a later end updates them; MLflow allows tags on an ended run), then `close`."""
         for key, value in tags.items():
             self.client.set_tag(self.run_id, key, value)
         self.close()
@@ -359,10 +431,12 @@ def log_epoch(trackers: Sequence, history: Sequence[dict]) -> None:
         t.log(history)
 
 
-def end_runs(trackers: Sequence, status: dict | None, report=None) -> None:
+def end_runs(trackers: Sequence, status: dict | None, report=None, final: bool = True) -> None:
+    """Each tracker's end with the run's status and its own verdicts (`end_tags`); `final` False
+    for a run whose (d) a frozen control may still change (W&B keeps that run open)."""
     tags = end_tags(status, report)
     for t in trackers:
-        t.end(tags)
+        t.end(tags, final=final) if _takes_final(t) else t.end(tags)
 
 
 # -- the command line's and audit_own_runs' trackers: KIND[:WHERE], one tracker run per run -------
@@ -411,12 +485,13 @@ def open_tracker(kind: str, where: str | None, *, run: str, project: str | None,
 
 def log_judged_runs(result: dict, specs: Sequence[str], project: str | None,
                     thresholds: Thresholds = Thresholds()) -> None:
-    """Every run of an audit (audit.json: "runs", "methods") to each tracker, one tracker run per
-    run folder, from its metrics.jsonl; at the end its status, its diagnosis' verdicts and its
-    method's audit verdict. Runs that never trained are skipped."""
+    """An audit in each tracker: one tracker run per run folder, from its metrics.jsonl, with its
+    settings (`run_params`) and, at the end, its status and — a main run — the audit's verdicts on
+    its method beside its own (`end_tags`; a control gets none); then one summary run of the whole
+    audit (`log_audit_summary`). Runs that never trained are skipped."""
     import json
     parsed = check_trackers(specs)
-    method_verdict = {m["method"]: m["verdict"] for m in result.get("methods", [])}
+    rows = {m["method"]: m for m in result.get("methods", [])}
     for run in result["runs"]:
         metrics = Path(run["run_dir"]) / "metrics.jsonl"
         if not metrics.exists():
@@ -424,10 +499,52 @@ def log_judged_runs(result: dict, specs: Sequence[str], project: str | None,
         history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         if not history:
             continue
-        tags = end_tags({"status": run["status"]}, run.get("report"),
-                        method_verdict.get(run["method"]) if run.get("control") == "none" else None)
+        main = run.get("control") == "none"
+        tags = end_tags({"status": run["status"]}, run.get("report") if main else None,
+                        rows.get(run["method"]) if main else None)
+        params = run_params({**(run.get("config") or {}), "method": run["method"], "seed": run.get("seed"),
+                             "control": run.get("control"), "label": run.get("label")})
         for kind, where in parsed:
             tracker = open_tracker(kind, where, run=Path(run["run_dir"]).name, project=project,
                                    thresholds=thresholds)
+            tracker.params(params)
             tracker.log(history)
             tracker.end(tags)
+    log_audit_summary(result, parsed, project)
+
+
+SUMMARY_RUN = "audit-summary"
+
+
+def _key(text: str) -> str:
+    """A method's name as part of a tracker key (MLflow allows letters, digits, _ - . / and space)."""
+    import re
+    return re.sub(r"[^\w\-. /]", "_", str(text))
+
+
+def log_audit_summary(result: dict, parsed: Sequence[tuple[str, str | None]], project: str | None) -> None:
+    """One tracker run per audit, named `SUMMARY_RUN`: the audit's settings as its params, and at
+    its end each method's verdicts (`creditaudit/verdict/<method>`, `creditaudit/paper_verdict/
+    <method>`) and the count of each outcome (`creditaudit/n_walk_back`, …)."""
+    from .verdict import verdict_of
+    config = result.get("config") or {}
+    params = {k: (", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
+              for k, v in config.items() if k in ("dataset", "methods", "seeds", "epochs", "recipe", "preset",
+                                                   "controls", "runs") and v not in (None, [], "")}
+    params.update({f"model.{k}": v for k, v in (config.get("model") or {}).items()})
+    params["source"] = result.get("source", "audit")
+    tags: dict[str, str] = {}
+    counts = {"trustworthy": 0, "walk back": 0, "incomplete": 0}
+    for row in result.get("methods") or []:
+        name = _key(row.get("rule_name") or row["method"])
+        tags[f"{PREFIX}/verdict/{name}"] = str(row["verdict"])
+        tags[f"{PREFIX}/paper_verdict/{name}"] = str(row["paper_verdict"])
+        try:
+            counts[verdict_of(row).outcome] += 1
+        except (ValueError, KeyError, TypeError):
+            pass
+    tags.update({f"{PREFIX}/n_{k.replace(' ', '_')}": str(v) for k, v in counts.items()})
+    for kind, where in parsed:
+        tracker = open_tracker(kind, where, run=SUMMARY_RUN, project=project)
+        tracker.params(params)
+        tracker.end(tags)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
@@ -345,6 +346,10 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
     data = dataset(config.dataset, config.data_dir, "cpu")
     n_test = len(data.y_test)
     table = tabulate(config.methods, outcomes, thresholds, n_test)
+    names = rule_names(config.methods)
+    for row in table["methods"]:
+        if row["method"] in names:
+            row["rule_name"] = names[row["method"]]
     result = {
         "creditaudit_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -362,6 +367,14 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
     }
     store.write_sealed_json(out / "audit.json", store.json_safe(result))
     return read_audit(out)
+
+
+def rule_names(methods: Sequence[str]) -> dict[str, str]:
+    """A user's rule (PKG.MODULE:CLASS) → its `name`, which the tables show (audit.md lists its
+    import path once); a rule whose name another method of the audit also has keeps its path."""
+    names = {m: method_class(m).name if ":" in m else m for m in methods}
+    taken = Counter(names.values())
+    return {m: n for m, n in names.items() if ":" in m and taken[n] == 1}
 
 
 # what an audit's result depends on; where and how it ran (device, jobs, executor, …) and the

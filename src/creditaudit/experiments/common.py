@@ -149,7 +149,7 @@ def _rule_source(spec) -> str | None:
 
 
 # the modules no diagnosis is computed by: editing them leaves every sealed diagnosis reusable
-_NOT_DIAGNOSIS = ("cli.py", "__main__.py", "catalog.py", "check.py", "lint.py", "api.py", "report",
+_NOT_DIAGNOSIS = ("cli.py", "__main__.py", "catalog.py", "check.py", "lint", "api.py", "report",
                   "runner", "trackers.py", "lightning.py")
 
 
@@ -302,7 +302,7 @@ CPU_STACK_PAYS = False
 # The one line `--stack` on a CPU prints (run_all, once). Measured with benchmarks/method_speed.py
 # --methods bp,dfa --epochs 1 --repeats 3 --stack 4 (one thread, the 2-core shared box at load ≈ 9;
 # stack wall ÷ the same 4 runs one after another, median of 3): bp 0.90, dfa 0.94 (earlier, at load
-# ≈ 1.3–1.5: bp 0.95, ep 0.97, sb 0.98, cb 1.05; README "Speed"); benchmarks/stack_archs_speed.py
+# ≈ 1.3–1.5: bp 0.95, ep 0.97, sb 0.98, cb 1.05; docs/SPEED.md); benchmarks/stack_archs_speed.py
 # (CPU time, load ≈ 9.6): resnet-small width 16 bp 0.96, dfa 0.93; vit-mini d=64 bp 1.11, dfa 1.14.
 CPU_STACK_NOTE = ("creditaudit: --stack on a CPU: stacking does not pay there (a stack of 4 took 0.90–0.94× the "
                   "time of its 4 runs one after another on the ResMLP, 0.93–1.14× on resnet-small and vit-mini: "

@@ -1,7 +1,7 @@
 """The residual-stream interface: all the audit protocol needs from a model.
 
 Any model that can say how to get h_0 from x, how to go from h_l to h_{l+1}, and how to read logits
-off h_L can be audited (see README, "Auditing your own model").
+off h_L can be audited (see docs/USAGE.md, "Auditing your own model").
 """
 from __future__ import annotations
 

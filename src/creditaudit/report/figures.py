@@ -116,6 +116,11 @@ class _Thresholds:
         return None
 
 
+def _shown(audit: dict) -> dict[str, str]:
+    """A user's rule (PKG.MODULE:CLASS) → its `name`, as the legends show it (the tables too)."""
+    return {str(r["method"]): str(r["rule_name"]) for r in audit.get("methods") or [] if r.get("rule_name")}
+
+
 def _thresholds(audit: dict) -> _Thresholds:
     return _Thresholds(audit.get("thresholds"))
 
@@ -124,13 +129,14 @@ def norms_figure(audit: dict) -> Figure:
     """Per-layer median ‖h_l‖ and ‖g_l‖ per method (mean over the seeds' diagnoses), log y."""
     fig = Figure(figsize=(11, 4.2))
     ax_h, ax_g = fig.subplots(1, 2)
-    colors, drawn = _colors(audit), False
+    colors, drawn, shown = _colors(audit), False, _shown(audit)
     for method, runs in _main_runs(audit).items():
         reports = [r["report"] for r in runs if r.get("report")]
         for ax, key in ((ax_h, "residual_norms"), (ax_g, "bp_grad_norms")):
             curve = _mean_curve([rep.get(key) or [] for rep in reports], log=True)
             if _has_values(curve):
-                ax.plot(range(len(curve)), curve, "o-", color=colors[method], label=method, lw=2)
+                ax.plot(range(len(curve)), curve, "o-", color=colors[method], label=shown.get(method, method),
+                        lw=2)
                 drawn = True
     floor = _thresholds(audit).floor
     if floor is not None:
@@ -170,7 +176,7 @@ def monitor_figure(audit: dict) -> Figure:
         (lambda r: None if _f(r.get("test_acc")) is None else 100 * _f(r.get("test_acc")), False,
          None, None, "test accuracy (%)"),
     ]
-    colors, styles, seen = _colors(audit), _styles(audit), set()
+    colors, styles, seen, shown = _colors(audit), _styles(audit), set(), _shown(audit)
     for method, runs in _main_runs(audit).items():
         style = styles.get(method, {"ls": "-", "marker": "o", "dx": 0.0})
         for run in runs:
@@ -185,7 +191,7 @@ def monitor_figure(audit: dict) -> Figure:
                 ys = [_plottable(value(r), log) for r in history]
                 if not _has_values(ys):
                     continue
-                label = method if ax is axes[3] and method not in seen else None
+                label = shown.get(method, method) if ax is axes[3] and method not in seen else None
                 if label:
                     seen.add(method)
                 ax.plot(shifted, ys, ls=style["ls"], marker=style["marker"], ms=4, mfc="none",

@@ -59,8 +59,10 @@ def _pct(mean: Any, std: Any = None) -> str:
 
 
 def _method_name(row: dict) -> str:
+    """A method as every table names it: its `name` (a user's rule too: `rule_name`, not its
+    import path, which audit.md lists once), with λ where it has one."""
     lam = _f(row.get("lam"))
-    name = str(row.get("method") or "?")
+    name = str(row.get("rule_name") or row.get("method") or "?")
     return f"{name} (λ={lam:g})" if lam else name
 
 

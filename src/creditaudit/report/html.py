@@ -9,6 +9,7 @@ from ..verdict import verdict_of
 from .figures import FIGURES
 from .format import _method_name
 from .tables import (PER_SEED_COLUMNS, VERDICT_MEANINGS, _audit_tables, _legend, _meta, _notes,
+                     headline, method_story,
                      _per_seed_cells, _same_rows, _sensitivity_cells, _strategy_cells, _unfinished,
                      verdict_summary)
 
@@ -136,13 +137,12 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
     parts.append("<h2>Reasons</h2>")
     notes = _notes(audit)
     for row in audit.get("methods") or []:
-        verdict = str(row.get("verdict") or "—")
+        verdict = headline(row)
         color = {"ok": "#125c1b", "bad": "#8a1010", "warn": "#6b4a00"}.get(_verdict_class(row, "project"), "#222")
         parts.append(f'<h3>{e(_method_name(row))} — <span style="color:{color}">{e(verdict)}</span></h3>')
-        items = [e(r) for r in row.get("reasons") or []] or ["no flag fired."]
-        items += [f"<i>paper's rule</i>: {e(str(row.get('paper_verdict') or '—'))}"]
-        items += [f"<i>missing</i>: {e(m)}" for m in row.get("missing") or []]
-        items += [f"<i>note</i>: {e(n)}" for n in list(row.get("notes") or []) + notes.get(str(row.get("method")), [])]
+        items = [] if row.get("reasons") else ["no flag fired."]
+        items += [(f"<i>{e(prefix.rstrip(': '))}</i>: " if prefix else "") + e(text)    # each reason once
+                  for prefix, text in method_story(row, notes.get(str(row.get("method")), []))]
         parts.append("<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>")
     head, rows = _sensitivity_cells(audit)
     parts.append("<h2>Threshold sensitivity</h2>")

@@ -114,7 +114,7 @@ def _verdict_cells(row: dict) -> list[str]:
             _pct(row.get("frozen_acc"), row.get("frozen_acc_std")),
             _pct(row.get("shallow_acc"), row.get("shallow_acc_std")), _gap_cell(row.get("depth")),
             _yardstick_cell(row), _decision_cell(row.get("depth")),
-            str(row.get("verdict") or "—"), str(row.get("paper_verdict") or "—")]
+            _short_verdict(row), _short_verdict(row, "paper")]    # in full under Reasons, below
 
 
 def _scale_cells(row: dict) -> list[str]:
@@ -245,6 +245,85 @@ def _notes(audit: dict) -> dict[str, list[str]]:
             out.setdefault(str(run.get("method")), []).extend(
                 f"{run.get('label')}: {n}" for n in report["notes"])
     return out
+
+
+# a run label before a per-seed sentence: "dfa/s42: …", "mypkg.rules:Rule/s1: …"
+_SEED_LABEL = re.compile(r"^(\S+/s-?\d+): (.+)$", re.S)
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+_FLAG_TAG = re.compile(r"^\([a-d]′?\) ")
+
+
+def _plain(text: str) -> str:
+    """A sentence as compared for repetition: one space between words, no flag tag "(d) " before
+    it, no full stop after it."""
+    return _FLAG_TAG.sub("", " ".join(str(text).split())).rstrip(".")
+
+
+def _per_seed_once(items: Sequence[str]) -> list[str]:
+    """Per-seed sentences said once: "dfa/s42: X", "dfa/s123: X′" (the same sentence, its numbers
+    aside) become one "dfa/s42, dfa/s123: X [the values quoted are dfa/s42's]"; other items pass
+    unchanged, in their order."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    order: list[str] = []
+    for item in items:
+        m = _SEED_LABEL.match(" ".join(str(item).split()))
+        key = _NUMBER.sub("#", m.group(2)) if m else f"\0{item}"
+        if key not in groups:
+            order.append(key)
+        groups.setdefault(key, []).append((m.group(1), m.group(2)) if m else ("", str(item)))
+    out = []
+    for key in order:
+        (label, body), *more = groups[key]
+        if not label:
+            out.append(body)
+        elif not more:
+            out.append(f"{label}: {body}")
+        else:
+            labels = ", ".join(l for l, _ in groups[key])
+            same = all(b == body for _, b in more)
+            out.append(f"{labels}: {body}" + ("" if same else f" [the values quoted are {label}'s]"))
+    return out
+
+
+def headline(row: dict) -> str:
+    """A method's verdict as its reasons' heading: a walk back with its flags, "trustworthy", or
+    "incomplete" alone — what is missing follows it, once (`method_story`), not twice."""
+    text = str(row.get("verdict") or "—")
+    return "incomplete" if _outcome(row) == "incomplete" else text
+
+
+def method_story(row: dict, notes: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """What a method's verdict rests on, each reason said once: (prefix, sentence) for its reasons,
+    what is missing, its notes and the paper's rule, in that order. A sentence repeated per seed is
+    said once with the seeds it holds for (`_per_seed_once`); a sentence already said inside an
+    earlier one (a note repeating a reason's clause) is left out; the paper's rule, where it rests
+    on what is said above, says only its outcome and its own flags. `notes`: the main runs' notes
+    (`_notes`) beside the row's own."""
+    said: list[str] = []
+    story: list[tuple[str, str]] = []
+
+    def say(prefix: str, text: str) -> None:
+        if any(_plain(text) in s for s in said):
+            return
+        said.append(_plain(text))
+        story.append((prefix, text))
+
+    for prefix, items in (("", row.get("reasons")), ("missing: ", row.get("missing")),
+                          ("note: ", [*(row.get("notes") or []), *notes])):
+        for item in _per_seed_once(list(items or [])):
+            say(prefix, item)
+    paper = str(row.get("paper_verdict") or "—")
+    try:
+        verdict = verdict_of(row, "paper")
+    except (ValueError, KeyError, TypeError):
+        verdict = None
+    if verdict is not None and verdict.outcome == "incomplete":
+        left = [m for m in _per_seed_once(verdict.missing) if not any(_plain(m) in s for s in said)]
+        story.append(("paper's rule: ", "incomplete" + (": " + "; ".join(left) if left else
+                                                        ", for the reasons above")))
+    else:
+        story.append(("paper's rule: ", paper))
+    return story
 
 
 def _flag_lines(audit: dict) -> list[str]:
@@ -415,6 +494,8 @@ def audit_table(audit: dict) -> str:
         out += ["", schedule_line(audit)]
     out += ["", f"**{verdict_summary(audit)}**", ""]
     out += [f"- **{name}**: {meaning}" for name, meaning in VERDICT_MEANINGS]
+    out += [f"- **{row['rule_name']}** is your rule `{row['method']}`; the tables name it by its `name`."
+            for row in audit.get("methods") or [] if row.get("rule_name")]
     out += ["", "## Audit"]
     for title, head, cells in _audit_tables(audit):
         out += ["", f"### {title}", "", _markdown(head, cells) if cells else "(no methods)"]
@@ -433,12 +514,10 @@ def audit_table(audit: dict) -> str:
     out += ["", "## Reasons", ""]
     notes = _notes(audit)
     for row in audit.get("methods") or []:
-        out.append(f"- **{_method_name(row)}** — {row.get('verdict') or '—'}")
-        reasons = list(row.get("reasons") or [])
-        out += [f"  - {r}" for r in reasons] or ["  - no flag fired."]
-        out += [f"  - paper's rule: {row.get('paper_verdict') or '—'}"]
-        out += [f"  - missing: {m}" for m in row.get("missing") or []]
-        out += [f"  - note: {n}" for n in list(row.get("notes") or []) + notes.get(str(row.get("method")), [])]
+        out.append(f"- **{_method_name(row)}** — {headline(row)}")
+        story = method_story(row, notes.get(str(row.get("method")), []))
+        out += [] if row.get("reasons") else ["  - no flag fired."]
+        out += [f"  - {prefix}{text}" for prefix, text in story]
     head, rows = _sensitivity_cells(audit)
     out += ["", "## Threshold sensitivity", ""]
     if rows:
@@ -531,12 +610,13 @@ def identity_table(result: dict) -> str:
 
 
 
-def _short_verdict(row: dict) -> str:
-    """The project verdict with flag names only, "walk back: (a), (b′)", for the narrow table."""
+def _short_verdict(row: dict, rule: str = "project") -> str:
+    """A verdict with flag names only, "walk back: (a), (b′)", or its outcome alone, for a table
+    cell (the reasons, in full, follow the table)."""
     try:
-        verdict = verdict_of(row)
+        verdict = verdict_of(row, rule)
     except (ValueError, KeyError, TypeError):
-        return str(row.get("verdict") or "—")
+        return str(row.get("verdict" if rule == "project" else "paper_verdict") or "—")
     if verdict.walks_back:
         return "walk back: " + ", ".join(f"({k.replace('_prime', '′')})" for k in verdict.fired)
     return verdict.outcome
@@ -626,6 +706,39 @@ def recipe_comparison(published: dict, shared: dict) -> str:
                       summary]) + "\n"
 
 
+# the columns (d) is read from: a narrow terminal keeps them while the verdict column has room
+_VERDICT_COLUMNS = ("frozen %", "vs yardstick")
+# the verdict column's room before a column is dropped: 20 for any other column, 12 (it wraps a
+# verdict onto more lines; "incomplete" fits) for the columns (d) is read from
+_VERDICT_ROOM = (20, 12)
+
+
+def _terminal_legend(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """The terminal table's legend: every column it kept and every symbol its cells use."""
+    cells = " ".join(str(c) for r in rows for c in r)
+    legend = [("recipe", "recipe: optimiser, momentum, lr, schedule (audit.md: in full, with its source)"),
+              ("acc %", f"acc{', frozen' if 'frozen %' in head else ''}: mean ± std over seeds (one seed: its "
+                        "value)"),
+              ("(d) gap", "(d) gap: mean paired gap to the rule's own frozen control, points"),
+              ("vs yardstick", "vs yardstick: acc − bp's frozen control under the same recipe, points (weak: "
+                               "the control falls short of it; (d) clears only above the margin on both gaps)"),
+              ("deep Γ", "deep Γ: mean cos(credit, BP gradient) over the deep positions, mean over seeds")]
+    medians = [c for c in ("‖h_L‖", "gain", "growth") if c in head]
+    if medians:
+        legend.append((medians[0], f"{', '.join(medians)}: median over seeds (a reason quotes one named "
+                                   "seed's value)"))
+    text = [t for column, t in legend if column in head]
+    text.append("verdict: the project verdict by flag name; each method's reasons follow, once")
+    symbols = (("exact", "exact: the rule's credit is the BP gradient at every deep position, so Γ says "
+                         "nothing (n/a)"),
+               ("*", "*: Γ uninterpretable, as (b) or (b′) fired (the BP reference carries no usable "
+                     "loss signal)"),
+               ("—", "—: not measured or not applicable"),
+               ("λ=", "λ: the rule's penalty weight (its option lam)"))
+    text += [t for symbol, t in symbols if symbol in cells]
+    return "; ".join(text) + "."
+
+
 def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
     """The audit for a terminal: one row per method, at most `width` columns (a verdict too long for
     its column wraps onto the next lines, never cut), then each method's whole verdict as audit.md
@@ -644,16 +757,18 @@ def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
                      _sci(row.get("gain")), _g(row.get("max_growth")), gamma, _short_verdict(row)])
     if not rows:
         return "(no methods)"
-    # a narrow terminal drops the least needed columns first; the verdict column stays
-    for drop in ("growth", "gain", "‖h_L‖", "frozen %", "vs yardstick", "recipe"):
+    # a narrow terminal drops the least needed columns first; the columns a verdict rests on
+    # ((d)'s "frozen %" and "vs yardstick") go last, and the verdict column stays
+    for drop in ("growth", "gain", "‖h_L‖", "deep Γ", "recipe", "(d) gap", "frozen %", "vs yardstick"):
         widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
-        if sum(widths[:-1]) + 2 * (len(head) - 1) + 20 <= width:
+        room = _VERDICT_ROOM[drop in _VERDICT_COLUMNS]
+        if sum(widths[:-1]) + 2 * (len(head) - 1) + room <= width:
             break
         j = head.index(drop)
         head, rows = head[:j] + head[j + 1:], [r[:j] + r[j + 1:] for r in rows]
     widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
     room = width - sum(widths[:-1]) - 2 * (len(head) - 1)
-    widths[-1] = max(10, min(widths[-1], room))
+    widths[-1] = max(_VERDICT_ROOM[1], min(widths[-1], room))
     indent = " " * (sum(widths[:-1]) + 2 * (len(head) - 1))
 
     def line(cells) -> list[str]:
@@ -666,51 +781,85 @@ def compact_table(audit: dict, width: int = 120, out: str | None = None) -> str:
                  *(l for name, meaning in VERDICT_MEANINGS for l in wrap(f"{name}: {meaning}")), "",
                  *line(head), "  ".join("-" * w for w in widths), *(l for r in rows for l in line(r)), ""]
     # the legend names only the columns this width kept
-    legend = [("recipe", "recipe: optimiser, momentum, lr, schedule (audit.md: in full, with its source)"),
-              ("acc %", f"acc{', frozen' if 'frozen %' in head else ''}: mean ± std over seeds"), ("(d) gap", "(d) gap: mean paired gap, points"),
-              ("vs yardstick", "vs yardstick: acc − bp's frozen control under the same recipe, points "
-                               "(weak: the control falls short of it; (d) clears only above the margin on both gaps)"),
-              ]
-    medians = [c for c in ("‖h_L‖", "gain", "growth") if c in head]
-    if medians:
-        legend.append((medians[0], f"{', '.join(medians)}: median over seeds (a reason quotes one named "
-                                   "seed's value)"))
-    out_lines += wrap("; ".join(text for column, text in legend if column in head) + ".")
+    out_lines += wrap(_terminal_legend(head, rows))
     notes = _notes(audit)
     for row in audit.get("methods") or []:
-        out_lines += ["", *wrap(f"{_method_name(row)}: {row.get('verdict') or '—'}")]
-        for label, items in (("", row.get("reasons")), ("paper's rule: ", [row.get("paper_verdict") or "—"]),
-                             ("missing: ", row.get("missing")),
-                             ("note: ", list(row.get("notes") or []) + notes.get(str(row.get("method")), []))):
-            for item in items or []:
-                out_lines += wrap(f"{label}{item}", "  - ", "      ")
+        out_lines += ["", *wrap(f"{_method_name(row)}: {headline(row)}")]
+        for prefix, text in method_story(row, notes.get(str(row.get("method")), [])):
+            out_lines += wrap(f"{prefix}{text}", "  - ", "      ")
     out_lines += ["", *wrap(next_step(audit, out), "", "  ")]
     return "\n".join(out_lines)
 
 
+# a failure that a second try may not meet (the disk, the machine, an interrupt); any other
+# failure repeats on a rerun until its cause is changed
+TRANSIENT_FAILURES = ("cannot write", "interrupted", "worker", "killed", "out of memory")
+
+# above this many seeds, more seeds are no practical way to decide (d): next says so instead
+SEEDS_WORTH_ADDING = 20
+_SEEDS_NEEDED = re.compile(r"about (\d+) seeds would likely decide")
+
+
+def rerun_can_finish(run: dict) -> bool:
+    """Whether running the same command again can finish `run`: an unfinished run (interrupted,
+    killed) resumes; a failed one only when its message names a transient cause
+    (`TRANSIENT_FAILURES`) — any other failure repeats."""
+    status = run.get("status")
+    if status in ("finished", "stopped", "diverged"):
+        return False
+    if status == "failed":
+        return any(t in str(run.get("message") or "").lower() for t in TRANSIENT_FAILURES)
+    return True
+
+
+def seeds_needed(row: dict) -> int | None:
+    """The seed count an undetermined (d) names ("about N seeds would likely decide it"), as the
+    reader sees it under 'missing'; None when the row names none."""
+    counts = [int(m.group(1)) for item in row.get("missing") or []
+              for m in [_SEEDS_NEEDED.search(" ".join(str(item).split()))] if m]
+    return max(counts) if counts else None
+
+
 def next_step(audit: dict, out: str | None = None) -> str:
     """One line: what to do next for this audit's outcome (walk back: read the report and how robust
-    the flags are; incomplete for want of seeds: add seeds; a run unfinished: run it again;
-    trustworthy: gate CI on it)."""
+    the flags are; incomplete for want of seeds: the seeds the estimate names, or, past
+    `SEEDS_WORTH_ADDING`, that more seeds are no practical way to decide; a run unfinished: run it
+    again, only where a rerun can finish it; trustworthy: gate CI on it)."""
     where = out or "AUDIT_DIR"
-    outcomes = [_outcome(r) for r in audit.get("methods") or []]
+    methods = audit.get("methods") or []
+    outcomes = [_outcome(r) for r in methods]
     runs = audit.get("runs") or []
     parts = []
     if "walk back" in outcomes:
         parts.append(f"open {where}/report.html for the figures behind each flag; `creditaudit "
                      f"thresholds {where}` shows how far each threshold may move before a verdict changes")
     if "incomplete" in outcomes:
-        missing = " ".join(str(m) for r in audit.get("methods") or [] for m in r.get("missing") or [])
-        if any(r.get("status") not in ("finished", "stopped", "diverged") for r in runs):
-            parts.append("run the same command again to finish the unfinished runs (finished runs and "
-                         "diagnoses are reused)")
-        if "seeds would likely decide" in missing:
+        retry = [r for r in runs if rerun_can_finish(r)]
+        repeats = [r for r in runs if r.get("status") == "failed" and not rerun_can_finish(r)]
+        if retry:
+            parts.append(f"run the same command again to finish the {plural(len(retry), 'unfinished run')} "
+                         "(finished runs and diagnoses are reused)")
+        if repeats:
+            parts.append(f"{plural(len(repeats), 'run')} failed the way a rerun repeats (first: "
+                         f"{repeats[0].get('label')}; {where}/audit.md lists them): change what it names, "
+                         "then run again")
+        needed = {_method_name(r): n for r in methods if _outcome(r) == "incomplete"
+                  for n in [seeds_needed(r)] if n is not None}
+        worth = {m: n for m, n in needed.items() if n <= SEEDS_WORTH_ADDING}
+        if worth:
             seeds = [int(s) for s in (audit.get("config") or {}).get("seeds") or []]
-            more = seeds + [max(seeds or [0]) + 1 + i for i in range(max(2, 3 - len(seeds)))]
-            parts.append("add seeds to decide (d): train more seeds in your loop and pass them to "
-                         "audit_own_runs" if audit.get("source") == "user-loop" else
-                         f"add seeds to decide (d): --seeds {' '.join(map(str, more))} (runs of the "
-                         "seeds you have are reused)")
+            total = max(max(worth.values()), len(seeds) + 1)
+            more = seeds + [max(seeds or [0]) + 1 + i for i in range(total - len(seeds))]
+            whom = ", ".join(worth)
+            parts.append(f"add seeds to decide (d) for {whom}: ~{total} seeds in all would likely decide it "
+                         "— train them in your loop and pass them to audit_own_runs"
+                         if audit.get("source") == "user-loop" else
+                         f"add seeds to decide (d) for {whom}: --seeds {' '.join(map(str, more))} "
+                         f"({total} seeds, the estimate; runs of the seeds you have are reused)")
+        for method, n in needed.items():
+            if n > SEEDS_WORTH_ADDING:
+                parts.append(f"{method}'s (d) would likely need ~{n} seeds: its gap sits too near the margin "
+                             "for more seeds to be a practical way to decide it; report it as undetermined")
         if len(parts) == ("walk back" in outcomes):
             parts.append(f"read 'missing' under each incomplete method above (and in {where}/audit.md)")
     if not parts:
