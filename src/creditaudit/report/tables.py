@@ -797,7 +797,7 @@ TRANSIENT_FAILURES = ("cannot write", "interrupted", "worker", "killed", "out of
 
 # above this many seeds, more seeds are no practical way to decide (d): next says so instead
 SEEDS_WORTH_ADDING = 20
-_SEEDS_NEEDED = re.compile(r"about (\d+) seeds would likely decide")
+_SEEDS_NEEDED = re.compile(r"about (\d+) seeds would (?:likely )?decide")
 
 
 def rerun_can_finish(run: dict) -> bool:
@@ -813,8 +813,13 @@ def rerun_can_finish(run: dict) -> bool:
 
 
 def seeds_needed(row: dict) -> int | None:
-    """The seed count an undetermined (d) names ("about N seeds would likely decide it"), as the
-    reader sees it under 'missing'; None when the row names none."""
+    """The seed count an undetermined (d) names (depth.seeds_needed: at a stated effect, a true gap
+    1 point from the margin), or, for an audit.json written before it was stored, the count its
+    'missing' text names; None when there is none."""
+    depth = row.get("depth") if isinstance(row.get("depth"), dict) else {}
+    if depth.get("outcome") == "undetermined" and "deciding_effect" in depth:
+        n = depth.get("seeds_needed")
+        return int(n) if isinstance(n, int) and not isinstance(n, bool) else None
     counts = [int(m.group(1)) for item in row.get("missing") or []
               for m in [_SEEDS_NEEDED.search(" ".join(str(item).split()))] if m]
     return max(counts) if counts else None
@@ -852,14 +857,16 @@ def next_step(audit: dict, out: str | None = None) -> str:
             more = seeds + [max(seeds or [0]) + 1 + i for i in range(total - len(seeds))]
             whom = ", ".join(worth)
             parts.append(f"add seeds to decide (d) for {whom}: ~{total} seeds in all would likely decide it "
-                         "— train them in your loop and pass them to audit_own_runs"
+                         "if the true gap lies 1 point from the margin — train them in your loop and pass "
+                         "them to audit_own_runs"
                          if audit.get("source") == "user-loop" else
                          f"add seeds to decide (d) for {whom}: --seeds {' '.join(map(str, more))} "
-                         f"({total} seeds, the estimate; runs of the seeds you have are reused)")
+                         f"({total} seeds: likely to decide it if the true gap lies 1 point from the margin; "
+                         "runs of the seeds you have are reused)")
         for method, n in needed.items():
             if n > SEEDS_WORTH_ADDING:
-                parts.append(f"{method}'s (d) would likely need ~{n} seeds: its gap sits too near the margin "
-                             "for more seeds to be a practical way to decide it; report it as undetermined")
+                parts.append(f"{method}'s (d) would likely need ~{n} seeds even 1 point from the margin: more "
+                             "seeds are no practical way to decide it; report it as undetermined")
         if len(parts) == ("walk back" in outcomes):
             parts.append(f"read 'missing' under each incomplete method above (and in {where}/audit.md)")
     if not parts:
