@@ -21,7 +21,7 @@ def audit_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
                    trackers: Sequence[str] = (), tracker_project: str | None = None,
                    yardsticks: Sequence[str | Path] = ()) -> dict:
     """Judge the user's monitored runs (every method, one run per method and seed) with their
-    frozen controls, like an audit: one row per method, (d)'s seed noise pooled over them all.
+    frozen controls, like an audit: one row per method, (d) decided for them together (Holm).
 
     Each run's method is the name its `Monitor(method=...)` recorded; `method` names the runs that
     recorded none (default "my-method"). n_test: the number of test samples each accuracy was

@@ -6,7 +6,7 @@ Each run folder was written by `creditaudit.Monitor` (its diagnosis made at `fin
 control by a Monitor with `control_of=` that run. A run's method is the name its Monitor recorded
 (`Monitor(method=...)`); a control is paired with its run by the run id it recorded (runs of two
 methods from one seed share their initial weights), so the order of the lists does not matter.
-The table is the audit's own (`audit.tabulate`: (d)'s seed noise pooled over every method, each
+The table is the audit's own (`audit.tabulate`: (d) decided for every method together, each
 method's verdict by `verdict.method_verdict`): nothing is judged here.
 """
 from __future__ import annotations
@@ -165,7 +165,7 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
                    thresholds: Thresholds = Thresholds(),
                    yardsticks: Sequence[str | Path] = ()) -> dict:
     """Judge the user's monitored runs (one per method and seed) with their frozen controls, like
-    an audit: one row per method, (d)'s seed noise pooled over every method (`audit.tabulate`).
+    an audit: one row per method, (d) decided for every method together (`audit.tabulate`).
 
     runs: the run folders of every method; each run's method is the name its Monitor recorded
     (`Monitor(method=...)`), or `method` (default "my-method") for runs that recorded none.
