@@ -345,6 +345,12 @@ def _audit_raw(args) -> dict:
         raw["seeds"] = args.seeds
     if getattr(args, "arch", None):
         raw.setdefault("model", {})["arch"] = args.arch
+    if args.blocks is not None and args.blocks < 1:
+        raise CreditAuditError(f"--blocks must be ≥ 1, got {args.blocks}; the audit trains the shallow "
+                               "control (no blocks) itself")
+    for section, key in (("model", "width"), ("model", "blocks"), ("training", "lr")):
+        if getattr(args, key) is not None:      # as [model] width / blocks and [training] lr say it
+            raw[section] = {**raw.get(section, {}), key: getattr(args, key)}
     from .runs import resolve_device
     raw["device"] = str(resolve_device(raw.get("device", "auto")))   # "auto" is decided here, once
     return raw
@@ -359,7 +365,8 @@ def _what_ran(args, config) -> str:
     else:                 # without a file the preset is always named (quick by default)
         base = str(preset)
     given = [f"--{key.replace('_', '-')}" for key in ("methods", "seeds", "epochs", "dataset", "arch",
-                                                      "eval_batches") if getattr(args, key, None)]
+                                                      "width", "blocks", "lr", "option", "eval_batches")
+             if getattr(args, key, None)]
     return " + ".join([base, *([", ".join(given)] if given else [])])
 
 
@@ -372,12 +379,13 @@ def _require_schedule(args, raw: dict) -> None:
 
 
 def _cmd_audit(args) -> int:
-    from .config import audit_config_from_dict
+    from .config import audit_config_from_dict, with_method_options
     from .experiments import audit
     from .report import compact_table, write_report
     from .report.tables import schedule_line, work_done
     from .verdict import Thresholds, verdict_of
     raw = _audit_raw(args)
+    raw = with_method_options(raw, args.option, where=args.config or "the audit settings")
     config = audit_config_from_dict(raw, where=args.config or "the audit settings")
     _require_schedule(args, raw)
     if args.tensorboard is not None:          # refused now, not after the audit it would log
@@ -462,10 +470,11 @@ def _write_report_together(write_report, result: dict, out: Path) -> dict:
 
 
 def _experiment_config(args, methods: list[str] | None = None):
-    from .config import audit_config_from_dict
+    from .config import audit_config_from_dict, with_method_options
     raw = _audit_raw(args)
     if methods is not None:
         raw["methods"] = methods
+    raw = with_method_options(raw, args.option, where=args.config or "the settings")
     config = audit_config_from_dict(raw, where=args.config or "the settings")
     _require_schedule(args, raw)
     return config
@@ -493,7 +502,7 @@ def _cmd_ladder(args) -> int:
 
 
 def _cmd_penalty(args) -> int:
-    from .config import EXPERIMENT_OUT
+    from .config import EXPERIMENT_OUT, PENALTY_OPTION
     from .experiments import penalty_sweep
     from .experiments.audit import execution_of
     from .methods import sweep_defaults
@@ -510,6 +519,10 @@ def _cmd_penalty(args) -> int:
         raise CreditAuditError(f"method {method!r} declares no λ sweep; give --lambdas, or choose one "
                                f"of {_choices(sweeps)}")
     lambdas = args.lambdas or list(sweeps[method][1])
+    swept = sweeps[method][0] if method in sweeps else PENALTY_OPTION
+    if any(key.rpartition(".")[2] == swept for key, _ in args.option):   # the sweep sets it per point
+        raise CreditAuditError(f"--option {swept}=… gives the value penalty-sweep sweeps; give the "
+                               f"values as --lambdas instead")
     config = _experiment_config(args, [method])
     out = Path(args.out or EXPERIMENT_OUT["penalty-sweep"])
     bases = [config.base_config(method, s) for s in config.seeds]
@@ -700,6 +713,19 @@ def _audit_options(p: argparse.ArgumentParser, cat, methods: bool = True) -> Non
                             "(default: from the preset)")
     p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help=h("seeds"))
     p.add_argument("--epochs", type=_count(1, cat.max_count), help=h("epochs"))
+    # what defines every run, as the [model] and [training] tables of a config file set it
+    r = lambda name: f"{cat.run_help(name)} of every run (default: from the config file, else {cat.run_default(name)})"
+    p.add_argument("--width", type=_count(1, cat.max_count), help=r("width"))
+    p.add_argument("--blocks", type=_count(0, cat.max_count),
+                   help=f"number of residual blocks L of every run, ≥ 1: the audit trains the shallow "
+                        f"control itself (default: from the config file, else {cat.run_default('blocks')})")
+    p.add_argument("--lr", type=_finite_float,
+                   help="learning rate of every run, overriding each method's recipe (default: from the "
+                        "config file, else each recipe's)")
+    p.add_argument("--option", type=_option, action="append", default=[], metavar="[METHOD.]KEY=VALUE",
+                   help="method option, as [options.METHOD] in a config file: KEY=VALUE for every audited "
+                        "method that declares KEY, METHOD.KEY=VALUE for one; e.g. --option decay=10 "
+                        "(the options: --help's end) (default: none)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: audits/<preset>, or as named below)")
     p.add_argument("--device", help=f"{cat.audit_help('device')} (default: {cat.audit_default('device')})")
     p.add_argument("--no-compile", action="store_true",
@@ -777,7 +803,7 @@ def _options_check(p: argparse.ArgumentParser, cat) -> None:
 
 
 def _options_audit(p: argparse.ArgumentParser, cat) -> None:
-    p.epilog = cat.rules + "\n" + p.epilog
+    p.epilog = cat.rules + "\n" + cat.knobs + "\n" + p.epilog
     _audit_options(p, cat)
     p.add_argument("--tensorboard", metavar="DIR",
                    help="also log every run's monitor scalars and flags to TensorBoard, one "
@@ -902,6 +928,17 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise CreditAuditError(f"{message} (see: {self.prog} --help)")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an argument no option takes is refused by the subcommand it was given
+        to, so that the message points at that subcommand's --help (`creditaudit audit --help`)."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            command = getattr(parsed, "command", None)
+            owner = subs[0].choices.get(command, self) if subs and command else self
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
 def _interrupt(signum, frame):
