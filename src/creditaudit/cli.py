@@ -459,7 +459,7 @@ def _write_report_together(write_report, result: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
     try:
-        staged = write_report(result, staging)
+        staged = write_report(result, staging, previous=out)   # a figure that did not change is kept
         files = {}
         for name, path in staged.items():      # renames within one folder: they need no space
             os.replace(path, out / path.name)

@@ -278,6 +278,25 @@ def stack_job(job: StackJob) -> dict[str, Any]:
     return {"members": records}
 
 
+def finished_unit(configs: Sequence[RunConfig], dirs: Sequence[Path], stacked: bool) -> dict[str, Any] | None:
+    """The record `train_any` gives for a unit whose every run is finished already (each folder
+    holds its bound config, sealed as done), read here in the caller: nothing to train needs no
+    worker. None when any run has work left, or a folder needs a worker's failure record (another
+    run's folder, a damaged status)."""
+    members = []
+    try:
+        for c, d in zip(configs, dirs):
+            if not existing_run_is_done(d, c):
+                return None
+            status = read_status(d)
+            (d / "error.txt").unlink(missing_ok=True)      # as train_job leaves a finished run
+            members.append({"status": status["status"], "message": status["message"], "trained": False,
+                            "seconds": 0.0, **({"stacked": False, "stack_size": 1} if stacked else {})})
+    except (CreditAuditError, OSError, ValueError):
+        return None
+    return {"members": members}
+
+
 def train_any(job: Job | StackJob) -> dict[str, Any]:
     """One unit of work: a stack of runs trained as one, or a single run; {"members": [record…]}."""
     return stack_job(job) if isinstance(job, StackJob) else {"members": [train_job(job)]}
@@ -428,9 +447,17 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     check_eval_batches(len(data.y_test), n_eval)
     # the data's contents are part of every run's key: other data under the same --out are other runs
     configs = [c.bind_data(dataset(c.dataset, execution.data_dir, "cpu").digest) for c in configs]
-    # a unit of work (a stack or a lone run) asks Ray for 1/workers of a GPU: --jobs N stacks share one
-    executor = make_executor(execution.executor, workers=workers, address=execution.address,
-                             max_retries=execution.max_retries, gpus_per_job=gpu_share(dev, workers))
+    made: list = []
+
+    def executor():
+        """Made when a job needs it: a re-run with nothing to train or diagnose starts no worker
+        process (nor a Ray cluster). A unit of work (a stack or a lone run) asks Ray for 1/workers
+        of a GPU: --jobs N stacks share one."""
+        if not made:
+            made.append(make_executor(execution.executor, workers=workers, address=execution.address,
+                                      max_retries=execution.max_retries, gpus_per_job=gpu_share(dev, workers)))
+        return made[0]
+
     dirs = [run_dir_for(root, c) for c in configs]
     train_jobs = [Job(c.to_dict(), str(d), execution.data_dir, str(dev), threads, asdict(thresholds),
                       execution.compile_step) for c, d in zip(configs, dirs)]
@@ -452,8 +479,18 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             if r["status"] not in DONE:
                 bar.write(f"  {configs[i].label}: {r['status']} — {r['message']}")
 
+    results: list[dict | None] = [finished_unit([configs[i] for i in g], [dirs[i] for i in g], len(g) > 1)
+                                  for g in groups]
+    todo_units = [j for j, r in enumerate(results) if r is None]
     try:
-        results = executor.map(train_any, units, said)
+        for j, res in enumerate(results):
+            if res is not None:
+                said(j, res)
+        if todo_units:
+            trained_now = executor().map(train_any, [units[j] for j in todo_units],
+                                         lambda k, res: said(todo_units[k], res))
+            for j, res in zip(todo_units, trained_now):
+                results[j] = res
     finally:
         bar.close()
     trained: list[dict] = [{}] * len(configs)
@@ -493,12 +530,12 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             return None, control.message
         if key not in gated:
             try:
-                ev = control_evidence(o.config, load_run(control.run_dir, "cpu"), data.eval_batch(0)[0])
+                ev = control_evidence(o.config, load_run(control.run_dir, "cpu", method=False), data.eval_batch(0)[0])
                 yard = finished_yardstick(o)
                 if yard is not None:
                     ev = replace(ev, yardstick_acc=yard.test_acc)
                 else:           # none (or it failed): a control must beat the untrained model by the margin
-                    run = load_run(o.run_dir, "cpu")
+                    run = load_run(o.run_dir, "cpu", method=False)
                     init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
                     ev = replace(ev, init_acc=accuracy(init.eval(), data.eval_batches("test", 1000)))
                 gated[key] = evidence.gate(evidence.Evidence(o.config.label, None, ev,
@@ -512,7 +549,7 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
         if o.config.control == "shallow" and o.status == "finished":
             try:
                 evidence.gate(evidence.Evidence(o.config.label, None, control_evidence(
-                    None, load_run(o.run_dir, "cpu"), data.eval_batch(0)[0])))
+                    None, load_run(o.run_dir, "cpu", method=False), data.eval_batch(0)[0])))
             except CreditAuditError as err:
                 o.status, o.message = "refused", str(err)
 
@@ -547,7 +584,7 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     bar = tqdm(total=len(todo), desc="diagnoses", unit="run", disable=not progress or not todo,
                dynamic_ncols=True)
     try:
-        reports = executor.map(diagnose_job, [job for _, job in todo], lambda i, r: bar.update(1)) if todo else []
+        reports = executor().map(diagnose_job, [job for _, job in todo], lambda i, r: bar.update(1)) if todo else []
     finally:
         bar.close()
     for (i, _), rep in zip(todo, reports):
