@@ -334,8 +334,8 @@ def run_cli(folders, monkeypatch):
                         lambda d="auto": torch.device("meta") if str(d) == "meta" else real_resolve(d))
     monkeypatch.setattr(creditaudit.runs, "as_device", lambda d, default=None: torch.device("meta")
                         if str(d) == "meta" else real_as_device(d, default))
-    import creditaudit.cli
-    monkeypatch.setattr(creditaudit.cli, "_check_credit", lambda *a, **k: None)   # runs credit(): not on meta
+    import creditaudit.commands.diagnose
+    monkeypatch.setattr(creditaudit.commands.diagnose, "_check_credit", lambda *a, **k: None)   # runs credit(): not on meta
     real_set_threads = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls["threads"].append(n), real_set_threads(1)))
     monkeypatch.setattr(creditaudit.data, "load_dataset", fake_load)

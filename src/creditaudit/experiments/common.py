@@ -146,7 +146,7 @@ def _rule_source(spec) -> str | None:
 
 
 # the modules no diagnosis is computed by: editing them leaves every sealed diagnosis reusable
-_NOT_DIAGNOSIS = ("cli.py", "__main__.py", "catalog.py", "check.py", "lint.py", "api.py", "report",
+_NOT_DIAGNOSIS = ("cli.py", "commands", "__main__.py", "catalog.py", "check.py", "lint.py", "api.py", "report",
                   "runner", "trackers.py", "lightning.py")
 
 
