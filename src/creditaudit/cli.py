@@ -138,6 +138,7 @@ def _user_model_options(p: argparse.ArgumentParser, cat) -> None:
 
 def _audit_options(p: argparse.ArgumentParser, cat, methods: bool = True) -> None:
     """An audit's settings (audit, ladder, penalty-sweep): preset or TOML file, then overrides."""
+    p.epilog = cat.knobs + "\n" + p.epilog          # what --option sets
     h = lambda name: f"{cat.audit_help(name)} (default: from the preset or config file)"
     p.add_argument("--preset", choices=cat.presets,
                    help="quick: MNIST-1D, no download, 15 epochs; paper: CIFAR-10, 100 epochs "
@@ -245,8 +246,8 @@ def _options_check(p: argparse.ArgumentParser, cat) -> None:
 
 
 def _options_audit(p: argparse.ArgumentParser, cat) -> None:
-    p.epilog = cat.rules + "\n" + cat.knobs + "\n" + p.epilog
     _audit_options(p, cat)
+    p.epilog = cat.rules + "\n" + p.epilog
     p.add_argument("--tensorboard", metavar="DIR",
                    help="also log every run's monitor scalars and flags to TensorBoard, one "
                         "subfolder of DIR per run (the [tensorboard] extra) (default: none)")
