@@ -1,6 +1,7 @@
-"""The command line. Options and their defaults come from the config dataclasses (config.py) and
-the registries (methods, datasets, architectures), so --help cannot drift from the code. User errors
-print one line and exit 2, without a traceback; `check` exits 0 / 1 / 3 by verdict."""
+"""The command line: the table of subcommands and their options; each one's work is in commands/.
+Options and their defaults come from the config dataclasses (config.py) and the registries
+(methods, datasets, architectures), so --help cannot drift from the code. User errors print one
+line and exit 2, without a traceback; `check` exits 0 / 1 / 3 by verdict."""
 from __future__ import annotations
 
 import argparse

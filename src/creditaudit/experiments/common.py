@@ -280,19 +280,22 @@ def stack_job(job: StackJob) -> dict[str, Any]:
 
 def finished_unit(configs: Sequence[RunConfig], dirs: Sequence[Path], stacked: bool) -> dict[str, Any] | None:
     """The record `train_any` gives for a unit whose every run is finished already (each folder
-    holds its bound config, sealed as done), read here in the caller: nothing to train needs no
-    worker. None when any run has work left, or a folder needs a worker's failure record (another
-    run's folder, a damaged status)."""
+    holds its bound config, sealed as done, and loads as the trainer would load it: checkpoint
+    integrity, metrics log, weights that fit the config), read here in the caller: nothing to train
+    needs no worker. None when any run has work left, or a folder needs a worker's failure record
+    (another run's folder, an edited checkpoint, a damaged status)."""
     members = []
     try:
         for c, d in zip(configs, dirs):
             if not existing_run_is_done(d, c):
                 return None
-            status = read_status(d)
+            # the checks of the trainer's load; the method's own state is checked where a
+            # diagnosis is computed (a reused one was computed from this very checkpoint)
+            status = load_run(d, "cpu", method=False).status
             (d / "error.txt").unlink(missing_ok=True)      # as train_job leaves a finished run
             members.append({"status": status["status"], "message": status["message"], "trained": False,
                             "seconds": 0.0, **({"stacked": False, "stack_size": 1} if stacked else {})})
-    except (CreditAuditError, OSError, ValueError):
+    except Exception:  # noqa: BLE001 — the worker records what failed, as for any run
         return None
     return {"members": members}
 
