@@ -56,7 +56,7 @@ def test_two_processes_started_at_once_on_one_folder_one_is_refused(tmp_path, mo
     debris), then lost the lock to A. B must be refused, must not remove A's lock or folder, and a
     third command while A works must be refused too. Two threads stand for the two processes: flock
     locks of two open() calls exclude each other within one process as across processes."""
-    from creditaudit import cli
+    from creditaudit.commands import running
     from creditaudit.experiments import lock
     out = tmp_path / "a" / "audit"
     real = lock.audit_lock
@@ -72,7 +72,7 @@ def test_two_processes_started_at_once_on_one_folder_one_is_refused(tmp_path, mo
 
     def a():
         b_looked.wait(10)
-        with cli._locked_out(out):        # A has written nothing yet: the folder holds the lock only
+        with running.locked_out(out):        # A has written nothing yet: the folder holds the lock only
             a_holds.set()
             b_done.wait(10)
             results["a_lock_there"] = (out / lock.LOCK_FILE).exists()
@@ -85,7 +85,7 @@ def test_two_processes_started_at_once_on_one_folder_one_is_refused(tmp_path, mo
 
     def b():
         try:
-            with cli._locked_out(out):
+            with running.locked_out(out):
                 results["b"] = "not refused"
         except CreditAuditError as err:
             results["b"] = f"refused: {err}"

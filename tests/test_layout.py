@@ -145,18 +145,21 @@ def _is_literal(node: ast.AST) -> bool:
 
 
 def test_the_command_line_types_no_default():
-    """Every default `cli.py` shows comes from config.py (or the function that measures): no
-    `add_argument(default=<literal>)`, no `args.x or <literal>`."""
-    tree = ast.parse((SRC / "cli.py").read_text())
-    labels = {id(k.value) for n in ast.walk(tree) if isinstance(n, ast.Call)
-              for k in n.keywords if k.arg == "where"}      # "where" names the settings in messages
+    """Every default the command line (`cli.py` and its handlers in `commands/`) shows comes from
+    config.py (or the function that measures): no `add_argument(default=<literal>)`, no
+    `args.x or <literal>`."""
     hits = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-            hits += [f"cli.py:{node.lineno}" for k in node.keywords if k.arg == "default" and _is_literal(k.value)]
-        if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and _is_literal(node.values[-1]) \
-                and id(node) not in labels:
-            hits.append(f"cli.py:{node.lineno}")
+    for path in [SRC / "cli.py", *sorted((SRC / "commands").glob("*.py"))]:
+        name = str(path.relative_to(SRC))
+        tree = ast.parse(path.read_text())
+        labels = {id(k.value) for n in ast.walk(tree) if isinstance(n, ast.Call)
+                  for k in n.keywords if k.arg == "where"}      # "where" names the settings in messages
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                hits += [f"{name}:{node.lineno}" for k in node.keywords if k.arg == "default" and _is_literal(k.value)]
+            if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and _is_literal(node.values[-1]) \
+                    and id(node) not in labels:
+                hits.append(f"{name}:{node.lineno}")
     assert hits == [], hits
 
 

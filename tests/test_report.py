@@ -563,3 +563,44 @@ def test_a_failure_that_repeats_is_never_advised_a_rerun_and_seeds_are_counted(a
     assert max(map(len, printed.splitlines())) <= 80
     step = " ".join(printed.split("\n\n")[-1].split())
     assert step.startswith("next:") and "a rerun repeats" in step and "run the same command again" not in step
+
+
+def test_a_figure_is_drawn_again_only_when_what_it_shows_changed(audited, tmp_path, monkeypatch):
+    """What audit.json records about the command (wall time, runs trained now, diagnoses reused, the
+    schedule) draws nothing: every figure of a re-run's audit is the same picture. A second report
+    of the same audit takes the figures as they are (no figure maker called); one whose drawn
+    content changed, or whose PNG lacks the key, draws again."""
+    import creditaudit.report.figures as figures
+    result, _, _ = audited
+    audit = store.json_safe(result)
+    rerun = copy.deepcopy(audit)
+    rerun.update(created="another day", wall_time=1.5, runs_trained_now=0,
+                 diagnoses_reused=len(rerun["runs"]))
+    for run in rerun["runs"]:
+        run.update(trained_now=not run["trained_now"], diagnosis_reused=True,
+                   stack={"id": 99, "size": 1, "alone": "finished before, reused"})
+    for name, make in figures.FIGURE_MAKERS.items():
+        assert figures._png(make(rerun)) == figures._png(make(audit)), name     # they draw nothing
+        assert figures.figure_key(rerun, name) == figures.figure_key(audit, name)
+    drawn = []
+    monkeypatch.setattr(figures, "FIGURE_MAKERS", {
+        name: (lambda make, name: lambda a: (drawn.append(name), make(a))[1])(make, name)
+        for name, make in figures.FIGURE_MAKERS.items()})
+    first = write_report(audit, tmp_path)
+    assert sorted(drawn) == sorted(figures.FIGURES)
+    before = {name: first[name].read_bytes() for name in figures.FIGURES}
+    drawn.clear()
+    again = write_report(rerun, tmp_path)
+    assert drawn == [] and {n: again[n].read_bytes() for n in figures.FIGURES} == before
+    import base64
+    html = (tmp_path / "report.html").read_text()
+    assert all(base64.b64encode(png).decode() in html for png in before.values())   # kept and embedded
+    changed = copy.deepcopy(rerun)
+    changed["runs"][0]["test_acc"] = 0.123456
+    write_report(changed, tmp_path)
+    assert sorted(drawn) == sorted(figures.FIGURES)
+    drawn.clear()
+    (tmp_path / "gamma.png").write_bytes(figures._png(figures.FIGURE_MAKERS["gamma.png"](changed)))  # no key
+    drawn.clear()
+    write_report(changed, tmp_path)
+    assert drawn == ["gamma.png"]

@@ -113,7 +113,17 @@ def _audit_rows(entry: str, methods: bool = True) -> dict[str, Row]:
         "--quiet": Row(["--quiet"], lambda c: c.kw(entry)["progress"], False),
         "--no-compile": Row(["--no-compile"], lambda c: ex(c).compile_step, False),
         "--no-label-probe": Row(["--no-label-probe"], lambda c: ex(c).label_probe, False),
+        "--width": Row(["--width", "8"], lambda c: {x.width for x in cfgs(c)}, {8}),
+        "--blocks": Row(["--blocks", "2"], lambda c: {x.blocks for x in cfgs(c) if x.control != "shallow"}, {2}),
+        "--lr": Row(["--lr", "0.5"], lambda c: {x.lr for x in cfgs(c)}, {0.5}),
     }
+    if methods:
+        rows["--option"] = Row(["--option", "beta=0.5"],
+                               lambda c: {x.options["beta"] for x in cfgs(c) if x.method == "ep"}, {0.5},
+                               base=["--out", AUDIT_OUT, "--methods", "bp", "ep"])
+    else:   # penalty-sweep's own method (dfa-penalty): an option besides the swept λ
+        rows["--option"] = Row(["--option", "normalise=0"],
+                               lambda c: {x.options["normalise"] for x in cfgs(c) if x.control == "none"}, {0})
     if methods:
         rows["--methods"] = Row(["--methods", "bp", "fa"], lambda c: {x.method for x in cfgs(c)}, {"bp", "fa"})
         # a rule whose published recipe is not the shared one (pepita's is SGD)
@@ -328,8 +338,8 @@ def run_cli(folders, monkeypatch):
                         lambda d="auto": torch.device("meta") if str(d) == "meta" else real_resolve(d))
     monkeypatch.setattr(creditaudit.runs, "as_device", lambda d, default=None: torch.device("meta")
                         if str(d) == "meta" else real_as_device(d, default))
-    import creditaudit.cli
-    monkeypatch.setattr(creditaudit.cli, "_check_credit", lambda *a, **k: None)   # runs credit(): not on meta
+    import creditaudit.commands.diagnose
+    monkeypatch.setattr(creditaudit.commands.diagnose, "_check_credit", lambda *a, **k: None)   # runs credit(): not on meta
     real_set_threads = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls["threads"].append(n), real_set_threads(1)))
     monkeypatch.setattr(creditaudit.data, "load_dataset", fake_load)
@@ -394,6 +404,54 @@ def test_output_switches(folders, monkeypatch, capsys):
     lines = capsys.readouterr().out
     assert cli_main(["check", RUN, "--json"]) == code
     assert json.loads(capsys.readouterr().out) == check_path(Path(RUN))[2] and lines
+
+
+# -- audit's run options are the config file's -------------------------------------------------------
+def _run_keys(calls: Calls) -> list[str]:
+    return sorted(c.run_key for c in calls.args("audit_run_all")[0])
+
+
+def test_audit_options_give_the_run_keys_of_the_same_settings_in_toml(run_cli):
+    """--option, --lr, --width and --blocks of `audit` are the [options.METHOD], [training] and
+    [model] tables of a config file: the same runs, key for key. KEY=VALUE reaches every audited
+    method that declares KEY (and no other), METHOD.KEY=VALUE that method alone, and a pair
+    overrides the same key of the file's table, leaving its other keys."""
+    Path("same.toml").write_text(
+        'dataset = "digits"\nmethods = ["bp", "ep", "dfa-penalty", "sb"]\nseeds = [1, 2]\nepochs = 2\n'
+        '[model]\nwidth = 8\nblocks = 2\n[training]\nlr = 0.01\n'
+        '[options.ep]\nbeta = 0.5\nsteps = 3\n[options.dfa-penalty]\nlam = 0.2\n[options.sb]\nlam = 0.2\n')
+    Path("base.toml").write_text(
+        'dataset = "digits"\nmethods = ["bp", "ep", "dfa-penalty", "sb"]\nseeds = [1, 2]\nepochs = 2\n'
+        '[options.ep]\nbeta = 2.0\nsteps = 3\n')
+    from_file = _run_keys(run_cli(["audit", "--out", AUDIT_OUT, "--config", "same.toml"]))
+    given = _run_keys(run_cli(["audit", "--out", AUDIT_OUT, "--config", "base.toml", "--width", "8",
+                               "--blocks", "2", "--lr", "0.01", "--option", "ep.beta=0.5",
+                               "--option", "lam=0.2"]))
+    assert given == from_file
+    plain = _run_keys(run_cli(["audit", "--out", AUDIT_OUT, "--config", "base.toml"]))
+    assert set(plain).isdisjoint(from_file)       # the options changed every run's key
+    # lam reached both methods that declare it, beta ep alone (bp declares neither)
+    configs = run_cli(["audit", "--out", AUDIT_OUT, "--config", "base.toml", "--option", "lam=0.2",
+                       "--option", "ep.beta=0.5"]).args("audit_run_all")[0]
+    mains = {x.method: x.options for x in configs if x.control == "none" and x.seed == 1}
+    assert mains["bp"] == {} and mains["dfa-penalty"]["lam"] == mains["sb"]["lam"] == 0.2
+    assert mains["ep"]["beta"] == 0.5 and mains["ep"]["steps"] == 3
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--option", "decay=10"], "no audited method (bp, ep) has an option 'decay'; kolen-pollack declares it"),
+    (["--option", "fa.beta=1"], "names fa, which this audit does not train"),
+    (["--option", "ep.beta=-1"], "option beta of method 'ep' must lie in"),
+    (["--blocks", "0"], "--blocks must be ≥ 1"),
+    (["--lr", "inf"], "argument --lr: expected a finite number"),
+    (["--unknown", "1"], "unrecognized arguments: --unknown 1 (see: creditaudit audit --help)"),
+])
+def test_audit_options_are_refused_in_one_line(run_cli, capsys, argv, says):
+    """A bad run option of `audit` is one line and exit 2, as train's; an argument `audit` does not
+    take points at `creditaudit audit --help`, not at the top level's."""
+    assert cli_main(["audit", "--out", AUDIT_OUT, "--methods", "bp", "ep", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
 
 
 # -- beyond the command line: a setting reaches the step it controls ---------------------------------

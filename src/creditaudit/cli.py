@@ -1,24 +1,21 @@
-"""The command line. Options and their defaults come from the config dataclasses (config.py) and
-the registries (methods, datasets, architectures), so --help cannot drift from the code. User errors
-print one line and exit 2, without a traceback; `check` exits 0 / 1 / 3 by verdict."""
+"""The command line: the table of subcommands and their options; each one's work is in commands/.
+Options and their defaults come from the config dataclasses (config.py) and the registries
+(methods, datasets, architectures), so --help cannot drift from the code. User errors print one
+line and exit 2, without a traceback; `check` exits 0 / 1 / 3 by verdict."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
 import math
-import os
-import shutil
 import signal
 import sys
-import textwrap
 import threading
-from pathlib import Path
 
 from . import __version__
+from .commands import audit, diagnose, experiments, lint, train, views
+from .commands.exits import EXIT_INTERRUPTED, EXIT_USER_ERROR
 from .errors import CreditAuditError
-
-EXIT_USER_ERROR, EXIT_WALK_BACK, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 2, 1, 3, 130
 
 
 # -- option types -------------------------------------------------------------------------------
@@ -65,552 +62,7 @@ def _choices(names) -> str:
     return ", ".join(names)
 
 
-def _set_threads(args) -> None:
-    """Threads for a single-run command: --threads, else the idle cores (threads.idle_threads)."""
-    from .threads import guard_threads, idle_threads
-    guard_threads(getattr(args, "threads", None) or idle_threads())
-
-
-# -- train ----------------------------------------------------------------------------------------
-def _given_once(pairs: list[tuple[str, object]], flag: str) -> dict[str, object]:
-    """KEY=VALUE pairs of a repeatable option as a dict; a key given twice is refused (the last
-    value would silently win), even with the same value twice (a typo is as likely as intent)."""
-    seen: dict[str, object] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise CreditAuditError(f"{flag} {key} is given twice ({flag} {key}={seen[key]!r} and "
-                                   f"{flag} {key}={value!r}); give each key once")
-        seen[key] = value
-    return seen
-
-
-def _run_config(args):
-    from .config import PENALTY_OPTION, RunConfig
-    if args.blocks < 1:
-        raise CreditAuditError(f"--blocks must be ≥ 1, got {args.blocks}; for the control without "
-                               "blocks use --shallow")
-    options = _given_once(args.option, "--option")
-    if args.lam is not None:
-        given = options.get(PENALTY_OPTION, args.lam)
-        if given != args.lam:       # two spellings of one knob: neither may silently win
-            raise CreditAuditError(f"--lam {args.lam:g} and --option {PENALTY_OPTION}={given} give λ "
-                                   "twice with different values; give it once")
-        options[PENALTY_OPTION] = args.lam
-    trainable = 0 if args.frozen else args.trainable_blocks
-    return RunConfig(method=args.method, dataset=args.dataset, arch=args.arch, seed=args.seed,
-                     epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                     weight_decay=args.weight_decay, recipe=args.recipe, width=args.width,
-                     blocks=0 if args.shallow else args.blocks, activation=args.activation,
-                     w2_std=args.w2_std, clip=args.clip, trainable_blocks=trainable,
-                     stop_when_flagged=args.stop_when_flagged, options=options,
-                     arch_options=_given_once(args.arch_option, "--arch-option"), precision=args.precision)
-
-
-def _compile_step(args) -> bool | None:
-    """--no-compile: never; otherwise None = where it pays (the step compiled on CUDA only)."""
-    return False if args.no_compile else None
-
-
-def _cmd_train(args) -> int:
-    from .data import load_dataset
-    from .runs import resolve_device
-    from .train import train_run
-    from .verdict import Thresholds, first_fire_epochs, stop_rule
-    config = _run_config(args)
-    if args.tensorboard is not None:          # refused now, not after the training it would log
-        from .trackers import check_log_dir
-        check_log_dir(args.tensorboard)
-    _set_threads(args)
-    data = load_dataset(config.dataset, args.data_dir, "cpu", label_probe=not args.no_label_probe)
-    config = config.bind_data(data.digest)      # the default folder's key names the data too
-    out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
-    device = resolve_device(args.device)      # a bad device is refused before any folder is made
-    tensorboard = None
-    try:
-        with _locked_out(out, stub="config.json"):   # a second `train` here is refused, as for audits
-            if args.tensorboard is not None:
-                from .trackers import TensorBoardLog
-                tensorboard = TensorBoardLog(args.tensorboard)
-            run = _train_or_record(
-                train_run, config, out, data=data, device=device, progress=not args.quiet,
-                stop_rule=stop_rule(config.stop_when_flagged, Thresholds(**config.stop_thresholds)),
-                on_epoch=tensorboard, compile_step=_compile_step(args))
-            if tensorboard is not None and run is not None:
-                tensorboard.log(run.history)     # a run found finished is logged whole
-    finally:
-        if tensorboard is not None:
-            tensorboard.close()
-    if run is None:
-        return EXIT_INCOMPLETE
-    last = run.history[-1]
-    fired = first_fire_epochs(run.history, Thresholds())
-    print(f"{config.label}: {run.status['status']} after {run.epochs_completed}/{config.epochs} epochs "
-          f"— {run.status['message']}")
-    print(f"  recipe ({config.recipe_record['source']}): {config.recipe_record['description']}")
-    # a value the monitor could not measure is None, a non-finite one a string ("inf")
-    num = lambda v, spec: "—" if v is None else v if isinstance(v, str) else format(v, spec)
-    print(f"  test acc {num(last['test_acc'], '.4f')} | median ‖h_L‖ {num(last['h_norms'][-1], '.3g')} | "
-          f"‖g_L‖ {num(last['g_norms'][-1], '.3g')} | readout gain {num(last['gain'], '.3g')} | "
-          f"max block growth {num(last['max_growth'], '.3g')} | {run.status['wall_time']:.1f} s")
-    print("  monitor first fired: " + ", ".join(
-        f"({k.replace('_prime', '′')}) {'never' if v is None else f'epoch {v}'}" for k, v in fired.items()))
-    print(f"  data: {data.describe()}")
-    print(f"  run folder: {out}")
-    return 0
-
-
-@contextlib.contextmanager
-def _locked_out(out: Path, stub: str | None = None):
-    """`audit_lock(out)`, and a command refused inside it leaves nothing that blocks the corrected
-    command: folders it made that hold only the lock are removed, and `stub` (train's config.json)
-    when this command wrote it and no checkpoint followed — a refused model's config.json would
-    make the corrected run's folder "a different run"."""
-    from .experiments.lock import audit_lock
-    made = [p for p in (out, *out.parents) if not p.exists()]
-    had_stub = stub is not None and (out / stub).exists()
-    with audit_lock(out, made):      # only the holder removes anything (experiments/lock.py)
-        try:
-            yield
-        except CreditAuditError:
-            if stub is not None and not had_stub and not (out / "checkpoint.json").exists():
-                (out / stub).unlink(missing_ok=True)
-                (out / "method_origin.json").unlink(missing_ok=True)    # written beside it for a user's rule
-            raise
-
-
-def _train_or_record(train_run, config, out: Path, **train_kwargs):
-    """train_run, with a run that raises (a user's rule, say) recorded like the audit records it:
-    its traceback in <out>/error.txt, one line on stderr, and None (exit 3) instead of a traceback."""
-    import time
-    from .runs import failure_record
-    t0 = time.perf_counter()
-    try:
-        return train_run(config, out, **train_kwargs)
-    except (CreditAuditError, OSError, KeyboardInterrupt):
-        raise
-    except Exception as err:  # noqa: BLE001 — the run failed; its traceback goes to error.txt
-        record = failure_record(out, err, time.perf_counter() - t0)
-        print(f"creditaudit: the run {config.label} failed: {record['message']}; fix the method or "
-              "settings it names, then run the same command again (finished epochs are kept)",
-              file=sys.stderr)
-        return None
-
-
-# -- diagnose / calibrate / check -------------------------------------------------------------------
-def _load_for_diagnosis(args):
-    """The run, its eval batches and (optionally) its frozen control (judged by the evidence gate
-    in `diagnose_run`)."""
-    from .data import load_dataset
-    from .experiments import eval_batches
-    from .runs import load_run, resolve_device
-    if not args.run_dir:
-        raise CreditAuditError(f"give a run folder: creditaudit {args.command} RUN_DIR (a folder "
-                               "written by `creditaudit train`)")
-    run = load_run(args.run_dir, resolve_device(args.device))
-    control = None
-    if getattr(args, "frozen_control", None):
-        if Path(args.frozen_control).is_file():
-            raise CreditAuditError(f"--frozen-control {args.frozen_control} is a file; for a run folder "
-                                   "give the control's run folder (`creditaudit train ... --frozen --out "
-                                   "DIR`), a weights file only with --model")
-        control = load_run(args.frozen_control, "cpu")
-    data = load_dataset(run.config.dataset, args.data_dir, next(run.model.parameters()).device,
-                        label_probe=not args.no_label_probe)
-    batches = eval_batches(data, args.eval_batches)
-    _check_credit(run, *batches[0])
-    return run, batches, control, data
-
-
-def _check_credit(run, x, y) -> None:
-    """A method's credit() must give one tensor per residual position h_0 … h_L, each shaped like
-    h_l: a rule that does not is refused in one line naming what it returned."""
-    import torch
-    from .model import as_stream
-    name = run.config.method
-    try:
-        credit = run.method.credit(x, y)
-    except Exception as err:  # noqa: BLE001 — a user's rule failing is theirs to fix
-        raise CreditAuditError(f"the credit() of method {name!r} raised {type(err).__name__}: "
-                               f"{' '.join(str(err).split())[:200]}; fix the method "
-                               "(docs/WRITING_A_RULE.md)") from None
-    with torch.no_grad():
-        shapes = [tuple(h.shape) for h in as_stream(run.model).hidden(x)]
-    got = ([tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in credit]
-           if isinstance(credit, (list, tuple)) else type(credit).__name__)
-    if got != shapes:
-        raise CreditAuditError(f"the credit() of method {name!r} returned {got}; it must return a list of "
-                               f"{len(shapes)} tensors a_0 … a_L shaped like h_l, {shapes} "
-                               "(docs/WRITING_A_RULE.md)")
-
-
-def _diagnose_user_model(args):
-    """`--model PKG.MODULE:FACTORY --weights FILE`: a model trained elsewhere (usermodel.py)."""
-    from .data import load_dataset
-    from .experiments import eval_batches
-    from .protocol import diagnose
-    from .runs import resolve_device
-    from . import evidence
-    from .usermodel import user_model_evidence
-    if not args.weights or not args.dataset:
-        raise CreditAuditError("--model needs --weights FILE.safetensors and --dataset NAME")
-    if args.run_dir:
-        raise CreditAuditError("give either a run folder or --model/--weights, not both")
-    device = resolve_device(args.device)
-    data = load_dataset(args.dataset, args.data_dir, device, label_probe=not args.no_label_probe)
-    batches = eval_batches(data, args.eval_batches)
-    ev = user_model_evidence(args.model, args.weights, data, batches, frozen=args.frozen_control,
-                             init=args.init_weights, device=device, yardstick=args.yardstick)
-    # the evidence gate: a control that is not this model's, untrained or non-finite is refused; an
-    # unverified one is no evidence for (d) (not evaluated, so never "trustworthy")
-    admitted = evidence.gate(evidence.Evidence(args.model, None, ev["control"]))
-    report = diagnose(ev["model"], batches, frozen_acc=admitted.frozen_acc, test_acc=ev["test_acc"],
-                      monitor_history=ev["history"], depth_unevaluated=admitted.depth_why,
-                      weak_control=admitted.weak,
-                      rho=getattr(args, "rho", False), label=f"{args.model} ({Path(args.weights).name})")
-    report.first_fire = None          # two snapshots (init, now) are no training-time monitor
-    if admitted.note:                 # what the control is, when it is not what (d) assumes
-        report.notes.append(admitted.note)
-    return report
-
-
-def _diagnosis(args):
-    from .experiments.common import diagnose_run
-    _set_threads(args)
-    if args.model:
-        return _diagnose_user_model(args)
-    if not args.run_dir:
-        raise CreditAuditError("give a run folder, or --model PKG.MODULE:FACTORY --weights FILE --dataset NAME")
-    run, batches, control, data = _load_for_diagnosis(args)
-    return diagnose_run(run, batches, control=control, rho=getattr(args, "rho", False), run_data=data)
-
-
-def _cmd_diagnose(args) -> int:
-    from .monitor import is_user_loop_run, stored_diagnosis
-    if args.run_dir and not args.model and is_user_loop_run(args.run_dir):
-        if args.frozen_control:    # its model cannot be rebuilt here: (d) is judged in the user's loop
-            raise CreditAuditError(f"{args.run_dir} comes from your own loop and was diagnosed at "
-                                   "finish(), with (d) once a control monitored with control_of= "
-                                   "finished; drop --frozen-control, or call "
-                                   "mon.finish(frozen_control=DIR) / creditaudit.audit_own_runs")
-        report = stored_diagnosis(args.run_dir)
-    else:
-        report = _diagnosis(args)
-    print(report.to_json(indent=2) if args.json else report)
-    if args.run_dir:                  # saved beside the run, so `creditaudit check RUN_DIR` reads it
-        from .runs import write_diagnosis
-        try:
-            write_diagnosis(Path(args.run_dir), report.to_dict())
-        except OSError as err:
-            print(f"creditaudit: note: could not save {Path(args.run_dir) / 'diagnosis.json'} "
-                  f"({err.strerror or err}); the diagnosis above stands", file=sys.stderr)
-    return 0
-
-
-def _cmd_calibrate(args) -> int:
-    from .experiments.common import diagnose_run
-    from .report.tables import calibration_table
-    _set_threads(args)
-    run, batches, _, data = _load_for_diagnosis(args)
-    report = diagnose_run(run, batches, rho=True, null_k=args.null_draws, run_data=data)
-    print(report.to_json(indent=2) if args.json else calibration_table(report.to_dict()))
-    return 0
-
-
-def _cmd_check(args) -> int:
-    from .check import check_path, check_report
-    if args.model:
-        lines, code, payload = check_report(_diagnosis(args).to_dict())
-    elif args.path:
-        lines, code, payload = check_path(Path(args.path))
-    else:
-        raise CreditAuditError("give an audit or run folder, or --model PKG.MODULE:FACTORY --weights FILE")
-    print(json.dumps(payload, indent=2) if args.json else "\n".join(lines))
-    return code
-
-
-# -- audit and the other experiments --------------------------------------------------------------
-def _audit_raw(args) -> dict:
-    """The audit's settings: preset or TOML file, then command-line overrides."""
-    from .config import PRESET_NAMES, load_audit_toml
-    raw = load_audit_toml(args.config) if args.config else {"preset": args.preset or PRESET_NAMES[0]}
-    if args.config and args.preset:
-        raw["preset"] = args.preset
-    for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor",
-                "address", "max_retries", "stack", "recipe"):
-        value = getattr(args, key, None)
-        if value is not None:
-            raw[key] = value
-    if getattr(args, "methods", None):
-        raw["methods"] = [m for item in args.methods for m in item.replace(",", " ").split()]
-    if args.seeds:
-        raw["seeds"] = args.seeds
-    if getattr(args, "arch", None):
-        raw.setdefault("model", {})["arch"] = args.arch
-    from .runs import resolve_device
-    raw["device"] = str(resolve_device(raw.get("device", "auto")))   # "auto" is decided here, once
-    return raw
-
-
-def _what_ran(args, config) -> str:
-    """The header's account of the settings: "preset quick", "preset quick + --methods, --seeds,
-    --epochs", "examples/my.toml + --seeds": what actually ran, not only where it started."""
-    preset = f"preset {config.preset}" if config.preset else None
-    if args.config:
-        base = f"{args.config} ({preset})" if preset else str(args.config)
-    else:                 # without a file the preset is always named (quick by default)
-        base = str(preset)
-    given = [f"--{key.replace('_', '-')}" for key in ("methods", "seeds", "epochs", "dataset", "arch",
-                                                      "eval_batches") if getattr(args, key, None)]
-    return " + ".join([base, *([", ".join(given)] if given else [])])
-
-
-def _require_schedule(args, raw: dict) -> None:
-    """A config file without a preset must say how long to train (checked after its keys are
-    validated): an empty one must not start the default schedule, 100 epochs per run, silently."""
-    if args.config and "preset" not in raw and "epochs" not in raw:
-        raise CreditAuditError(f"{args.config} sets neither epochs nor a preset; add epochs = 15 (or "
-                               'preset = "quick") to it, or pass --epochs N')
-
-
-def _cmd_audit(args) -> int:
-    from .config import audit_config_from_dict
-    from .experiments import audit
-    from .report import compact_table, write_report
-    from .report.tables import schedule_line, work_done
-    from .verdict import Thresholds, verdict_of
-    raw = _audit_raw(args)
-    config = audit_config_from_dict(raw, where=args.config or "the audit settings")
-    _require_schedule(args, raw)
-    if args.tensorboard is not None:          # refused now, not after the audit it would log
-        from .trackers import check_log_dir
-        check_log_dir(args.tensorboard)
-    if args.tracker:                          # the same: a missing extra or bad folder, now
-        from .trackers import check_trackers
-        check_trackers(args.tracker)
-    from .report.tables import plural
-    n_runs = len(config.run_configs())
-    width = max(60, shutil.get_terminal_size((120, 24)).columns)   # COLUMNS, else the terminal's
-    print(textwrap.fill(f"creditaudit audit ({_what_ran(args, config)}): {plural(len(config.methods), 'method')} "
-                        f"× {plural(len(config.seeds), 'seed')} → {plural(n_runs, 'run')} → {config.out}",
-                        width, subsequent_indent="    ", break_on_hyphens=False))
-    with _locked_out(Path(config.out)):
-        result = audit(config, progress=not args.quiet, compile_step=_compile_step(args),
-                       label_probe=not args.no_label_probe)
-        files = _write_report_together(write_report, result, Path(config.out))
-    if args.tensorboard is not None:  # every run's monitor history, one log folder per run
-        from .trackers import log_runs
-        log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))
-    if args.tracker:                  # one tracker run per run folder, its verdict at the end
-        from .trackers import log_judged_runs
-        log_judged_runs(result, args.tracker, args.tracker_project or Path(config.out).name,
-                        Thresholds(**config.thresholds))
-    print()
-    print(compact_table(result, width=width, out=str(config.out)))
-    failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
-    incomplete = [m["method"] for m in result["methods"] if verdict_of(m).outcome == "incomplete"]
-    print("\n" + textwrap.fill(f"full table, per-seed values and reasons: {Path(config.out) / 'audit.md'}",
-                               width, subsequent_indent="    ", break_long_words=False))
-    print(textwrap.fill(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
-                        f"{work_done(result)}, {result['wall_time']:.0f} s", width, subsequent_indent="    "))
-    if schedule_line(result):
-        print(textwrap.fill(schedule_line(result), width, subsequent_indent="    "))
-    parts = []
-    if failed:
-        parts.append(_failed_runs_advice(failed, "audit.md"))
-    if incomplete:
-        parts.append(f"incomplete verdict for {', '.join(incomplete)}: evidence missing or "
-                     "undetermined (see 'missing' under Reasons in audit.md)")
-    if parts:
-        print("creditaudit: " + "; ".join(parts) + " — exit status 3: the audit is not complete "
-              "(0 = complete; `creditaudit check` gives the verdicts' status)", file=sys.stderr)
-    if failed or incomplete:
-        return EXIT_INCOMPLETE
-    return 0
-
-
-# a failure that may pass on a second try (the disk, the machine); any other failure repeats
-_TRANSIENT = ("cannot write", "interrupted", "worker", "killed", "out of memory")
-
-
-def _failed_runs_advice(failed: list[dict], where: str) -> str:
-    """One clause for failed runs: retry only what a retry can fix; otherwise say what to change."""
-    transient = [r for r in failed if any(t in str(r.get("message", "")).lower() for t in _TRANSIENT)]
-    if len(transient) == len(failed):
-        return (f"{len(failed)} run(s) failed (listed in {where}); run the same command again to "
-                "retry them — finished runs are reused")
-    first = next(r for r in failed if r not in transient)
-    message = " ".join(str(first.get("message", "")).split())
-    message = message if len(message) <= 240 else message[:237] + "..."
-    return (f"{len(failed)} run(s) failed (listed in {where}); they fail the same way on a rerun "
-            f"until the cause is changed — first: {first.get('label')}: {message}")
-
-
-def _write_report_together(write_report, result: dict, out: Path) -> dict:
-    """write_report into a temporary folder beside the report, then move every file in: a write
-    that fails (a full disk) leaves the previous report whole rather than half old, half new."""
-    import shutil
-    import tempfile
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
-    try:
-        staged = write_report(result, staging)
-        files = {}
-        for name, path in staged.items():      # renames within one folder: they need no space
-            os.replace(path, out / path.name)
-            files[name] = out / path.name
-        return files
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _experiment_config(args, methods: list[str] | None = None):
-    from .config import audit_config_from_dict
-    raw = _audit_raw(args)
-    if methods is not None:
-        raw["methods"] = methods
-    config = audit_config_from_dict(raw, where=args.config or "the settings")
-    _require_schedule(args, raw)
-    return config
-
-
-def _cmd_ladder(args) -> int:
-    from .config import EXPERIMENT_OUT
-    from .experiments import ladder
-    from .experiments.audit import execution_of
-    from .report.figures import ladder_figure
-    from .report.tables import ladder_table
-    from .verdict import Thresholds
-    config = _experiment_config(args)
-    out = Path(args.out or EXPERIMENT_OUT["ladder"])
-    bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
-    with _locked_out(out):
-        _refuse_other_result(out / "ladder.json", {"base": [c.to_dict() for c in bases]})
-        result = ladder(bases, out, execution=execution_of(config, _compile_step(args), not args.no_label_probe),
-                        thresholds=Thresholds(**config.thresholds), n_eval=config.eval_batches,
-                        progress=not args.quiet)
-        ladder_figure(result, out / "ladder.png")
-    print(ladder_table(result))
-    print(f"written: {out / 'ladder.json'}, {out / 'ladder.png'}")
-    return _experiment_exit(result, "ladder.json")
-
-
-def _cmd_penalty(args) -> int:
-    from .config import EXPERIMENT_OUT
-    from .experiments import penalty_sweep
-    from .experiments.audit import execution_of
-    from .methods import sweep_defaults
-    from .report.figures import penalty_figure
-    from .report.tables import penalty_table
-    from .verdict import Thresholds
-    from .methods import resolve_method_name
-    sweeps = sweep_defaults()
-    method = resolve_method_name(args.method) if args.method else next(iter(sweeps))
-    if args.lambdas and len(set(args.lambdas)) != len(args.lambdas):
-        dupes = sorted({f"{v:g}" for v in args.lambdas if args.lambdas.count(v) > 1})
-        raise CreditAuditError(f"--lambdas lists {', '.join(dupes)} more than once; list each λ once")
-    if method not in sweeps and not args.lambdas:
-        raise CreditAuditError(f"method {method!r} declares no λ sweep; give --lambdas, or choose one "
-                               f"of {_choices(sweeps)}")
-    lambdas = args.lambdas or list(sweeps[method][1])
-    config = _experiment_config(args, [method])
-    out = Path(args.out or EXPERIMENT_OUT["penalty-sweep"])
-    bases = [config.base_config(method, s) for s in config.seeds]
-    with _locked_out(out):
-        _refuse_other_result(out / "penalty_sweep.json", {"base": [c.to_dict() for c in bases],
-                                                          "lambdas": [float(v) for v in lambdas]})
-        result = penalty_sweep(bases, out, lambdas=lambdas,
-                               execution=execution_of(config, _compile_step(args), not args.no_label_probe),
-                               thresholds=Thresholds(**config.thresholds), n_eval=config.eval_batches,
-                               progress=not args.quiet)
-        penalty_figure(result, out / "penalty_sweep.png")
-    print(penalty_table(result))
-    print(f"written: {out / 'penalty_sweep.json'}, {out / 'penalty_sweep.png'}")
-    return _experiment_exit(result, "penalty_sweep.json")
-
-
-def _refuse_other_result(path: Path, wanted: dict) -> None:
-    """Refuse to replace a ladder's or sweep's result file with one of other settings (the audit
-    does the same for audit.json): the finished result is kept."""
-    from .store import json_safe, read_sealed_json
-    if not path.exists():
-        return
-    old = read_sealed_json(path, f"creditaudit result ({path.name})")
-    wanted = json.loads(json.dumps(json_safe(wanted)))
-    if any(old.get(k) != v for k, v in wanted.items()):
-        raise CreditAuditError(f"{path.parent} already holds a {path.name} of other settings (methods, "
-                               "seeds, schedule, model or λ); give this one its own --out, or delete "
-                               "that folder to replace it")
-
-
-def _experiment_exit(result: dict, where: str) -> int:
-    """0 when every run of a ladder or sweep ended; else one line and exit 3 (as the audit)."""
-    failed = [r for r in result.get("runs") or [] if r["status"] not in ("finished", "stopped", "diverged")]
-    if not failed:
-        return 0
-    every = " (every run)" if len(failed) == len(result["runs"]) else ""
-    print(f"creditaudit: {_failed_runs_advice(failed, where)}{every} — exit status 3: the result is "
-          "not complete", file=sys.stderr)
-    return EXIT_INCOMPLETE
-
-
-def _cmd_identity(args) -> int:
-    from .config import RunConfig
-    from .experiments import identity_check_experiment
-    from .report.figures import identity_figure
-    from .report.tables import identity_table
-    from .runs import resolve_device
-    if args.blocks < 1:
-        raise CreditAuditError(f"--blocks must be ≥ 1, got {args.blocks}")
-    _set_threads(args)
-    config = RunConfig(dataset=args.dataset, arch=args.arch, width=args.width, blocks=args.blocks,
-                       activation=args.activation, w2_std=args.w2_std)
-    out = Path(args.out)
-    result = identity_check_experiment(config, args.seeds, out, data_dir=args.data_dir,
-                                       device=resolve_device(args.device))
-    identity_figure(result, out / "identity_check.png")
-    print(identity_table(result))
-    print(f"written: {out / 'identity_check.json'}, {out / 'identity_check.png'}")
-    return 0
-
-
-def _cmd_thresholds(args) -> int:
-    from .experiments import read_audit
-    from .report.figures import sensitivity_figure
-    from .report.tables import sensitivity_table
-    from .store import write_sealed_json
-    from .sensitivity import threshold_sensitivity
-    from .verdict import Thresholds
-    audit_dir = Path(args.audit_dir)
-    result = read_audit(audit_dir)
-    reports = [r["report"] for r in result.get("runs") or [] if r.get("report") and r.get("control") == "none"]
-    if not reports:
-        raise CreditAuditError(f"{audit_dir}/audit.json holds no diagnosed runs; is it an audit folder?")
-    sensitivity, _ = threshold_sensitivity(reports, Thresholds(**result.get("thresholds", {})),
-                                           depth={m["method"]: m.get("depth") for m in result.get("methods") or []})
-    write_sealed_json(audit_dir / "thresholds.json", sensitivity)
-    sensitivity_figure(reports, sensitivity, audit_dir / "thresholds.png")
-    print(sensitivity_table(sensitivity))
-    print(f"written: {audit_dir / 'thresholds.json'}, {audit_dir / 'thresholds.png'}")
-    return 0
-
-
-def _cmd_report(args) -> int:
-    from .experiments import read_audit
-    from .report import compact_table, write_report
-    audit_dir = Path(args.audit_dir)
-    result = read_audit(audit_dir)
-    files = _write_report_together(write_report, result, audit_dir)
-    print(compact_table(result, width=max(60, shutil.get_terminal_size((120, 24)).columns), out=str(audit_dir)))
-    print(f"\nwritten from {audit_dir / 'audit.json'}: {', '.join(sorted(p.name for p in files.values()))}")
-    return 0
-
-
-def _cmd_lint(args) -> int:
-    from .lint import run_lint
-    return run_lint(args.paths, sys.stdout)
-
-
-# -- the subcommands: each one's options in one function, its work in `_cmd_<name>` above --------
+# -- the subcommands: each one's options in one function, its work in commands/ ------------------
 # Options and defaults come from the catalog (catalog.py: the registries and config dataclasses),
 # so --help cannot drift from the code and needs no torch. A new option of a subcommand goes into
 # that subcommand's `_options_<name>` (or into the shared group it belongs to: `_run_options` for
@@ -695,6 +147,7 @@ def _user_model_options(p: argparse.ArgumentParser, cat) -> None:
 
 def _audit_options(p: argparse.ArgumentParser, cat, methods: bool = True) -> None:
     """An audit's settings (audit, ladder, penalty-sweep): preset or TOML file, then overrides."""
+    p.epilog = cat.knobs + "\n" + p.epilog          # what --option sets
     h = lambda name: f"{cat.audit_help(name)} (default: from the preset or config file)"
     p.add_argument("--preset", choices=cat.presets,
                    help="quick: MNIST-1D, no download, 15 epochs; paper: CIFAR-10, 100 epochs "
@@ -712,6 +165,19 @@ def _audit_options(p: argparse.ArgumentParser, cat, methods: bool = True) -> Non
                             "(default: from the preset)")
     p.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help=h("seeds"))
     p.add_argument("--epochs", type=_count(1, cat.max_count), help=h("epochs"))
+    # what defines every run, as the [model] and [training] tables of a config file set it
+    r = lambda name: f"{cat.run_help(name)} of every run (default: from the config file, else {cat.run_default(name)})"
+    p.add_argument("--width", type=_count(1, cat.max_count), help=r("width"))
+    p.add_argument("--blocks", type=_count(0, cat.max_count),
+                   help=f"number of residual blocks L of every run, ≥ 1: the audit trains the shallow "
+                        f"control itself (default: from the config file, else {cat.run_default('blocks')})")
+    p.add_argument("--lr", type=_finite_float,
+                   help="learning rate of every run, overriding each method's recipe (default: from the "
+                        "config file, else each recipe's)")
+    p.add_argument("--option", type=_option, action="append", default=[], metavar="[METHOD.]KEY=VALUE",
+                   help="method option, as [options.METHOD] in a config file: KEY=VALUE for every audited "
+                        "method that declares KEY, METHOD.KEY=VALUE for one; e.g. --option decay=10 "
+                        "(the options: --help's end) (default: none)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: audits/<preset>, or as named below)")
     p.add_argument("--device", help=f"{cat.audit_help('device')} (default: {cat.audit_default('device')})")
     p.add_argument("--no-compile", action="store_true",
@@ -790,8 +256,8 @@ def _options_check(p: argparse.ArgumentParser, cat) -> None:
 
 
 def _options_audit(p: argparse.ArgumentParser, cat) -> None:
-    p.epilog = cat.rules + "\n" + p.epilog
     _audit_options(p, cat)
+    p.epilog = cat.rules + "\n" + p.epilog
     p.add_argument("--tensorboard", metavar="DIR",
                    help="also log every run's monitor scalars and flags to TensorBoard, one "
                         "subfolder of DIR per run (the [tensorboard] extra) (default: none)")
@@ -852,34 +318,34 @@ def _options_lint(p: argparse.ArgumentParser, cat) -> None:
 COMMANDS = (
     ("train", "train one run into a run folder (resumes if interrupted)",
      "  creditaudit train --method dfa --dataset mnist1d --epochs 15\n"
-     "  creditaudit train --method dfa --dataset mnist1d --epochs 15 --frozen", _options_train, _cmd_train),
+     "  creditaudit train --method dfa --dataset mnist1d --epochs 15 --frozen", _options_train, train.cmd_train),
     ("diagnose", "audit one run: diagnostics (a)–(d), Γ, verdict",
      "  creditaudit diagnose runs/dfa-RUN --frozen-control runs/dfa-FROZEN\n"
      "  creditaudit diagnose --model mypkg.nets:make --weights trained.safetensors "
-     "--dataset cifar10 --frozen-control frozen.safetensors", _options_diagnose, _cmd_diagnose),
+     "--dataset cifar10 --frozen-control frozen.safetensors", _options_diagnose, diagnose.cmd_diagnose),
     ("calibrate", "ρ per layer beside its BP/random controls, Γ beside its null",
-     "  creditaudit calibrate runs/dfa-RUN", _options_calibrate, _cmd_calibrate),
+     "  creditaudit calibrate runs/dfa-RUN", _options_calibrate, diagnose.cmd_calibrate),
     ("check", "verdict gate for CI: exit 0 trustworthy, 1 walk back, 3 incomplete, 2 error",
      "  creditaudit check audits/quick\n"
      "  creditaudit check --model mypkg.nets:make --weights trained.safetensors --dataset digits "
-     "--frozen-control frozen.safetensors", _options_check, _cmd_check),
+     "--frozen-control frozen.safetensors", _options_check, diagnose.cmd_check),
     ("audit", "train + diagnose methods × seeds with controls; write the report",
      "  creditaudit audit --preset quick\n"
-     "  creditaudit audit --config examples/quick.toml --methods bp dfa --seeds 42", _options_audit, _cmd_audit),
+     "  creditaudit audit --config examples/quick.toml --methods bp dfa --seeds 42", _options_audit, audit.cmd_audit),
     ("ladder", "accuracy vs number of trainable blocks k = 0…L (default out: audits/ladder)",
-     "  creditaudit ladder --methods bp dfa --seeds 42 --epochs 15", _options_ladder, _cmd_ladder),
+     "  creditaudit ladder --methods bp dfa --seeds 42 --epochs 15", _options_ladder, experiments.cmd_ladder),
     ("penalty-sweep", "a penalised method over λ, with frozen controls, Γ, its null and ρ "
                       "(default out: audits/penalty_sweep)",
      "  creditaudit penalty-sweep --seeds 42 --epochs 15\n"
-     "  creditaudit penalty-sweep --lambdas 0 0.01 --seeds 42 123", _options_penalty, _cmd_penalty),
+     "  creditaudit penalty-sweep --lambdas 0 0.01 --seeds 42 123", _options_penalty, experiments.cmd_penalty),
     ("identity-check", "how close a fresh residual stack is to the identity, over seeds",
-     "  creditaudit identity-check --dataset mnist1d --seeds 42 123 456", _options_identity, _cmd_identity),
+     "  creditaudit identity-check --dataset mnist1d --seeds 42 123 456", _options_identity, experiments.cmd_identity),
     ("thresholds", "threshold sensitivity over an audit's runs",
-     "  creditaudit thresholds audits/quick", _options_thresholds, _cmd_thresholds),
+     "  creditaudit thresholds audits/quick", _options_thresholds, views.cmd_thresholds),
     ("report", "rewrite audit.md, report.html and the PNGs from audit.json alone",
-     "  creditaudit report audits/quick", _options_report, _cmd_report),
+     "  creditaudit report audits/quick", _options_report, views.cmd_report),
     ("lint", "check your own training/eval code for the protocol's pitfalls (never runs it)",
-     "  creditaudit lint train.py eval/", _options_lint, _cmd_lint),
+     "  creditaudit lint train.py eval/", _options_lint, lint.cmd_lint),
 )
 
 
@@ -915,6 +381,17 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise CreditAuditError(f"{message} (see: {self.prog} --help)")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an argument no option takes is refused by the subcommand it was given
+        to, so that the message points at that subcommand's --help (`creditaudit audit --help`)."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            command = getattr(parsed, "command", None)
+            owner = subs[0].choices.get(command, self) if subs and command else self
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
 def _interrupt(signum, frame):

@@ -20,7 +20,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from . import __version__
 from .errors import CreditAuditError
@@ -599,6 +599,53 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
         options=options, preset=preset)
     config.run_configs()  # every run validated now: nothing trains on a bad config
     return config
+
+
+def with_method_options(raw: dict[str, Any], given: Sequence[tuple[str, Any]],
+                        where: str = "the audit settings", flag: str = "--option") -> dict[str, Any]:
+    """`raw` with method options given as KEY=VALUE pairs (the command line's `--option`) written
+    into its [options.METHOD] tables, so that they are exactly what those tables would say:
+
+    - METHOD.KEY=VALUE sets KEY for METHOD, which the audit must train;
+    - KEY=VALUE sets KEY for every audited method that declares it (as [training] lam does for λ);
+      a key no audited method declares is refused, since it would change nothing.
+
+    A pair overrides the same key of the TOML's table; the values are validated by
+    `audit_config_from_dict` like any table's."""
+    from .methods import METHODS, method_class, resolve_method_name
+    if not given:
+        return raw
+    seen: dict[str, Any] = {}
+    for key, value in given:             # a key given twice: the last would silently win
+        if key in seen:
+            raise CreditAuditError(f"{flag} {key} is given twice ({flag} {key}={seen[key]!r} and "
+                                   f"{flag} {key}={value!r}); give each key once")
+        seen[key] = value
+    audited = audit_config_from_dict(raw, where).methods      # after the preset, in one spelling
+    tables: dict[str, dict[str, Any]] = {}
+    for method, table in (raw.get("options") or {}).items():  # a TOML table, however its method is spelled
+        tables.setdefault(resolve_method_name(method), {}).update(table)
+    for key, value in given:
+        spelled, _, name = key.rpartition(".")      # option names have no dot; rule names may
+        if spelled:
+            method = resolve_method_name(spelled)
+            if method not in audited:
+                raise CreditAuditError(f"{flag} {key}={value} names {method}, which this audit does "
+                                       f"not train ({', '.join(audited)}); add it to the methods or "
+                                       "drop the option")
+            targets = [method]
+        else:
+            targets = [m for m in audited if name in method_class(m).option_defaults]
+        if not targets:
+            elsewhere = [m for m, cls in METHODS.items() if name in cls.option_defaults]
+            hint = (f"{', '.join(elsewhere)} declare{'s' if len(elsewhere) == 1 else ''} it: add "
+                    f"{'that method' if len(elsewhere) == 1 else 'one of them'} to the methods" if elsewhere
+                    else "the methods' options are listed by `creditaudit audit --help`")
+            raise CreditAuditError(f"{flag} {key}={value}: no audited method ({', '.join(audited)}) "
+                                   f"has an option {name!r}; {hint}")
+        for method in targets:
+            tables.setdefault(method, {})[name] = value
+    return {**raw, "options": tables}
 
 
 def load_audit_toml(path: str | Path) -> dict[str, Any]:

@@ -100,7 +100,7 @@ class Run:
     config: RunConfig
     run_dir: Path
     model: ResidualModel
-    method: Method
+    method: Method | None          # None when loaded with method=False (the weights alone)
     history: list[dict] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)    # the checkpoint's remaining state (RNGs)
@@ -282,9 +282,11 @@ def read_status(run_dir: Path) -> dict[str, Any]:
     return status
 
 
-def load_run(run_dir: str | Path, device: str | torch.device | None = None) -> Run:
+def load_run(run_dir: str | Path, device: str | torch.device | None = None, *, method: bool = True) -> Run:
     """Rebuild a run from its folder (config.json + checkpoint) without unpickling anything, on
-    `device` (default: the CPU, where a checkpoint's tensors are read)."""
+    `device` (default: the CPU, where a checkpoint's tensors are read). method=False: the model and
+    history alone (`Run.method` None), for a reader of the weights (the evidence gate): no optimiser
+    is built, and building one makes torch import torch._dynamo."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CreditAuditError(f"{run_dir} is a file, not a run folder; give the folder `creditaudit train "
@@ -304,9 +306,11 @@ def load_run(run_dir: str | Path, device: str | torch.device | None = None) -> R
         raise CreditAuditError(f"{run_dir}: {changed}; its weights are not this code's — retrain it "
                                "(an audit does, into a new folder) or restore the rule's code")
     loaded = weights_digest(model)
-    method = build_method(config, model)
+    rule = build_method(config, model) if method else None
     try:
-        method.load_state_dict(state.pop("method"))
+        method_state = state.pop("method")
+        if rule is not None:
+            rule.load_state_dict(method_state)
     except (KeyError, ValueError, RuntimeError, TypeError) as err:
         raise CreditAuditError(f"the method state in {run_dir} does not fit a {config.method!r} run "
                                f"({type(err).__name__}: {err}); the checkpoint is corrupt or foreign") from None
@@ -315,7 +319,7 @@ def load_run(run_dir: str | Path, device: str | torch.device | None = None) -> R
                                            "load_extra_state)")
     history = state.pop("history")
     init_weights = meta.get("init_weights")
-    return Run(config, run_dir, model, method, history, read_status(run_dir), state,
+    return Run(config, run_dir, model, rule, history, read_status(run_dir), state,
                {"input_shape": meta["input_shape"], "n_classes": meta["n_classes"]},
                init_weights if isinstance(init_weights, str) else None)
 

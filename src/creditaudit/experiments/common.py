@@ -149,7 +149,7 @@ def _rule_source(spec) -> str | None:
 
 
 # the modules no diagnosis is computed by: editing them leaves every sealed diagnosis reusable
-_NOT_DIAGNOSIS = ("cli.py", "__main__.py", "catalog.py", "check.py", "lint", "api.py", "report",
+_NOT_DIAGNOSIS = ("cli.py", "commands", "__main__.py", "catalog.py", "check.py", "lint", "api.py", "report",
                   "runner", "trackers.py", "lightning.py")
 
 
@@ -279,6 +279,28 @@ def stack_job(job: StackJob) -> dict[str, Any]:
         for i in ok:
             records[i] = {**failure_record(dirs[i], err, time.perf_counter() - t0), "stacked": False}
     return {"members": records}
+
+
+def finished_unit(configs: Sequence[RunConfig], dirs: Sequence[Path], stacked: bool) -> dict[str, Any] | None:
+    """The record `train_any` gives for a unit whose every run is finished already (each folder
+    holds its bound config, sealed as done, and loads as the trainer would load it: checkpoint
+    integrity, metrics log, weights that fit the config), read here in the caller: nothing to train
+    needs no worker. None when any run has work left, or a folder needs a worker's failure record
+    (another run's folder, an edited checkpoint, a damaged status)."""
+    members = []
+    try:
+        for c, d in zip(configs, dirs):
+            if not existing_run_is_done(d, c):
+                return None
+            # the checks of the trainer's load; the method's own state is checked where a
+            # diagnosis is computed (a reused one was computed from this very checkpoint)
+            status = load_run(d, "cpu", method=False).status
+            (d / "error.txt").unlink(missing_ok=True)      # as train_job leaves a finished run
+            members.append({"status": status["status"], "message": status["message"], "trained": False,
+                            "seconds": 0.0, **({"stacked": False, "stack_size": 1} if stacked else {})})
+    except Exception:  # noqa: BLE001 — the worker records what failed, as for any run
+        return None
+    return {"members": members}
 
 
 def train_any(job: Job | StackJob) -> dict[str, Any]:
@@ -433,9 +455,17 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     check_eval_batches(len(data.y_test), n_eval)
     # the data's contents are part of every run's key: other data under the same --out are other runs
     configs = [c.bind_data(dataset(c.dataset, execution.data_dir, "cpu").digest) for c in configs]
-    # a unit of work (a stack or a lone run) asks Ray for 1/workers of a GPU: --jobs N stacks share one
-    executor = make_executor(execution.executor, workers=workers, address=execution.address,
-                             max_retries=execution.max_retries, gpus_per_job=gpu_share(dev, workers))
+    made: list = []
+
+    def executor():
+        """Made when a job needs it: a re-run with nothing to train or diagnose starts no worker
+        process (nor a Ray cluster). A unit of work (a stack or a lone run) asks Ray for 1/workers
+        of a GPU: --jobs N stacks share one."""
+        if not made:
+            made.append(make_executor(execution.executor, workers=workers, address=execution.address,
+                                      max_retries=execution.max_retries, gpus_per_job=gpu_share(dev, workers)))
+        return made[0]
+
     dirs = [run_dir_for(root, c) for c in configs]
     for c, d in zip(configs, dirs):     # a user's rule edited since its runs trained: say why it retrains
         why = superseded_by_code(d, c)
@@ -461,8 +491,18 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             if r["status"] not in DONE:
                 bar.write(f"  {configs[i].label}: {r['status']} — {r['message']}")
 
+    results: list[dict | None] = [finished_unit([configs[i] for i in g], [dirs[i] for i in g], len(g) > 1)
+                                  for g in groups]
+    todo_units = [j for j, r in enumerate(results) if r is None]
     try:
-        results = executor.map(train_any, units, said)
+        for j, res in enumerate(results):
+            if res is not None:
+                said(j, res)
+        if todo_units:
+            trained_now = executor().map(train_any, [units[j] for j in todo_units],
+                                         lambda k, res: said(todo_units[k], res))
+            for j, res in zip(todo_units, trained_now):
+                results[j] = res
     finally:
         bar.close()
     trained: list[dict] = [{}] * len(configs)
@@ -531,9 +571,9 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             return None, control.message
         if key not in gated:
             try:
-                ev = control_evidence(o.config, load_run(control.run_dir, "cpu"), data.eval_batch(0)[0])
+                ev = control_evidence(o.config, load_run(control.run_dir, "cpu", method=False), data.eval_batch(0)[0])
                 # a control must beat the untrained model by the margin, with or without a yardstick
-                run = load_run(o.run_dir, "cpu")
+                run = load_run(o.run_dir, "cpu", method=False)
                 init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
                 ev = replace(ev, init_acc=accuracy(init.eval(), data.eval_batches("test", 1000)))
                 if yard is not None:
@@ -549,7 +589,7 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
         if o.config.control == "shallow" and o.status == "finished":
             try:
                 evidence.gate(evidence.Evidence(o.config.label, None, control_evidence(
-                    None, load_run(o.run_dir, "cpu"), data.eval_batch(0)[0])))
+                    None, load_run(o.run_dir, "cpu", method=False), data.eval_batch(0)[0])))
             except CreditAuditError as err:
                 o.status, o.message = "refused", str(err)
 
@@ -598,7 +638,7 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     bar = tqdm(total=len(todo), desc="diagnoses", unit="run", disable=not progress or not todo,
                dynamic_ncols=True)
     try:
-        reports = executor.map(diagnose_job, [job for _, job in todo], lambda i, r: bar.update(1)) if todo else []
+        reports = executor().map(diagnose_job, [job for _, job in todo], lambda i, r: bar.update(1)) if todo else []
     finally:
         bar.close()
     for (i, _), rep in zip(todo, reports):

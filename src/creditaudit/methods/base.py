@@ -24,6 +24,7 @@ a stack of one through its lone step.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from abc import ABC, abstractmethod
@@ -55,17 +56,18 @@ class MethodSettings:
     recipe: Recipe | None = None        # the optimiser and schedule (None: the method's published `recipe`)
 
 
-def _fused_adamw_supported() -> bool:
-    """The fused AdamW kernel (CPU and CUDA since torch 2.4) is ~6× faster than the foreach one
-    on this model's CPU step; older torch falls back to the default implementation."""
+@functools.cache
+def fused_adamw() -> dict[str, bool]:
+    """{"fused": True} where torch has the fused AdamW kernel (CPU and CUDA since torch 2.4: ~6×
+    faster than the foreach one on this model's CPU step), else {} (the default implementation).
+    Asked on first use, not at import: the probe builds an optimiser, and building one makes torch
+    import torch._dynamo (seconds on a busy machine), which a command that trains nothing (a re-run,
+    `report`, `check`) never needs."""
     try:
         torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], fused=True)
-        return True
+        return {"fused": True}
     except (RuntimeError, TypeError, ValueError):
-        return False
-
-
-_FUSED = {"fused": True} if _fused_adamw_supported() else {}
+        return {}
 
 
 class Method(ABC):
@@ -164,7 +166,7 @@ class Method(ABC):
         """The run's recipe (`self.recipe`) as torch's optimiser — AdamW (fused where supported),
         Adam or SGD with momentum — and its LR schedule over the run (cosine to 0, step decay at
         the recipe's milestones, or constant), stepped per epoch."""
-        opt = build_optimizer(self.recipe, params, _FUSED)
+        opt = build_optimizer(self.recipe, params, fused_adamw())
         self.optimizers.append(opt)
         self.schedulers.append(build_scheduler(self.recipe, opt, self.settings.epochs))
         return opt

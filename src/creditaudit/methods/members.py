@@ -42,7 +42,7 @@ from typing import Sequence
 import torch
 
 from ..model.members import stack_models
-from .base import _FUSED, Method, compiled_step
+from .base import Method, compiled_step, fused_adamw
 
 
 class StepLog:
@@ -92,7 +92,7 @@ class MemberStack:
         lone = first.optimizers[0]
         self.opt = torch.optim.AdamW(self.params, lr=lone.param_groups[0]["lr"],
                                      betas=lone.param_groups[0]["betas"],
-                                     weight_decay=lone.param_groups[0]["weight_decay"], **_FUSED)
+                                     weight_decay=lone.param_groups[0]["weight_decay"], **fused_adamw())
         self._stack_optimizer_state()
 
     def stacked(self) -> dict[str, torch.Tensor]:

@@ -11,22 +11,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import store
-from .figures import FIGURES, FIGURE_MAKERS, _png
+from .figures import FIGURES, FIGURE_MAKERS, render_figure
 from .html import report_html
 from .tables import audit_table, compact_table, recipe_comparison, rules_table
 
 # -- everything -------------------------------------------------------------------------------
-def write_report(audit: dict, out_dir: Path) -> dict[str, Path]:
+def write_report(audit: dict, out_dir: Path, previous: Path | None = None) -> dict[str, Path]:
     """Write audit.md, rules.md (the rules table of docs/RULES.md), report.html and the figures into
     out_dir (each file atomically).
 
     Returns {file name: path}. `audit` is audit.json's content (as `experiments.read_audit` gives it).
+    A figure is drawn only when what it shows changed: one in `previous` (default: out_dir) drawn
+    from the same content by the same code is taken as it is (`figures.render_figure`). The text
+    files are written every time: they show the command's wall time and what it trained anew.
     """
     out_dir = Path(out_dir)
     audit = store.json_safe(audit)  # one form to read: NaN → None, inf → "inf", int keys → str
-    pngs = {}
-    for name, make in FIGURE_MAKERS.items():
-        pngs[name] = _png(make(audit))
+    pngs = {name: render_figure(audit, name, out_dir if previous is None else previous)
+            for name in FIGURE_MAKERS}
     paths: dict[str, Path] = {}
     for name, data in pngs.items():
         paths[name] = out_dir / name

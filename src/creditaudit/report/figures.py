@@ -1,8 +1,10 @@
 """The figures, drawn from result JSON with matplotlib's object API (no pyplot state)."""
 from __future__ import annotations
 
+import hashlib
 import io
 import math
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -14,6 +16,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import NullFormatter
 
 from .. import store
+from . import format as format_module
 from .format import _f, _g, _method_name, _plottable, _signed
 
 FIGURES = {
@@ -78,10 +81,66 @@ def _main_runs(audit: dict) -> dict[str, list[dict]]:
     return out
 
 
-def _png(fig: Figure) -> bytes:
+def _png(fig: Figure, key: str | None = None) -> bytes:
+    """The figure as PNG bytes; `key` (`figure_key`) is written into it as a text chunk, so that a
+    later report can tell whether it would draw the same figure (`render_figure`)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight",
+                metadata={"Software": None, **({_KEY_CHUNK: key} if key else {})})
     return buf.getvalue()
+
+
+# -- drawing a figure only when what it shows changed ------------------------------------------------
+_KEY_CHUNK = "creditaudit-figure"     # the PNG tEXt keyword holding the figure's key
+# What audit.json records about the command that wrote it rather than about its runs: when it
+# started, how long it took, what it trained or measured anew and how it scheduled the runs. No
+# figure draws these (tests/test_report.py checks it), so a re-run that only reused runs and
+# diagnoses draws nothing again.
+EXECUTION_FIELDS = ("created", store.SEAL, "wall_time", "runs_trained_now", "diagnoses_reused")
+RUN_EXECUTION_FIELDS = ("trained_now", "diagnosis_reused", "stack")
+# the code that draws: a changed figure module (or matplotlib) draws every figure again
+_CODE = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (sys.modules[__name__], format_module))
+                       + matplotlib.__version__.encode()).hexdigest()
+
+
+def figure_key(audit: dict, name: str) -> str:
+    """sha256 of what figure `name` is drawn from: the audit (json_safe form) less its
+    EXECUTION_FIELDS, the figure's name and the drawing code."""
+    drawn = {k: v for k, v in audit.items() if k not in EXECUTION_FIELDS}
+    drawn["runs"] = [{k: v for k, v in r.items() if k not in RUN_EXECUTION_FIELDS} if isinstance(r, dict) else r
+                     for r in audit.get("runs") or []]
+    return store.digest({"audit": drawn, "figure": name, "code": _CODE})
+
+
+def drawn_key(png: bytes) -> str | None:
+    """The key a PNG written by `_png` carries (None: none, or not a PNG)."""
+    if png[:8] != b"\x89PNG\r\n\x1a\n":
+        return None
+    pos = 8
+    while pos + 8 <= len(png):       # chunks: length (4 bytes, big-endian), type (4), data, CRC (4)
+        length, kind = int.from_bytes(png[pos:pos + 4], "big"), png[pos + 4:pos + 8]
+        if kind == b"tEXt":
+            keyword, _, text = png[pos + 8:pos + 8 + length].partition(b"\0")
+            if keyword == _KEY_CHUNK.encode():
+                return text.decode("latin-1")
+        if kind == b"IEND":
+            break
+        pos += 12 + length
+    return None
+
+
+def render_figure(audit: dict, name: str, previous: Path | None = None) -> bytes:
+    """Figure `name` of `audit` as PNG bytes: the file of that name in `previous` when it carries
+    this figure's key (drawn from the same content by the same code), else drawn now."""
+    key = figure_key(audit, name)
+    if previous is not None:
+        try:
+            old = (Path(previous) / name).read_bytes()
+        except OSError:                 # none yet (or unreadable): draw it
+            old = b""
+        if drawn_key(old) == key:
+            return old
+    return _png(FIGURE_MAKERS[name](audit), key)
 
 
 def _no_data(ax, what: str) -> None:

@@ -1,0 +1,130 @@
+"""`creditaudit audit`: the settings (preset or TOML, then the command line's overrides), the audit,
+its report and what to do next."""
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+from ..errors import CreditAuditError
+from .exits import EXIT_INCOMPLETE, failed_runs_advice
+from .running import compile_step, locked_out, write_report_together
+
+
+def _audit_raw(args) -> dict:
+    """The audit's settings: preset or TOML file, then command-line overrides."""
+    from ..config import PRESET_NAMES, load_audit_toml
+    raw = load_audit_toml(args.config) if args.config else {"preset": args.preset or PRESET_NAMES[0]}
+    if args.config and args.preset:
+        raw["preset"] = args.preset
+    for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor",
+                "address", "max_retries", "stack", "recipe"):
+        value = getattr(args, key, None)
+        if value is not None:
+            raw[key] = value
+    if getattr(args, "methods", None):
+        raw["methods"] = [m for item in args.methods for m in item.replace(",", " ").split()]
+    if args.seeds:
+        raw["seeds"] = args.seeds
+    if getattr(args, "arch", None):
+        raw.setdefault("model", {})["arch"] = args.arch
+    if args.blocks is not None and args.blocks < 1:
+        raise CreditAuditError(f"--blocks must be ≥ 1, got {args.blocks}; the audit trains the shallow "
+                               "control (no blocks) itself")
+    for section, key in (("model", "width"), ("model", "blocks"), ("training", "lr")):
+        if getattr(args, key) is not None:      # as [model] width / blocks and [training] lr say it
+            raw[section] = {**raw.get(section, {}), key: getattr(args, key)}
+    from ..runs import resolve_device
+    raw["device"] = str(resolve_device(raw.get("device", "auto")))   # "auto" is decided here, once
+    return raw
+
+
+def _what_ran(args, config) -> str:
+    """The header's account of the settings: "preset quick", "preset quick + --methods, --seeds,
+    --epochs", "examples/my.toml + --seeds": what actually ran, not only where it started."""
+    preset = f"preset {config.preset}" if config.preset else None
+    if args.config:
+        base = f"{args.config} ({preset})" if preset else str(args.config)
+    else:                 # without a file the preset is always named (quick by default)
+        base = str(preset)
+    given = [f"--{key.replace('_', '-')}" for key in ("methods", "seeds", "epochs", "dataset", "arch",
+                                                      "width", "blocks", "lr", "option", "eval_batches")
+             if getattr(args, key, None)]
+    return " + ".join([base, *([", ".join(given)] if given else [])])
+
+
+def _require_schedule(args, raw: dict) -> None:
+    """A config file without a preset must say how long to train (checked after its keys are
+    validated): an empty one must not start the default schedule, 100 epochs per run, silently."""
+    if args.config and "preset" not in raw and "epochs" not in raw:
+        raise CreditAuditError(f"{args.config} sets neither epochs nor a preset; add epochs = 15 (or "
+                               'preset = "quick") to it, or pass --epochs N')
+
+
+def cmd_audit(args) -> int:
+    from ..config import audit_config_from_dict, with_method_options
+    from ..experiments import audit
+    from ..report import compact_table, write_report
+    from ..report.tables import schedule_line, work_done
+    from ..verdict import Thresholds, verdict_of
+    raw = _audit_raw(args)
+    raw = with_method_options(raw, args.option, where=args.config or "the audit settings")
+    config = audit_config_from_dict(raw, where=args.config or "the audit settings")
+    _require_schedule(args, raw)
+    if args.tensorboard is not None:          # refused now, not after the audit it would log
+        from ..trackers import check_log_dir
+        check_log_dir(args.tensorboard)
+    if args.tracker:                          # the same: a missing extra or bad folder, now
+        from ..trackers import check_trackers
+        check_trackers(args.tracker)
+    from ..report.tables import plural
+    n_runs = len(config.run_configs())
+    width = max(60, shutil.get_terminal_size((120, 24)).columns)   # COLUMNS, else the terminal's
+    print(textwrap.fill(f"creditaudit audit ({_what_ran(args, config)}): {plural(len(config.methods), 'method')} "
+                        f"× {plural(len(config.seeds), 'seed')} → {plural(n_runs, 'run')} → {config.out}",
+                        width, subsequent_indent="    ", break_on_hyphens=False))
+    with locked_out(Path(config.out)):
+        result = audit(config, progress=not args.quiet, compile_step=compile_step(args),
+                       label_probe=not args.no_label_probe)
+        files = write_report_together(write_report, result, Path(config.out))
+    if args.tensorboard is not None:  # every run's monitor history, one log folder per run
+        from ..trackers import log_runs
+        log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))
+    if args.tracker:                  # one tracker run per run folder, its verdict at the end
+        from ..trackers import log_judged_runs
+        log_judged_runs(result, args.tracker, args.tracker_project or Path(config.out).name,
+                        Thresholds(**config.thresholds))
+    print()
+    print(compact_table(result, width=width, out=str(config.out)))
+    failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
+    incomplete = [m["method"] for m in result["methods"] if verdict_of(m).outcome == "incomplete"]
+    print("\n" + textwrap.fill(f"full table, per-seed values and reasons: {Path(config.out) / 'audit.md'}",
+                               width, subsequent_indent="    ", break_long_words=False))
+    print(textwrap.fill(f"also written: {', '.join(sorted(p.name for p in files.values() if p.name != 'audit.md'))}; "
+                        f"{work_done(result)}, {result['wall_time']:.0f} s", width, subsequent_indent="    "))
+    if schedule_line(result):
+        print(textwrap.fill(schedule_line(result), width, subsequent_indent="    "))
+    parts = []
+    if failed:
+        parts.append(failed_runs_advice(failed, "audit.md"))
+    if incomplete:
+        parts.append(f"incomplete verdict for {', '.join(incomplete)}: evidence missing or "
+                     "undetermined (see 'missing' under Reasons in audit.md)")
+    if parts:
+        print("creditaudit: " + "; ".join(parts) + " — exit status 3: the audit is not complete "
+              "(0 = complete; `creditaudit check` gives the verdicts' status)", file=sys.stderr)
+    if failed or incomplete:
+        return EXIT_INCOMPLETE
+    return 0
+
+
+def experiment_config(args, methods: list[str] | None = None):
+    from ..config import audit_config_from_dict, with_method_options
+    raw = _audit_raw(args)
+    if methods is not None:
+        raw["methods"] = methods
+    raw = with_method_options(raw, args.option, where=args.config or "the settings")
+    config = audit_config_from_dict(raw, where=args.config or "the settings")
+    _require_schedule(args, raw)
+    return config
