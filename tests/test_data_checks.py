@@ -168,7 +168,9 @@ def test_an_audit_on_labels_without_signal_is_incomplete_never_trustworthy(mnist
             "dataset": "mnist1d", "methods": ["bp"], "seeds": [1], "epochs": 1, "jobs": 1,
             "controls": ["frozen"], "model": {"width": 16, "blocks": 2}, "device": "cpu",
             "data_dir": str(tmp_path), "out": str(tmp_path / "audit")}), progress=False)
-    gap = "the data carry no signal a trained network finds: bp/frozen/s1 "     # read on the yardstick
+    # read on every trained arm the gate admitted (the yardstick itself sits at chance, so the
+    # yardstick check refuses it first, and says so too)
+    gap = "the data carry no signal a trained network finds: "
     row = result["methods"][0]
     assert row["verdicts"]["project"]["outcome"] != "trustworthy"
     assert row["verdicts"]["paper"]["outcome"] != "trustworthy"

@@ -185,6 +185,9 @@ def weights_digest(model: torch.nn.Module) -> str:
     "init_weights")."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
+        if t.is_meta:               # a model built without storage (shape only): nothing to read
+            h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0meta".encode())
+            continue
         t = t.detach().to("cpu").contiguous()
         h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
