@@ -23,10 +23,10 @@ accuracies were measured — seed-to-seed training noise and the one test set ev
 s²_seed: the contrast's seed variance (the larger of its own and the one pooled over the audit's
 methods that share its recipe); s²_ex: the variance over the N test examples of the per-example
 difference averaged over seeds, e_i = (1/n) Σ_s (a_si − b_si), from the per-example correctness
-every run records (`PerExample`). The sum counts the seed × example interaction twice (once in
-each term), so it errs on the wide side. ν: Welch–Satterthwaite over the two terms. A run with no
-per-example record is decided with the bound s²_ex ≤ (1/n) Σ_s min(p_a + p_b, 2 − p_a − p_b) — the
-chance that two arms disagree on an example — and says so.
+every run records (`store.pack_correct`). The sum counts the seed × example interaction twice
+(once in each term), so it errs on the wide side (measured: benchmarks/decision_calibration.py).
+ν: Welch–Satterthwaite over the two terms. A run with no per-example record is decided with the bound s²_ex ≤ (1/n) Σ_s
+min(p_a + p_b, 2 − p_a − p_b) — the chance that two arms disagree on an example — and says so.
 
 Across the K methods of an audit a false "clears" anywhere is held to 5 % by Holm's step-down over
 the K methods tested (`decide_audit`): the clear of the method with the j-th smallest p-value
@@ -183,6 +183,7 @@ class Contrast:
     n_examples: int | None = None
     example_source: str = ""
     noise: SeedNoise = NO_NOISE
+    example_set_var: float | None = None    # the part of example_var more seeds do not shrink
 
     @property
     def n(self) -> int:
@@ -248,14 +249,19 @@ class Contrast:
     def seeds_needed(self, margin: float, effect: float = DECIDING_EFFECT) -> int | None:
         """The smallest seed count at which a true mean `effect` from the margin (on the side the
         mean lies) would be decided with probability POWER: effect ≥ (t_{1−α,ν} + t_{POWER,ν})·√V(n'),
-        V(n') = s²_seed/n' + s²_ex/N — the test-set term does not shrink with seeds, so when it
-        alone is too wide no seed count decides (None). A bisection; None beyond MAX_SEEDS."""
+        V(n') = s²_seed/n' + (σ²_set + σ²_int·n/n')/N — the test set's own variance σ²_set does
+        not shrink with seeds, so when it alone is too wide no seed count decides (None). A
+        bisection; None beyond MAX_SEEDS."""
         if self.seed_var is None:
             return None
 
+        fixed = self.example_var if self.example_set_var is None else self.example_set_var
+
         def decides(n_new: int) -> bool:
             df = (self.seed_df + (n_new - self.n)) if self.noise.df else max(n_new - 1, 1)
-            var = self.seed_var / n_new + self.example_term
+            # the test-set term at n' seeds: σ²_set stays, the interaction part falls as n/n'
+            ex = (fixed + (self.example_var - fixed) * self.n / n_new) / self.n_examples if self.n_examples else 0.0
+            var = self.seed_var / n_new + ex
             return effect >= (_quantile(1 - ERROR_RATE, df) + _quantile(POWER, df)) * math.sqrt(var)
         if not decides(MAX_SEEDS):
             return None
@@ -279,7 +285,8 @@ class Contrast:
         out = {"name": self.name, "values": list(self.values), "n": self.n, "mean": self.mean,
                "seed_var": self.seed_var, "seed_df": self.seed_df, "seed_source": self.seed_source,
                "example_var": self.example_var, "n_examples": self.n_examples,
-               "example_source": self.example_source, "noise": self.noise.to_dict(),
+               "example_source": self.example_source, "example_set_var": self.example_set_var,
+               "noise": self.noise.to_dict(),
                "var": self.var, "se": self.se, "df": self.df,
                "lower": None if b is None else b[0], "upper": None if b is None else b[1]}
         if margin is not None:
@@ -294,7 +301,8 @@ class Contrast:
         return cls(str(d["name"]), tuple(float(v) for v in d["values"]), num("seed_var"),
                    float(num("seed_df") or 0), str(d.get("seed_source") or ""),
                    float(num("example_var") or 0.0), d.get("n_examples"),
-                   str(d.get("example_source") or ""), SeedNoise.from_dict(d.get("noise")))
+                   str(d.get("example_source") or ""), SeedNoise.from_dict(d.get("noise")),
+                   num("example_set_var"))
 
 
 RECORDED = "per-example records"
@@ -316,19 +324,27 @@ def contrast(name: str, pairs: Sequence[PairedGap], a: str, b: str,
                                                 f"sharing the recipe, {noise.df} df"))
     seed_var, seed_df, seed_source = max(candidates, key=lambda c: c[0]) if candidates else (None, 0, "")
     bits = [(p.arm(a)[1], p.arm(b)[1]) for p in pairs]
+    set_var = None
     sizes = {len(x) for pair in bits for x in pair if x is not None}
     n_test = next((p.n_test for p in pairs if p.n_test), None)
     if all(x is not None and y is not None for x, y in bits) and len(sizes) == 1:
-        per_example = np.mean([x.astype(np.int8) - y.astype(np.int8) for x, y in bits], axis=0)
-        n_ex = int(per_example.size)
-        ex_var, source = (float(per_example.var(ddof=1)) if n_ex > 1 else 0.0), RECORDED
+        diffs = np.stack([x.astype(np.int8) - y.astype(np.int8) for x, y in bits]).astype(float)
+        n_ex, n = int(diffs.shape[1]), int(diffs.shape[0])
+        ex_var = float(diffs.mean(axis=0).var(ddof=1)) if n_ex > 1 else 0.0
+        if n >= 2 and n_ex > 1:
+            # var_i of the seed mean = σ²_set + σ²_int/n, var_i within one seed = σ²_set + σ²_int:
+            # σ²_set, the part more seeds do not shrink (`Contrast.seeds_needed` projects with it)
+            within = float(diffs.var(axis=1, ddof=1).mean())
+            set_var = min(ex_var, max(0.0, (n * ex_var - within) / (n - 1)))
+        source = RECORDED
     elif n_test:
         n_ex = int(n_test)
         ex_var = statistics.fmean(min(x + y, 2.0 - x - y) for x, y in accs)
         source = BOUNDED
     else:
         n_ex, ex_var, source = None, 0.0, ""
-    return Contrast(name, values, seed_var, seed_df, seed_source, ex_var, n_ex, source, noise)
+    return Contrast(name, values, seed_var, seed_df, seed_source, ex_var, n_ex, source, noise,
+                    ex_var if set_var is None else set_var)
 
 
 # ---------------------------------------------------------------------------------------------
