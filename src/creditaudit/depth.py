@@ -281,7 +281,10 @@ class Contrast:
         return "; ".join(parts)
 
     def to_dict(self, margin: float | None = None, alpha: float = ERROR_RATE) -> dict:
-        b = self.bounds(alpha)
+        """JSON; "lower" is the one-sided bound at `alpha` (the level a clear is tested at: Holm's
+        in an audit), "upper" the one at ERROR_RATE (an undercut's)."""
+        lo, hi = self.bounds(alpha), self.bounds(ERROR_RATE)
+        b = None if lo is None else (lo[0], hi[1])
         out = {"name": self.name, "values": list(self.values), "n": self.n, "mean": self.mean,
                "seed_var": self.seed_var, "seed_df": self.seed_df, "seed_source": self.seed_source,
                "example_var": self.example_var, "n_examples": self.n_examples,
