@@ -444,9 +444,9 @@ class DepthDecision:
         if s is None or (s.mean == 0 and not any(s.values) and s.example_var == 0):
             return None           # the yardstick is the rule's own control (bp's): nothing to say
         b = s.bounds()
-        bounds = "" if b is None else f", one-sided 95 % bounds [{100 * b[0]:+.1f}, {100 * b[1]:+.1f}]"
+        bounds = "" if b is None else f", one-sided 95 % bounds [{_pts(b[0])}, {_pts(b[1])}]"
         head = (f"the frozen control falls short of the yardstick (bp's frozen control under the same "
-                f"recipe) by {100 * s.mean:+.1f} points over {s.n} seed{'s' if s.n != 1 else ''}{bounds}")
+                f"recipe) by {_pts(s.mean)} points over {s.n} seed{'s' if s.n != 1 else ''}{bounds}")
         if self.weak_control:
             return (f"{head}: the control is weak, so a gap to it overstates what the blocks add; "
                     "(d) clears only if the run also beats the yardstick by the margin")
@@ -553,6 +553,13 @@ class DepthDecision:
                    Contrast.from_dict(d.get("control")), Contrast.from_dict(d.get("yardstick")),
                    Contrast.from_dict(d.get("shortfall")), d.get("per_claim"),
                    float(d.get("alpha", ERROR_RATE)), int(d.get("family", 1)), d.get("paper_undercut"))
+
+
+def _pts(v: float) -> str:
+    """An accuracy difference in points, signed; a nonzero one under 0.05 points keeps two decimals
+    (so that a bound above 0 never reads "+0.0")."""
+    p = 100 * v
+    return f"{p:+.2f}" if 0 < abs(p) < 0.05 else f"{p:+.1f}"
 
 
 def _pairs(gaps: Sequence[PairedGap | float]) -> tuple[PairedGap, ...]:
