@@ -428,7 +428,7 @@ def test_the_monitor_guards_the_thread_count_as_the_command_line_does(tmp_path, 
     count below the idle cores is never raised, and a bad value is one line. The command line's
     default is the same function."""
     from creditaudit import threads as guard
-    from creditaudit.cli import _set_threads
+    from creditaudit.commands.running import set_threads as _set_threads
     from creditaudit.errors import CreditAuditWarning
     before = torch.get_num_threads()
     monkeypatch.setattr(guard, "idle_threads", lambda: 1)             # a busy 2-core machine

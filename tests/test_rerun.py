@@ -30,9 +30,9 @@ def test_a_rerun_with_nothing_to_train_starts_no_process_and_no_dynamo(tmp_path,
     (tmp_path / "small.toml").write_text(SMALL)
     pools = []
 
-    def pool(max_workers, **kwargs):        # threads stand in for the spawned workers: the same jobs
-        pools.append(max_workers)
-        return ThreadPoolExecutor(max_workers)
+    def pool(max_workers, **kwargs):        # a thread stands in for the spawned workers: the same jobs
+        pools.append(max_workers)             # (one at a time: runs seed torch's global RNG as they build)
+        return ThreadPoolExecutor(1)
 
     monkeypatch.setattr(local, "ProcessPoolExecutor", pool)
     first_code = cli_main(_audit(tmp_path))

@@ -477,9 +477,9 @@ class DepthDecision:
             head += "; no yardstick was trained or given, so the control was checked only against the untrained model"
         if self.outcome == "undetermined":
             if self.unpooled:
-                return (f"(d) undetermined: {head}; with one seed and no other method sharing its "
-                        "recipe that has two, nothing measures how far another seed would land — "
-                        "add a seed")
+                return (f"(d) undetermined: {head}; no seed spread to judge it by: with one seed and "
+                        "no other method sharing its recipe that has two, nothing measures how far "
+                        "another seed would land — add a seed")
             if self.per_claim == "clears":
                 return (f"(d) undetermined: {head}; it clears at 5 % as one claim, but not at the "
                         f"audit-wide level (Holm over the {self.family} methods tested: this one "

@@ -170,6 +170,42 @@ def reusable_diagnosis(job: DiagnoseJob) -> dict | None:
     return {k: v for k, v in stored.items() if k not in ("run_binding", "settings_binding")}
 
 
+YARDSTICK_CHECK = "yardstick_check.json"
+
+
+def _yardstick_binding(run_dir: Path, margin: float) -> dict:
+    """What a yardstick's check (`evidence.gate_yardstick` on `runs.yardstick_evidence`) is made of:
+    the run as it stands (`diagnosis_binding`), the margin, and the package's source (a changed
+    check, or a changed backprop, is checked again)."""
+    return store.json_safe({"run": diagnosis_binding(Path(run_dir)), "margin": margin,
+                            "source": source_digest(skip=_NOT_DIAGNOSIS)})
+
+
+def _kept_yardstick_check(run_dir: Path, margin: float) -> dict | None:
+    """The sealed outcome of this yardstick's check when it was made of the run as it stands, at
+    this margin, by this code; None otherwise (then it is checked again). Reusing it keeps a re-run
+    with nothing to do from building the yardstick's rule (whose optimiser imports torch._dynamo)."""
+    path = Path(run_dir) / YARDSTICK_CHECK
+    if not path.exists():
+        return None
+    try:
+        kept = store.read_sealed_json(path, "a yardstick check")
+        if kept.get("binding") != _yardstick_binding(run_dir, margin):
+            return None
+    except (CreditAuditError, OSError, ValueError):
+        return None
+    refused = kept.get("refused")
+    return {"refused": refused if isinstance(refused, str) else None}
+
+
+def _keep_yardstick_check(run_dir: Path, margin: float, refused: str | None) -> None:
+    try:
+        store.write_sealed_json(Path(run_dir) / YARDSTICK_CHECK,
+                                {"binding": _yardstick_binding(run_dir, margin), "refused": refused})
+    except (CreditAuditError, OSError):
+        pass            # only a cache: the check is made again next time
+
+
 def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
     """Diagnose one trained run from its checkpoint; the report dict is also saved beside it, bound
     to the run and to the settings it was made with (`diagnosis_settings`), so an audit run again
@@ -546,16 +582,22 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             return None, None
         key = yard.config.run_key
         if key not in yard_refused:
-            try:
-                run = load_run(yard.run_dir, "cpu")
-                init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
-                init_acc = accuracy(init.eval(), data.eval_batches("test", 1000))
-                evidence.gate_yardstick(yardstick_evidence(run, *data.eval_batch(0), init_acc),
-                                        thresholds.depth_margin)
-                yard_refused[key] = None
-            except CreditAuditError as err:
-                yard_refused[key] = str(err)
-                yard.status, yard.message = "refused", str(err)
+            kept = _kept_yardstick_check(yard.run_dir, thresholds.depth_margin)
+            if kept is not None:            # checked before, of this run as it stands, by this code
+                yard_refused[key] = kept["refused"]
+            else:
+                try:
+                    run = load_run(yard.run_dir, "cpu")
+                    init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
+                    init_acc = accuracy(init.eval(), data.eval_batches("test", 1000))
+                    evidence.gate_yardstick(yardstick_evidence(run, *data.eval_batch(0), init_acc),
+                                            thresholds.depth_margin)
+                    yard_refused[key] = None
+                except CreditAuditError as err:
+                    yard_refused[key] = str(err)
+                _keep_yardstick_check(yard.run_dir, thresholds.depth_margin, yard_refused[key])
+            if yard_refused[key] is not None:
+                yard.status, yard.message = "refused", yard_refused[key]
         return (yard, None) if yard_refused[key] is None else (None, yard_refused[key])
 
     def admit(o: Outcome, control: Outcome) -> tuple[evidence.Admission | None, str | None]:
