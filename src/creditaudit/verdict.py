@@ -47,10 +47,11 @@ TRUSTWORTHY, WALK_BACK, INCOMPLETE = "trustworthy", "walk back", "incomplete"
 # same seed (the same frozen blocks, embedding and readout trained by exact gradients: bp's frozen
 # control) by more than this. Only a lone run (`diagnose`, `check`) reads it; across seeds the
 # shortfall is its own statistic with its own interval (depth.py). The line is one-sided 5 % for
-# the *difference* yardstick − control at one seed: t_{0.95, 24} · 0.97 points = 1.66 points, 0.97
-# the sd of that difference within a rule over its seeds, pooled over the 12 distinct controls of
-# the zoo audit (docs/rules/audit.json; docs/PROTOCOL.md "The yardstick").
-YARDSTICK_TOLERANCE = 0.0166
+# the *difference* yardstick − control at one seed: t_{0.95, 24} · 0.81 points = 1.38 points, 0.81
+# the sd of that difference within a rule over its seeds, pooled over the 12 rules of the zoo audit
+# whose control is not the yardstick itself (docs/rules/audit.json, each rule's yardstick under its
+# own recipe; docs/PROTOCOL.md "The yardstick").
+YARDSTICK_TOLERANCE = 0.0138
 
 
 @dataclass(frozen=True)
