@@ -644,12 +644,29 @@ def yardstick_cases(w: World) -> list[Case]:
     two.parent.mkdir(exist_ok=True)
     two.write_text('dataset = "digits"\nseeds = [1, 2]\nepochs = 2\njobs = 1\ncontrols = ["frozen"]\n'
                    '[model]\nwidth = 16\nblocks = 2\n')
-    # controls that barely train, in an audit without bp (the audit trains the yardstick itself)
+    # controls that barely train, in an audit without bp (the audit trains the yardstick itself).
+    # Issue 33: a weak control never walks a rule back and never lets it clear on its own word —
+    # (d) clears only when the gap to the yardstick clears too, and the shortfall is reported
+    def judged_by_the_yardstick(run: Callable[[], Outcome], out: Path) -> Callable[[], Outcome]:
+        def go() -> Outcome:
+            o = run()
+            if o.kind != "exit" or o.code not in (0, 3):
+                return o
+            row = json.loads((out / "audit.json").read_text())["methods"][0]
+            depth = row["depth"]
+            said = " ".join(row["notes"] + row["missing"] + row["reasons"])
+            if depth["outcome"] == "clears" and ((depth.get("yardstick") or {}).get("lower") is None
+                                                 or depth["yardstick"]["lower"] < depth["margin"] - 1e-6):
+                o.wrong = "(d) cleared a weak control without clearing the yardstick"
+            elif depth.get("weak_control") and "falls short of the yardstick" not in said:
+                o.wrong = "a weak control's shortfall is not reported"
+            return o
+        return go
     for rule in ("TimidControl", "OneStepControl", "ReadoutOnlyControl"):
         d = w.fresh(f"ys-{rule}")
-        add(f"audit a rule whose control is {rule}", "never-trustworthy",
+        add(f"audit a rule whose control is {rule}", "handled", judged_by_the_yardstick(
             cli("audit", "--config", two, "--methods", f"sweep_user:{rule}", "--quiet", "--device", "cpu",
-                "--out", d, check=d))
+                "--out", d, check=d), d))
 
     def lone(rule, epochs="2"):
         def run():
