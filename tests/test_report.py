@@ -244,7 +244,10 @@ def test_html_renders_offline_in_chromium(audited, tmp_path):
     assert "<table class=\"audit\">" in dom.stdout and "Reporting strategies" in dom.stdout
     assert dom.stdout.count("<img") == len(FILES) - 2
     for row in result["methods"]:
-        assert f"<td>{row['method']}</td>" in dom.stdout and html_escape(row["verdict"]) in dom.stdout
+        from creditaudit.report.tables import headline
+        assert f"<td>{row['method']}</td>" in dom.stdout and html_escape(headline(row)) in dom.stdout
+        for missing in row["missing"]:       # what an incomplete verdict lacks, said below the table
+            assert html_escape(" ".join(missing.split()))[:60] in " ".join(dom.stdout.split())
 
 
 def html_escape(text):

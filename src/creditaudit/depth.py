@@ -439,7 +439,8 @@ class DepthDecision:
         return b is not None and b[0] > 0
 
     def control_note(self) -> str | None:
-        """The control's weakness as its own statistic, in one sentence (None: no yardstick)."""
+        """The control's weakness as its own statistic, in one sentence (None: no yardstick, or a
+        control not measurably short of it)."""
         s = self.shortfall
         if s is None or (s.mean == 0 and not any(s.values) and s.example_var == 0):
             return None           # the yardstick is the rule's own control (bp's): nothing to say
@@ -450,7 +451,7 @@ class DepthDecision:
         if self.weak_control:
             return (f"{head}: the control is weak, so a gap to it overstates what the blocks add; "
                     "(d) clears only if the run also beats the yardstick by the margin")
-        return head
+        return None         # not measurably short: the shortfall stays in audit.json, unsaid
 
     def _clause(self, c: Contrast, alpha: float) -> str:
         lo, hi = c.bounds(alpha), c.bounds(ERROR_RATE)
@@ -484,10 +485,13 @@ class DepthDecision:
                 return (f"(d) undetermined: {head}; it clears at 5 % as one claim, but not at the "
                         f"audit-wide level (Holm over the {self.family} methods tested: this one "
                         f"needed p ≤ {self.alpha:.3g}, it has p = {self.p_clear:.3g})")
-            which = ("the gap to the yardstick" if self.binding is self.yardstick
-                     else "the gap to the frozen control")
-            return (f"(d) undetermined: {head}; {which} neither clears nor falls below the "
-                    f"+{100 * self.margin:g}-point margin at 5 % error; {self.more()}")
+            if self.binding is self.yardstick:
+                call = (f"the gap to the frozen control clears the +{100 * self.margin:g}-point margin, "
+                        "the gap to the yardstick does not (at 5 % error), and a clear needs both")
+            else:
+                call = (f"the gap to the frozen control neither clears nor falls below the "
+                        f"+{100 * self.margin:g}-point margin at 5 % error")
+            return f"(d) undetermined: {head}; {call}; {self.more()}"
         return head
 
     def more(self) -> str:

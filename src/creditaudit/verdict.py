@@ -638,8 +638,8 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds,
     short_of_yardstick = (depth.yardstick is not None and paper_flags["d"] is False
                           and depth.yardstick.mean < t.depth_margin - ACC_TOLERANCE)
     weak = ([f"(d) by the paper's rule the run clears its own control, but its mean gap to the "
-             f"yardstick is {100 * depth.yardstick.mean:+.1f} points, below the margin: "
-             f"{depth.control_note()}"] if short_of_yardstick else [])
+             f"yardstick (bp's frozen control under the same recipe) is "
+             f"{100 * depth.yardstick.mean:+.1f} points, below the margin"] if short_of_yardstick else [])
     paper = decide(paper_flags, "paper", missing=missing + weak)
     return {"flags": flags, "paper_flags": paper_flags, "flag_counts": counts,
             # the mean gap to the control (what the paper reads), its bounds, and the second
