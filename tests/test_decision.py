@@ -222,3 +222,50 @@ def test_a_run_stopped_early_is_never_trustworthy(tmp_path):
     seeds = [SeedEvidence("bp/s42", "stopped", report.to_dict(), run.test_acc, 0.0, 360, None, bits)]
     judged = method_verdict(seeds, T)
     assert judged["verdicts"]["project"]["outcome"] == "incomplete" and "stopped early" in judged["verdict"]
+
+
+# -- what a review found (issue 33): evidence that is missing is said so, never decided around ----
+
+def _flags_clean():
+    return {"flags": dict.fromkeys(("a", "a_prime", "b", "b_prime", "c"), False), "reasons": [],
+            "training": {"status": "finished", "epochs_completed": 1, "epochs_planned": 1}}
+
+
+def test_a_yardstick_trained_for_every_seed_but_missing_keeps_the_verdict_incomplete():
+    """The audit trains a yardstick per recipe × seed; when none finished (failed, diverged,
+    refused), (d) must not clear on the rule's own control alone and call it trustworthy."""
+    seeds = [SeedEvidence(f"fa/s{i}", "finished", _flags_clean(), 0.8 + 0.01 * i, 0.6, 1000,
+                          yardstick_expected=True) for i in range(3)]
+    v = method_verdict(seeds, T)
+    assert v["verdicts"]["project"]["outcome"] == "incomplete"
+    assert "finished yardstick for only 0/3 seeds" in v["verdict"]
+    # without one expected (a user's loop that gave none), the control's own check stands in
+    alone = method_verdict([SeedEvidence(s.label, s.status, s.report, s.acc, s.frozen_acc, 1000) for s in seeds], T)
+    assert "yardstick" not in alone["verdict"]
+
+
+def test_a_non_finite_accuracy_is_an_unpaired_seed_not_a_dropped_one():
+    seeds = [SeedEvidence("m/s0", "finished", _flags_clean(), 0.80, 0.60, 1000),
+             SeedEvidence("m/s1", "finished", _flags_clean(), 0.81, 0.61, 1000),
+             SeedEvidence("m/s2", "finished", _flags_clean(), 0.30, float("nan"), 1000)]
+    v = method_verdict(seeds, T)
+    assert v["verdicts"]["project"]["outcome"] != "trustworthy"
+    assert "only 2/3 seeds" in v["verdict"]
+
+
+def test_records_of_other_lengths_are_refused_and_identical_bare_gaps_decide_nothing():
+    from creditaudit.errors import CreditAuditError
+    with pytest.raises(CreditAuditError, match="different lengths"):
+        depth_decision([PairedGap("s0", 0.5, 0.4, None, None, np.ones(1000, bool), np.ones(500, bool))], MARGIN)
+    with pytest.raises(CreditAuditError, match="the test set has 360"):
+        depth_decision([PairedGap("s0", 0.5, 0.4, 360, None, np.ones(1000, bool), np.ones(1000, bool))], MARGIN)
+    assert depth_decision([0.0205, 0.0205], MARGIN).outcome == "undetermined"
+
+
+def test_the_seed_estimate_is_made_at_the_level_the_clear_is_tested_at():
+    rng = np.random.default_rng(9)
+    ev = _audit(rng, gap=0.035, seeds=3)["m0"]
+    d = depth_decision(ev, MARGIN)
+    c = d.binding
+    assert c.seeds_needed(MARGIN, alpha=ERROR_RATE / 14) is None or \
+        c.seeds_needed(MARGIN, alpha=ERROR_RATE / 14) >= (c.seeds_needed(MARGIN) or 0)

@@ -246,7 +246,7 @@ class Contrast:
             return 0.0 if x > 0 else 1.0
         return _sf(x / self.se, self.df)
 
-    def seeds_needed(self, margin: float, effect: float = DECIDING_EFFECT) -> int | None:
+    def seeds_needed(self, margin: float, effect: float = DECIDING_EFFECT, alpha: float = ERROR_RATE) -> int | None:
         """The smallest seed count at which a true mean `effect` from the margin (on the side the
         mean lies) would be decided with probability POWER: effect ≥ (t_{1−α,ν} + t_{POWER,ν})·√V(n'),
         V(n') = s²_seed/n' + (σ²_set + σ²_int·n/n')/N — the test set's own variance σ²_set does
@@ -262,7 +262,7 @@ class Contrast:
             # the test-set term at n' seeds: σ²_set stays, the interaction part falls as n/n'
             ex = (fixed + (self.example_var - fixed) * self.n / n_new) / self.n_examples if self.n_examples else 0.0
             var = self.seed_var / n_new + ex
-            return effect >= (_quantile(1 - ERROR_RATE, df) + _quantile(POWER, df)) * math.sqrt(var)
+            return effect >= (_quantile(1 - alpha, df) + _quantile(POWER, df)) * math.sqrt(var)
         if not decides(MAX_SEEDS):
             return None
         lo, hi = max(self.n, 1), MAX_SEEDS
@@ -330,6 +330,11 @@ def contrast(name: str, pairs: Sequence[PairedGap], a: str, b: str,
     set_var = None
     sizes = {len(x) for pair in bits for x in pair if x is not None}
     n_test = next((p.n_test for p in pairs if p.n_test), None)
+    if len(sizes) > 1 or (sizes and n_test and sizes != {n_test}):
+        raise CreditAuditError(f"the per-example records of {', '.join(p.label for p in pairs)} are of "
+                               f"different lengths ({', '.join(map(str, sorted(sizes)))} examples"
+                               f"{f'; the test set has {n_test}' if n_test else ''}): they were not "
+                               "measured on one test set; measure every arm on the same test batches")
     if all(x is not None and y is not None for x, y in bits) and len(sizes) == 1:
         diffs = np.stack([x.astype(np.int8) - y.astype(np.int8) for x, y in bits]).astype(float)
         n_ex, n = int(diffs.shape[1]), int(diffs.shape[0])
@@ -346,6 +351,9 @@ def contrast(name: str, pairs: Sequence[PairedGap], a: str, b: str,
         source = BOUNDED
     else:
         n_ex, ex_var, source = None, 0.0, ""
+    if not source and seed_var == 0:
+        # identical bare gaps and no test-set size: nothing measures the noise, so nothing decides
+        seed_var, seed_df, seed_source = None, 0, ""
     return Contrast(name, values, seed_var, seed_df, seed_source, ex_var, n_ex, source, noise,
                     ex_var if set_var is None else set_var)
 
@@ -415,7 +423,7 @@ class DepthDecision:
         ps = [self.control.p_above(self.margin)]
         if self.yardstick is not None:
             ps.append(self.yardstick.p_above(self.margin))
-        return max(ps)
+        return 1.0 if any(math.isnan(p) for p in ps) else max(ps)
 
     @property
     def binding(self) -> Contrast | None:
@@ -430,7 +438,7 @@ class DepthDecision:
     @property
     def seeds_needed(self) -> int | None:
         c = self.binding
-        return None if c is None or self.outcome != "undetermined" else c.seeds_needed(self.margin)
+        return None if c is None or self.outcome != "undetermined" else c.seeds_needed(self.margin, alpha=self.alpha)
 
     @property
     def weak_control(self) -> bool:

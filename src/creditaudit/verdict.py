@@ -531,14 +531,17 @@ class SeedEvidence:
     correct: dict | None = None
     frozen_correct: dict | None = None
     yardstick_correct: dict | None = None
+    yardstick_expected: bool = False          # one was trained or given for this seed's recipe
 
     @property
     def paired(self) -> PairedGap | None:
         """The seed's (d) evidence; a per-example record is checked against the accuracy it sits
         beside (`depth.unpack_correct`: an edited or foreign record is refused)."""
-        if self.acc is None or self.frozen_acc is None:
-            return None
-        y = None if self.yardstick_acc is None else float(self.yardstick_acc)
+        if self.acc is None or self.frozen_acc is None \
+                or not math.isfinite(float(self.acc)) or not math.isfinite(float(self.frozen_acc)):
+            return None       # a non-finite accuracy is no evidence: the seed counts as unpaired
+        y = None if self.yardstick_acc is None or not math.isfinite(float(self.yardstick_acc)) \
+            else float(self.yardstick_acc)
         return PairedGap(self.label, float(self.acc), float(self.frozen_acc), self.n_test, y,
                          unpack_correct(self.correct, self.acc, self.label),
                          unpack_correct(self.frozen_correct, self.frozen_acc, f"{self.label}'s control"),
@@ -613,8 +616,10 @@ def method_verdict(seeds: Sequence[SeedEvidence], t: Thresholds,
                     + list(s.report.get("missing_evidence") or ())]
     if len(pairs) < len(seeds) and pairs:
         missing.append(f"(d) paired with a finished frozen control for only {len(pairs)}/{len(seeds)} seeds")
-    if pairs and depth.yardstick is not None and depth.yardstick.n < len(pairs):
-        missing.append(f"(d) has a finished yardstick for only {depth.yardstick.n}/{len(pairs)} seeds")
+    expected = [s for s in seeds if s.paired is not None and s.yardstick_expected]
+    with_yard = [s for s in expected if s.paired.yardstick_acc is not None]
+    if len(with_yard) < len(expected):      # trained or given, but missing: failed, refused, diverged
+        missing.append(f"(d) has a finished yardstick for only {len(with_yard)}/{len(expected)} seeds")
     undetermined = depth.outcome == "undetermined"
     explained = ("d",) if undetermined else ()
     out, notes = [], []

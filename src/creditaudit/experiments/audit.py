@@ -77,7 +77,8 @@ def recipe_yardsticks(outcomes: Sequence[Outcome]) -> Yardstick:
 
 
 def method_evidence(method: str, outcomes: Sequence[Outcome], n_test: int | None = None,
-                    yardstick_of: Yardstick | None = None) -> list[SeedEvidence]:
+                    yardstick_of: Yardstick | None = None,
+                    yardsticks_expected: bool = False) -> list[SeedEvidence]:
     """One SeedEvidence per main run of `method`: its diagnosis, the seed-paired control's
     accuracy, the run's yardstick (`yardstick_of`; None: none), and each arm's per-example
     correctness on the test set where recorded."""
@@ -90,7 +91,10 @@ def method_evidence(method: str, outcomes: Sequence[Outcome], n_test: int | None
         yard = yardstick_of(o) if yardstick_of else None
         evidence.append(SeedEvidence(
             o.config.label, o.status, o.report, o.test_acc, None if frozen is None else frozen.test_acc,
-            n_test, None if yard is None else yard.test_acc, _correct(o), _correct(frozen), _correct(yard)))
+            n_test, None if yard is None else yard.test_acc, _correct(o), _correct(frozen), _correct(yard),
+            # a yardstick the audit trains (or the user gave) that is missing for this seed — failed,
+            # diverged, refused — is missing evidence, never "no yardstick"
+            yardstick_expected=yardsticks_expected))
     return evidence
 
 
@@ -137,7 +141,7 @@ def alignment_over_training(main: Sequence[Outcome]) -> dict | None:
 
 def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thresholds,
                      depth: DepthDecision | None = None, n_test: int | None = None,
-                     yardstick_of: Yardstick | None = None) -> dict:
+                     yardstick_of: Yardstick | None = None, yardsticks_expected: bool = False) -> dict:
     """Seed-aggregated row of the audit table for one method (its main runs and controls).
     `depth`: the method's (d) as the audit decided it (`depth.decide_audit`: seed spread pooled
     over the methods sharing its recipe, Holm over the audit; None = its seeds alone); `n_test`: the
@@ -150,7 +154,8 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
     shallow = [o for o in mine if o.config.control == "shallow"]
     diagnosed = [o for o in main if o.report]
     frozen_by_seed = {seed: o.test_acc for seed, o in _frozen_by_seed(method, outcomes).items()}
-    judged = method_verdict(method_evidence(method, outcomes, n_test, yardstick_of), thresholds, depth)
+    judged = method_verdict(method_evidence(method, outcomes, n_test, yardstick_of, yardsticks_expected),
+                            thresholds, depth)
     paired = [o for o in main if o.test_acc is not None and o.config.seed in frozen_by_seed]
     acc, acc_sd = mean_std([o.test_acc for o in main if o.test_acc is not None])
     facc, facc_sd = mean_std([frozen_by_seed[o.config.seed] for o in paired] or list(frozen_by_seed.values()))
@@ -268,27 +273,32 @@ def recipe_of(config) -> str | None:
 
 
 def decide_depths(methods: Sequence[str], outcomes: Sequence[Outcome], thresholds: Thresholds,
-                  n_test: int | None, yardstick_of: Yardstick | None) -> dict[str, DepthDecision]:
+                  n_test: int | None, yardstick_of: Yardstick | None,
+                  yardsticks_expected: bool = False) -> dict[str, DepthDecision]:
     """Every method's (d), decided together: seed spread pooled over the methods that share a
     recipe, then Holm over the methods tested (`depth.decide_audit`)."""
-    pairs = {m: [s.paired for s in method_evidence(m, outcomes, n_test, yardstick_of) if s.paired is not None]
-             for m in methods}
+    pairs = {m: [s.paired for s in method_evidence(m, outcomes, n_test, yardstick_of, yardsticks_expected)
+                 if s.paired is not None] for m in methods}
     recipes = {m: next((recipe_of(o.config) for o in outcomes if o.config.method == m
                         and o.config.control == "none"), None) for m in methods}
     return decide_audit(pairs, thresholds.depth_margin, recipes)
 
 
 def tabulate(methods: Sequence[str], outcomes: Sequence[Outcome], thresholds: Thresholds,
-             n_test: int, yardstick_of: Yardstick | None = None) -> dict:
+             n_test: int, yardstick_of: Yardstick | None = None,
+             yardsticks_expected: bool | None = None) -> dict:
     """audit.json's table from the outcomes of its runs: one row per method, its reporting
     strategies and their totals, the audit-wide error of (d) and the threshold sensitivity.
 
     (d) is decided for every method together (`decide_depths`); the sensitivity's depth_margin
     row re-decides them. `yardstick_of`: each run's yardstick (None: bp's frozen control under
     the run's recipe among `outcomes`, `recipe_yardsticks`)."""
+    if yardsticks_expected is None:         # the audit's own: it trains one per recipe × seed
+        yardsticks_expected = yardstick_of is None
     yardstick_of = recipe_yardsticks(outcomes) if yardstick_of is None else yardstick_of
-    decisions = decide_depths(methods, outcomes, thresholds, n_test, yardstick_of)
-    rows = [summarize_method(m, outcomes, thresholds, decisions[m], n_test, yardstick_of) for m in methods]
+    decisions = decide_depths(methods, outcomes, thresholds, n_test, yardstick_of, yardsticks_expected)
+    rows = [summarize_method(m, outcomes, thresholds, decisions[m], n_test, yardstick_of, yardsticks_expected)
+            for m in methods]
     for row in rows:
         row["strategies"] = reporting_strategies(row)
     reports = [o.report for o in outcomes if o.report and o.config.control == "none"]

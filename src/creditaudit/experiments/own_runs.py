@@ -108,8 +108,9 @@ def _method_of(run: MonitoredRun, method: str | None) -> str:
 
 
 def _yardsticks(folders: Sequence[str | Path], mains: Sequence[MonitoredRun], controls: Sequence[MonitoredRun],
-                seeds: dict[int, int], thresholds: Thresholds) -> dict[int, Outcome]:
-    """seed → the user's yardstick (as an Outcome: its accuracy and per-example record): Monitor folders of frozen controls (blocks at
+                seeds: dict[int, int], thresholds: Thresholds) -> dict[str, Outcome]:
+    """initial weights (init_sha256) → the user's yardstick (as an Outcome: its accuracy and
+    per-example record), so that it serves only the runs that start where it started: Monitor folders of frozen controls (blocks at
     init, embedding and readout each trained, finite, finished — the evidence gate's checks) that
     start from the initial weights of the runs of one seed, plan their epochs and were measured on
     their test set, their embedding and readout trained by exact gradients (backprop). Each is
@@ -117,7 +118,7 @@ def _yardsticks(folders: Sequence[str | Path], mains: Sequence[MonitoredRun], co
     epoch-0 accuracy) by the (d) margin and hold weights of its own, not a control's. How a loop
     the tool did not run trained is the user's word; that it is frozen, trained and this seed's is
     checked."""
-    out: dict[int, float] = {}
+    out: dict[str, Outcome] = {}
     for folder in folders:
         run = load_monitored(folder)
         mine = [m for m in mains if m.info.get("init_sha256") == run.info.get("init_sha256")]
@@ -141,10 +142,10 @@ def _yardsticks(folders: Sequence[str | Path], mains: Sequence[MonitoredRun], co
             role="yardstick", test_digest=test_digest(run), run_test_digest=mine[0].info.get("test_digest"),
             check_digest=True, control_distance=distance,
             init_acc=first.get("test_acc") if first.get("epoch") == 0 else None), thresholds.depth_margin)
-        seed = seeds[id(mine[0])]
-        if seed in out:
-            raise CreditAuditError(f"two yardsticks for seed {seed}; pass one per seed")
-        out[seed] = _outcome(run, "yardstick", seed)
+        seed, init = seeds[id(mine[0])], run.info["init_sha256"]
+        if init in out:
+            raise CreditAuditError(f"two yardsticks for the runs of seed {seed}; pass one per seed")
+        out[init] = _outcome(run, "yardstick", seed)
     return out
 
 
@@ -238,7 +239,9 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         # the evidence gate: a frozen control, its own run's, trained like it, blocks at init,
         # embedding and readout trained, finite — else refused in one line
         control_accuracy(c.run_dir, main.info)
-        if not yardsticks and not _beats_untrained(c, main, thresholds):
+        yardstick_given = any(load_monitored(y).info.get("init_sha256") == main.info.get("init_sha256")
+                              for y in yardsticks)
+        if not yardstick_given and not _beats_untrained(c, main, thresholds):
             # without a yardstick a control must beat the untrained model (its run's epoch 0) by
             # the (d) margin; one that does not is no control to clear (d) against: left out, so
             # that seed's (d) is not evaluated (the gate's `weakness`)
@@ -253,8 +256,10 @@ def judge_own_runs(runs: Sequence[str | Path], controls: Sequence[str | Path] = 
         outcomes.append(_outcome(c, method_of[id(main)], seeds[id(main)]))
 
     t0 = time.perf_counter()
-    by_seed = _yardsticks(yardsticks, mains, ctrls, seeds, thresholds)
-    table = tabulate(methods, outcomes, thresholds, n_test, yardstick_of=lambda o: by_seed.get(o.config.seed))
+    by_init = _yardsticks(yardsticks, mains, ctrls, seeds, thresholds)
+    table = tabulate(methods, outcomes, thresholds, n_test,
+                     yardstick_of=lambda o: by_init.get(getattr(o.config, "init_sha256", None)),
+                     yardsticks_expected=bool(yardsticks))
     out = Path(out)
     per_method = "; ".join(
         f"{name} (seed{'s' if len(ss) > 1 else ''} {', '.join(map(str, ss))})"
