@@ -93,7 +93,7 @@ def table(args) -> None:
         cells = [calibrate(seeds=s, methods=1, n_test=n, gap=args.margin + d, shortfall=d, **common)["p_clears"]
                  for n in (200, 1000) for s in (3, 5, 10)]
         print(f"| {d} | " + " | ".join(f"{100 * c:.1f} %" for c in cells) + " |", flush=True)
-    print(f"\npower: G = margin + 3, D = 0 (P(clears)); and the undercut rate at G = margin − 3")
+    print("\npower: G = margin + 3, D = 0 (P(clears)); and the undercut rate at G = margin − 3")
     print("| | " + " | ".join(f"{s} seeds, N {n}" for n in (200, 1000) for s in (3, 5, 10)) + " |")
     print("|---|" + "---|" * 6)
     for label, g, key in (("P(clears), G = margin + 3", args.margin + 3, "p_clears"),
@@ -101,7 +101,7 @@ def table(args) -> None:
         cells = [calibrate(seeds=s, methods=1, n_test=n, gap=g, shortfall=0, **common)[key]
                  for n in (200, 1000) for s in (3, 5, 10)]
         print(f"| {label} | " + " | ".join(f"{100 * c:.1f} %" for c in cells) + " |", flush=True)
-    print(f"\nfamily-wise: K = 14 methods at the boundary (G = margin, D = 0), N 1000")
+    print("\nfamily-wise: K = 14 methods at the boundary (G = margin, D = 0), N 1000")
     for s in (3, 5, 10):
         r = calibrate(seeds=s, methods=14, n_test=1000, gap=args.margin, shortfall=0, **common)
         print(f"{s} seeds: familywise_false_clear {100 * r['familywise_false_clear']:.1f} %, "

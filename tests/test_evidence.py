@@ -23,7 +23,8 @@ from creditaudit.cli import main as cli_main
 from creditaudit.errors import CreditAuditError, CreditAuditWarning
 from creditaudit.model import ResidualMLP, ResidualStream
 from creditaudit.protocol import diagnose
-from creditaudit.verdict import SeedEvidence, Thresholds, depth_decision, fires_d, method_verdict
+from creditaudit.depth import depth_decision
+from creditaudit.verdict import SeedEvidence, Thresholds, fires_d, method_verdict
 
 TINY = ["--dataset", "digits", "--width", "16", "--blocks", "2", "--quiet", "--threads", "1",
         "--device", "cpu"]

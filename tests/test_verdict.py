@@ -20,7 +20,8 @@ from creditaudit.model import ResidualStream
 from creditaudit.protocol import diagnose
 from creditaudit.report import write_report
 from creditaudit.train import train_run
-from creditaudit.verdict import (SeedEvidence, Thresholds, decide, depth_decision, interval,
+from creditaudit.depth import depth_decision
+from creditaudit.verdict import (SeedEvidence, Thresholds, decide, interval,
                                  method_verdict)
 
 

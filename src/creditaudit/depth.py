@@ -45,7 +45,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from .errors import CreditAuditError
-from .store import json_number as _num, pack_correct, unpack_correct  # noqa: F401 — re-exported
+from .store import json_number as _num
 
 ERROR_RATE = 0.05          # each one-sided claim; with Holm, a false clear anywhere in an audit
 POWER = 0.80               # "seeds likely to decide it": the count that decides with this probability
@@ -655,8 +655,8 @@ def recipe_noise(pairs_by_method: Mapping[str, Sequence[PairedGap]],
     out = {}
     for m, pairs in pairs_by_method.items():
         key = recipe_of.get(m)
-        peers = [p for p, r in ((q, recipe_of.get(q)) for q in pairs_by_method) if p == m or (key is not None and r == key)]
-        groups = [_pairs(pairs_by_method[p]) for p in peers]
+        peers = [q for q in pairs_by_method if q == m or (key is not None and recipe_of.get(q) == key)]
+        groups = [_pairs(pairs_by_method[q]) for q in peers]
         out[m] = (SeedNoise.pooled([[g.gap for g in ps] for ps in groups]),
                   SeedNoise.pooled([[g.yardstick_gap for g in ps if g.yardstick_acc is not None] for ps in groups]))
     return out

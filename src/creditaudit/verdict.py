@@ -31,16 +31,15 @@ so the same rules apply to a fresh diagnosis, a monitor history and an audit.jso
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import statistics
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from . import metrics as M
-from .depth import ACC_TOLERANCE, ERROR_RATE, DepthDecision, PairedGap, depth_decision, unpack_correct
+from .depth import ACC_TOLERANCE, DepthDecision, PairedGap, depth_decision
 from .errors import CreditAuditError
-from .store import json_number as _num, json_safe
+from .store import json_number as _num, unpack_correct
 
 TRUSTWORTHY, WALK_BACK, INCOMPLETE = "trustworthy", "walk back", "incomplete"
 # A frozen control is weak, at one seed, when its accuracy falls short of the yardstick of the

@@ -31,7 +31,6 @@ from ..runner import make_executor
 from ..runs import (DONE, Run, as_device, build_model, control_evidence, diagnosis_binding, yardstick_evidence,
                     existing_run_is_done, failure_record, load_run, read_status, run_dir_for,
                     superseded_by_code, write_diagnosis)
-from ..store import json_number as _num
 from ..train import can_stack, group_stacks, train_run, train_runs
 from ..verdict import Thresholds, stop_rule
 from .sizing import StackSizing, cpu_sizing, cuda_free_bytes, gpu_share, plan_stacks, probe_member_bytes
