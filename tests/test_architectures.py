@@ -131,7 +131,7 @@ def test_build_model_errors():
         build_model("vit-mini", (3, 10, 10), 10, width=16, blocks=1)
     with pytest.raises(CreditAuditError, match="must be an integer"):
         build_model("resnet-small", (3, 8, 8), 10, width=8, blocks=1, options={"stem_stride": 1.5})
-    assert set(ARCH_OPTIONS) == {"resmlp", "vit-mini", "resnet-small"}
+    assert set(ARCH_OPTIONS) == {"resmlp", "vit-mini", "resnet-small", "mlp"}
 
 
 # -- methods on every architecture -------------------------------------------------------------

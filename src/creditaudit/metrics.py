@@ -63,18 +63,20 @@ class BPGradients:
 
 
 def ce_gradient(rest: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, y: torch.Tensor,
-                reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+                reduction: str = "mean", loss: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference gradient at one residual position: (CE, ∂CE/∂h), CE = CE(rest(h), y).
 
     `rest` maps the state h (N, …) to logits — the readout for h_L, or the remaining blocks plus
     the readout for an inner position. reduction "mean" is the paper's convention (g_l, ÷N);
     "sum" and "none" give per-sample units ∂ℓ_i/∂h_i (for "none" the loss comes back per sample
     and the gradient is that of their sum). Every ∂CE/∂h in the package comes from here or from
-    `bp_gradients` (all positions at once).
+    `bp_gradients` (all positions at once). `loss`: the model's training loss (its stream's
+    `loss`, e.g. the plain MLP's per-class BCE); cross-entropy when None.
     """
+    criterion = F.cross_entropy if loss is None else loss
     with torch.enable_grad():
         leaf = h.detach().requires_grad_(True)
-        loss = F.cross_entropy(rest(leaf), y, reduction=reduction)
+        loss = criterion(rest(leaf), y, reduction=reduction)
         (grad,) = torch.autograd.grad(loss.sum() if reduction == "none" else loss, leaf)
     return loss.detach(), grad.detach()
 
@@ -96,7 +98,7 @@ def bp_gradients(model, x: torch.Tensor, y: torch.Tensor) -> BPGradients:
             h = step(h)
             hidden.append(h)
         logits = stream.readout(h)
-        loss = F.cross_entropy(logits if logits.dtype != torch.float16 else logits.float(), y)
+        loss = stream.loss(logits if logits.dtype != torch.float16 else logits.float(), y)
         grads = torch.autograd.grad(loss, hidden + [logits], allow_unused=True)
     grads = [torch.zeros_like(hh) if g is None else g for g, hh in zip(grads, hidden + [logits])]
     return BPGradients([t.detach() for t in hidden], [g.detach() for g in grads[:-1]],
@@ -114,8 +116,11 @@ def branch_ratios(model, x: torch.Tensor) -> list[float]:
     """Per block l, max_i ‖f_l(h_l,i)‖ / ‖h_l,i‖ on the batch: how far the residual branch alone
     moves the stream. All 0 when every block is the identity (a zero-initialised residual branch,
     as ResNets' zero-γ and many transformers start): a frozen control of such a model is then
-    exactly the shallow network embed → readout."""
+    exactly the shallow network embed → readout. Empty for a network without a residual stream
+    (nothing to compare a layer's output with)."""
     stream = as_stream(model)
+    if not stream.residual:
+        return []
     hidden = stream.hidden(x)
     return [float((per_sample_norm(stream.branch(l, h)) / per_sample_norm(h).clamp_min(1e-30)).max())
             for l, h in enumerate(hidden[:-1])]
@@ -257,8 +262,9 @@ def _exact_stream(model, x: torch.Tensor) -> tuple[ResidualStream, torch.Tensor]
     return as_stream(model), x
 
 
-def _per_sample_ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, y, reduction="none")
+def _per_sample_ce(logits: torch.Tensor, y: torch.Tensor, loss: Callable | None = None) -> torch.Tensor:
+    """ℓ_i per sample: the stream's training loss `loss` (cross-entropy when None)."""
+    return (F.cross_entropy if loss is None else loss)(logits, y, reduction="none")
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -468,7 +474,7 @@ class _Perturbation:
         states = torch.cat([h, (h.unsqueeze(0) + eps * v).reshape((m * n,) + shape)])
         with torch.no_grad():
             loss = _per_sample_ce(self.stream.forward_from(layer, states).double(),
-                                  y.repeat(m + 1))
+                                  y.repeat(m + 1), self.stream.loss)
         self.delta = (loss[n:].reshape(m, n) - loss[:n].unsqueeze(0))      # (M, N)
         self.h, self.y, self.v, self.layer, self.eps = h, y, v, layer, eps
 
@@ -485,7 +491,7 @@ class _Perturbation:
         model would put ε⟨g, v⟩ below the 1e-12 std cutoff and read the control as 0.
         """
         rest = lambda h: self.stream.forward_from(self.layer, h)
-        return ce_gradient(rest, self.h, self.y, reduction="sum")[1]
+        return ce_gradient(rest, self.h, self.y, reduction="sum", loss=self.stream.loss)[1]
 
 
 def perturbation_correlation(model, x: torch.Tensor, y: torch.Tensor, layer: int, credit,
@@ -559,14 +565,14 @@ def nudging_test(model, x: torch.Tensor, y: torch.Tensor, layer: int, credit,
     stream, xin = _exact_stream(model, x)
     with torch.no_grad():
         h = stream.hidden(xin)[layer].detach()
-    loss0, g = ce_gradient(lambda s: stream.forward_from(layer, s), h, y)
+    loss0, g = ce_gradient(lambda s: stream.forward_from(layer, s), h, y, loss=stream.loss)
     a = _layer_credit(credit, layer).detach().to(h.device, h.dtype)
     per_sample = lambda t: t.flatten(1).norm(dim=-1).view((-1,) + (1,) * (t.dim() - 1))
     na, ng = per_sample(a), per_sample(g)
     a_hat = torch.where(na > 0, a * ng / torch.where(na > 0, na, torch.ones_like(na)),
                         torch.zeros_like(a))
     with torch.no_grad():
-        ce = lambda s: float(F.cross_entropy(stream.forward_from(layer, s), y))
+        ce = lambda s: float(stream.loss(stream.forward_from(layer, s), y))
         base = float(loss0)
         d_method, d_bp = ce(h - eta * a_hat) - base, ce(h - eta * g) - base
     ok = all(math.isfinite(t) for t in (d_method, d_bp)) and d_bp != 0

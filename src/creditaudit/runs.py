@@ -431,7 +431,7 @@ def control_evidence(config: RunConfig | None, control: Run, x: torch.Tensor | N
         with torch.no_grad():
             finite = bool(model(x).isfinite().all())
         if finite and len(model.blocks):     # are its blocks the identity (zero-initialised branches)?
-            ratio = max(branch_ratios(model, x))
+            ratio = max(branch_ratios(model, x), default=None)
     return ControlEvidence(
         where, finished=control.finished, acc=control.test_acc, finite=finite, branch_ratio=ratio,
         kind="frozen" if config is not None else control.config.control,

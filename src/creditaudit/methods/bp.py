@@ -32,7 +32,7 @@ class BP(Method):
                                       + self.head_params())
 
     def gradients(self, x, y):
-        loss = F.cross_entropy(self.model(x), y)
+        loss = self.model.loss(self.model(x), y)
         loss.backward()
         return loss.detach()
 

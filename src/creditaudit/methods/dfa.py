@@ -97,12 +97,12 @@ class DFA(LocalMethod):
     def _credit(self, x, y, feedback):
         with torch.no_grad():
             logits, hidden = self.model(x, return_hidden=True)
-            e = output_error(logits, y)                                    # e = softmax − onehot
+            e = self.model.output_error(logits, y)                         # e = softmax − onehot
         return hidden, dfa_credit(e, feedback, self.model.n_blocks, self.model.stream_shape, self.normalise)
 
     def gradients(self, x, y):
         fwd = self.local_forward(x)
-        e = output_error(fwd.logits.detach(), y)                               # e = softmax − onehot
+        e = self.model.output_error(fwd.logits.detach(), y)                    # e = softmax − onehot
         credit = dfa_credit(e, self.feedback, self.model.n_blocks, self.model.stream_shape, self.normalise)
         return self.local_gradients(y, fwd, credit, lam=self.lam)
 

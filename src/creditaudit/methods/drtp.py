@@ -67,7 +67,7 @@ class DRTP(LocalMethod):
     def _signal(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """s = (1 − mix) · (−onehot(y)) + mix · e."""
         target = -F.one_hot(y, logits.shape[-1]).to(logits.dtype)
-        return target if self.mix == 0.0 else (1 - self.mix) * target + self.mix * output_error(logits, y)
+        return target if self.mix == 0.0 else (1 - self.mix) * target + self.mix * self.model.output_error(logits, y)
 
     def _credit(self, logits, y, feedback) -> list[torch.Tensor]:
         return dfa_credit(self._signal(logits, y), feedback, self.model.n_blocks, self.model.stream_shape)

@@ -187,16 +187,21 @@ class _Chain:
     def block(self, l: int, h):
         return self.model.blocks[l](h)
 
+    def advance(self, h, f):
+        """h_{l+1} = h_l + f_l(h_l), or f_l(h_l) alone on a network without a skip."""
+        return self.model.advance(h, f)
+
     def readout(self, h):
         return self.model.readout(h)
 
     def ce(self, logits, y):
-        """The CE whose gradient the sweeps take: the batch mean."""
-        return F.cross_entropy(logits, y)
+        """The CE whose gradient the sweeps take: the batch mean (the model's loss: BCE on a plain
+        MLP built with loss = bce)."""
+        return self.model.loss(logits, y)
 
     def ce_per_sample(self, logits, y):
         """ℓ_i/N, per sample."""
-        return F.cross_entropy(logits, y, reduction="none") / y.shape[-1]
+        return self.model.loss(logits, y, reduction="none") / y.shape[-1]
 
     def total(self, t):
         """Σ over the batch (and layers, for a stacked tensor) and every feature of t: 0-d."""
@@ -218,6 +223,9 @@ class _MemberChain(_Chain):
 
     def block(self, l: int, h):
         return self.net.block(l, h)
+
+    def advance(self, h, f):
+        return h + f                                         # the member axis is residual
 
     def readout(self, h):
         return self.net.readout(h)
@@ -290,7 +298,7 @@ class EP(Method):
         each block on a fresh leaf of its input (the update's graph): returns (leaves h_1 … h_{L−1},
         their branches, h_L leaf, logits)."""
         leaves, branches = [], []
-        h = h0 + f0.detach()
+        h = chain.advance(h0, f0.detach())
         if credit is not None:
             h = h - self.beta * credit[0]
         for l in range(1, chain.n_blocks):
@@ -298,7 +306,7 @@ class EP(Method):
             f = chain.block(l, leaf)
             leaves.append(leaf)
             branches.append(f)
-            h = leaf.detach() + f.detach()
+            h = chain.advance(leaf.detach(), f.detach())
             if credit is not None:
                 h = h - self.beta * credit[l]
         h_last = h.detach().requires_grad_(True)
@@ -307,12 +315,12 @@ class EP(Method):
     def _chain(self, chain: _Chain, h0, f0, credit):
         """The same states as one connected graph from the leaf h_1 (the relaxation's sweeps):
         returns ([h_1 … h_L], logits)."""
-        h = h0 + f0.detach()
+        h = chain.advance(h0, f0.detach())
         if credit is not None:
             h = h - self.beta * credit[0]
         states = [h.detach().requires_grad_(True)]
         for l in range(1, chain.n_blocks):
-            h = states[-1] + chain.block(l, states[-1])
+            h = chain.advance(states[-1], chain.block(l, states[-1]))
             if credit is not None:
                 h = h - self.beta * credit[l]
             states.append(h)
@@ -420,7 +428,7 @@ class EP(Method):
         # One backward: head CE at h_L^β, the local loss Σ_i a_{l+1,i}·f_l(h_l^β)_i of every block.
         # Gradients go to the trainable blocks and the head only; the leaves' gradients are the VJPs
         # ∂f_lᵀ a_{l+1} at h^β — the clamp's force (a_0) and the stationarity check.
-        total = F.cross_entropy(rel.logits, y)
+        total = self.model.loss(rel.logits, y)
         for f, al in zip(rel.branches, a):
             total = total + (f * al).sum()
         params = self.trainable_block_params() + self.head_params()
@@ -428,11 +436,12 @@ class EP(Method):
         leaf_grads, grad_last = grads[len(params):-1], grads[-1]
         a0 = a[0] + leaf_grads[0]                                           # (I + ∂f_0)ᵀ a_1
         embed = self.embed_params()
-        grads = grads[:len(params)] + torch.autograd.grad(rel.h0, embed, a0, allow_unused=True)  # embed
+        grads = grads[:len(params)] + (torch.autograd.grad(rel.h0, embed, a0, allow_unused=True)  # embed
+                                       if embed else ())                  # (the plain MLP has none)
         for p, g in zip(params + embed, grads):
             p.grad = g
         self._step_log = self._log(_Chain(self.model), rel, leaf_grads[1:], grad_last)
-        return F.cross_entropy(rel.free_logits, y).detach()
+        return self.model.loss(rel.free_logits, y).detach()
 
     def member_gradients(self, stack, x, y):
         """The lone step per member (`_MemberChain`): each member's relaxation, acceptance and tol
@@ -470,7 +479,7 @@ class EP(Method):
 
     def _shallow_gradients(self, x, y):
         """No blocks: nothing to relax; a_0 = ∂CE/∂h_0 and the step is BP's."""
-        loss = F.cross_entropy(self.model(x), y)
+        loss = self.model.loss(self.model(x), y)
         loss.backward()
         return loss.detach()
 

@@ -254,12 +254,12 @@ class FA(Method):
                 else:
                     params = {k: p.detach() for k, p in block.named_parameters()}
                     f = functional_call(block, params, (hidden[-1],))
-                hidden.append(hidden[-1] + f)                                  # h_{l+1} = h_l + f_l(h_l)
+                hidden.append(self.model.advance(hidden[-1], f))              # h_{l+1} = h_l + f_l(h_l)
         return hidden
 
     def gradients(self, x, y):
         hidden = self.forward(self.model.embed_input(x), self.feedback, train=True)
-        loss = F.cross_entropy(self.model.readout(hidden[-1]), y)
+        loss = self.model.loss(self.model.readout(hidden[-1]), y)
         loss.backward()                                   # δ flows through B; ∂W = δᵀx as usual
         return loss.detach()
 
@@ -286,7 +286,7 @@ class FA(Method):
             h0 = self.model.embed_input(x).detach().requires_grad_(True)
             hidden = self.forward(h0, feedback, train=False)
             logits = self.model.readout(hidden[-1])
-            grads = torch.autograd.grad(F.cross_entropy(logits, y), hidden)
+            grads = torch.autograd.grad(self.model.loss(logits, y), hidden)
         return [g.detach() for g in grads]
 
     def credit(self, x, y):

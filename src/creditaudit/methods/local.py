@@ -66,7 +66,8 @@ class LocalMethod(Method):
     def local_forward(self, x: torch.Tensor) -> LocalForward:
         """One forward pass that is at once the model's forward and every local loss's graph.
 
-        Each block sees its input detached, h_{l+1} = h_l + f_l(h_l) with h_l.detach(), so the
+        Each block sees its input detached, h_{l+1} = h_l + f_l(h_l) with h_l.detach() (f_l(h_l)
+        alone without a skip, `model.advance`), so the
         values are exactly the model's forward, while the graph holds only the local pieces:
         embed(x) for the embedding, f_l(h_l.detach()) per trainable block, and the readout of
         h_L.detach() for the head. A local method thus pays for one forward per step, not two.
@@ -82,10 +83,10 @@ class LocalMethod(Method):
             if self.trainable(l):
                 f = block(h)
                 branches[l] = f
-                h = h + f.detach()
+                h = self.model.advance(h, f.detach())
             else:
                 with torch.no_grad():
-                    h = h + block(h)
+                    h = self.model.advance(h, block(h))
             hidden.append(h)
         return LocalForward(self.model.readout(h), hidden, h0, branches)
 
@@ -104,7 +105,7 @@ class LocalMethod(Method):
         `settings.clip` (the optimizer step is `apply_gradients`). Returns the batch CE (detached).
         """
         a = [t.detach() for t in credit]
-        ce = F.cross_entropy(fwd.logits, y)
+        ce = self.model.loss(fwd.logits, y)
         total = ce + sample_dot(fwd.h0, a[0]).mean()
         for l, f in fwd.branches.items():
             total = total + sample_dot(f, a[l + 1]).mean()

@@ -136,7 +136,7 @@ class LocalLosses(LocalMethod):
         n = len(y)
         with torch.enable_grad():
             leaves = [h.detach().requires_grad_(True) for h in hidden]
-            total = F.cross_entropy(self.model.readout(leaves[-1]), y)                # a_L: the readout
+            total = self.model.loss(self.model.readout(leaves[-1]), y)                # a_L: the readout
             for l in range(self.model.n_blocks):
                 total = total + self._aux_loss(l, leaves[l], y)
             params = list(self.aux.parameters()) if with_aux else []

@@ -117,9 +117,9 @@ class NodePerturbation(LocalMethod):
         with torch.no_grad():
             h = hidden[0] + noise[0]                                         # h̃_0 = h_0 + ξ_0
             for l, block in enumerate(self.model.blocks):
-                h = h + block(h) + noise[l + 1]                              # h̃_{l+1}
-            delta = (F.cross_entropy(self.model.readout(h), y, reduction="none")
-                     - F.cross_entropy(logits, y, reduction="none"))        # ΔL_i, (N,)
+                h = self.model.advance(h, block(h)) + noise[l + 1]          # h̃_{l+1}
+            delta = (self.model.loss(self.model.readout(h), y, reduction="none")
+                     - self.model.loss(logits, y, reduction="none"))        # ΔL_i, (N,)
             scale = (delta / self.sigma ** 2).view((-1,) + (1,) * (noise.dim() - 2))
             return [scale * xi for xi in noise]                              # a_l = ΔL · ξ_l / σ²
 

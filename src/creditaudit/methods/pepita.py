@@ -128,9 +128,9 @@ class PEPITA(LocalMethod):
         with torch.no_grad():
             clean = [h0.detach()]
             for block in self.model.blocks:
-                clean.append(clean[-1] + block(clean[-1]))
+                clean.append(self.model.advance(clean[-1], block(clean[-1])))
         logits = self.model.readout(clean[-1])
-        e = output_error(logits.detach(), y)                             # e = softmax − onehot
+        e = self.model.output_error(logits.detach(), y)                  # e = softmax − onehot
         shift = (e @ feedback.T).view(h0.shape) * self.scale            # F·e
         return clean, self.local_stack(h0, clean[0] + shift), logits
 

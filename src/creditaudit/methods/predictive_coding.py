@@ -143,8 +143,8 @@ class PredictiveCoding(Method):
             h0_leaf = h0.detach().requires_grad_(True)
             leaves = [s.detach().requires_grad_(True) for s in states]
             below = [h0_leaf] + leaves[:-1]
-            errors = [h - hb - block(hb) for h, hb, block in zip(leaves, below, self.model.blocks)]
-            energy = F.cross_entropy(self.model.readout(leaves[-1]), y, reduction="none") / len(y)
+            errors = [h - self.model.advance(hb, block(hb)) for h, hb, block in zip(leaves, below, self.model.blocks)]
+            energy = self.model.loss(self.model.readout(leaves[-1]), y, reduction="none") / len(y)
             for eps in errors:
                 energy = energy + 0.5 * eps.pow(2).flatten(1).sum(-1) / self.beta          # ½‖ε_i‖²/β
             grads = torch.autograd.grad(energy.sum(), [h0_leaf] + leaves + params)
@@ -155,7 +155,7 @@ class PredictiveCoding(Method):
         with torch.no_grad():
             states, h = [], h0.detach()
             for block in self.model.blocks:
-                h = h + block(h)
+                h = self.model.advance(h, block(h))
                 states.append(h)
             return states, self.model.readout(h)
 
@@ -208,7 +208,8 @@ class PredictiveCoding(Method):
         a0, state_grads = grads[0], grads[1:len(states) + 1]
         embed = self.embed_params()
         for p, g in zip(params + embed, grads[len(states) + 1:]
-                        + torch.autograd.grad(h0, embed, a0, allow_unused=True)):       # Σ a_0·∂h_0/∂θ
+                        + (torch.autograd.grad(h0, embed, a0, allow_unused=True)         # Σ a_0·∂h_0/∂θ
+                           if embed else ())):                          # (the plain MLP has none)
             p.grad = g
         return state_grads
 
@@ -221,11 +222,11 @@ class PredictiveCoding(Method):
         with torch.no_grad():
             residual = torch.stack([g.pow(2).sum() for g in state_grads]).sum().sqrt()
             self._step_log = residual / scale.clamp_min(torch.finfo(scale.dtype).tiny)
-        return F.cross_entropy(logits, y).detach()
+        return self.model.loss(logits, y).detach()
 
     def _shallow_gradients(self, x, y):
         """No blocks: no state to infer; a_0 = ∂CE/∂h_0 and the step is BP's."""
-        loss = F.cross_entropy(self.model(x), y)
+        loss = self.model.loss(self.model(x), y)
         loss.backward()
         return loss.detach()
 
@@ -241,7 +242,7 @@ class PredictiveCoding(Method):
             state_grads = self._set_gradients(self.model.embed_input(x), states, y)
             self.apply_gradients()
             states = self._state_step(states, state_grads, self.alpha)
-        return F.cross_entropy(logits, y).detach()
+        return self.model.loss(logits, y).detach()
 
     def compilable(self) -> bool:
         return not self.incremental

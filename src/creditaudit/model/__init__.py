@@ -3,6 +3,7 @@
     build_model("resmlp", (40,), 10, width=256, blocks=4)              # docs/PROTOCOL.md primary architecture
     build_model("vit-mini", (3, 32, 32), 10, width=256, blocks=4)     # images only
     build_model("resnet-small", (3, 32, 32), 10, width=64, blocks=4)  # images only
+    build_model("mlp", (1, 28, 28), 10, width=1000, blocks=1, activation="tanh")   # a paper's 784-1000-10
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Callable
 
 from ..errors import CreditAuditError
 from .base import ResidualModel
+from .plain import Layer, PlainMLP
 from .resmlp import ACTIVATIONS, Block, ResidualMLP
 from .resnet import BasicBlock, SmallResNet
 from .stream import ResidualStream, as_stream
@@ -24,6 +26,7 @@ ARCH_OPTIONS: dict[str, dict[str, Any]] = {
     "resmlp": {},
     "vit-mini": {"patch": 4, "heads": 4, "mlp_ratio": 2},
     "resnet-small": {"stem_stride": 0},          # 0: automatic (2 for images ≥ 16 px, else 1)
+    "mlp": {"dropout": 0.0, "loss": "ce"},
 }
 
 ARCH_OPTION_HELP: dict[str, dict[str, str]] = {
@@ -33,7 +36,12 @@ ARCH_OPTION_HELP: dict[str, dict[str, str]] = {
                  "mlp_ratio": "MLP hidden width = mlp_ratio · width"},
     "resnet-small": {"stem_stride": "stride of the 3×3 stem conv: 1, 2, or 0 = automatic "
                                     "(2 when the smaller image side is ≥ 16, else 1)"},
+    "mlp": {"dropout": "dropout probability on each hidden layer's output in training, in [0, 1)",
+            "loss": "output loss: ce (softmax + cross-entropy) or bce (sigmoid + per-class BCE)"},
 }
+
+# the allowed values of an architecture option that is a word
+ARCH_OPTION_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {"mlp": {"loss": ("ce", "bce")}}
 
 
 def resolve_arch_options(arch: str, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -47,6 +55,20 @@ def resolve_arch_options(arch: str, options: dict[str, Any] | None) -> dict[str,
         raise CreditAuditError(f"architecture {arch} has no option(s) {', '.join(unknown)}; "
                                f"its options: {', '.join(defaults) or 'none'}")
     for key, value in options.items():
+        default = defaults[key]
+        if isinstance(default, str):
+            choices = ARCH_OPTION_CHOICES.get(arch, {}).get(key, ())
+            if value not in choices:
+                raise CreditAuditError(f"option {key} of architecture {arch} must be one of "
+                                       f"{', '.join(choices)}, got {value!r}")
+            continue
+        if isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or not 0 <= value < 1:
+                raise CreditAuditError(f"option {key} of architecture {arch} must be a number in "
+                                       f"[0, 1), got {value!r}")
+            options[key] = float(value)
+            continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise CreditAuditError(f"option {key} of architecture {arch} must be an integer, got {value!r}")
         low = 0 if key == "stem_stride" else 1
@@ -78,10 +100,16 @@ def _resnet(input_shape, n_classes, width, blocks, activation, w2_std, opts) -> 
                        n_classes=n_classes, stem_stride=opts["stem_stride"], w2_std=w2_std)
 
 
+def _mlp(input_shape, n_classes, width, blocks, activation, w2_std, opts) -> ResidualModel:
+    return PlainMLP(math.prod(input_shape), d=width, n_blocks=blocks, n_classes=n_classes,
+                    activation=activation, dropout=opts["dropout"], loss=opts["loss"])
+
+
 ARCHITECTURES: dict[str, Callable[..., ResidualModel]] = {
     "resmlp": _resmlp,
     "vit-mini": _vit,
     "resnet-small": _resnet,
+    "mlp": _mlp,
 }
 
 
@@ -90,6 +118,7 @@ ARCH_CLASSES: dict[str, type[ResidualModel]] = {
     "resmlp": ResidualMLP,
     "vit-mini": ViTMini,
     "resnet-small": SmallResNet,
+    "mlp": PlainMLP,
 }
 
 
@@ -99,8 +128,8 @@ def build_model(arch: str, input_shape: tuple[int, ...], n_classes: int, *, widt
     """The architecture `arch` for inputs of per-sample shape `input_shape` ((D,) for features,
     (C, H, W) for images) and `n_classes` classes.
 
-    width:      ResMLP/ViT stream width d; ResNet channel count.
-    blocks:     number of residual blocks L.
+    width:      ResMLP/ViT stream width d; ResNet channel count; the plain MLP's hidden width.
+    blocks:     number of residual blocks L (the plain MLP: hidden layers, ≥ 1).
     activation: the ResMLP's block activation and the ViT's MLP activation. resnet-small always
                 uses ReLU (the BasicBlock of docs/PROTOCOL.md) and does not read it.
     w2_std:     near-identity start — std of the last projection of every branch (ResMLP W2; ViT
@@ -115,6 +144,7 @@ def build_model(arch: str, input_shape: tuple[int, ...], n_classes: int, *, widt
     return ARCHITECTURES[arch](tuple(input_shape), n_classes, width, blocks, activation, w2_std, opts)
 
 
-__all__ = ["ACTIVATIONS", "ARCHITECTURES", "ARCH_CLASSES", "ARCH_OPTIONS", "ARCH_OPTION_HELP", "BasicBlock", "Block",
+__all__ = ["ACTIVATIONS", "ARCHITECTURES", "ARCH_CLASSES", "ARCH_OPTIONS", "ARCH_OPTION_CHOICES", "ARCH_OPTION_HELP",
+           "BasicBlock", "Block", "Layer", "PlainMLP",
            "ResidualMLP", "ResidualModel", "ResidualStream", "SmallResNet", "TransformerBlock",
            "ViTMini", "as_stream", "build_model", "resolve_arch_options"]

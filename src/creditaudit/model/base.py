@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import CreditAuditError
-from .stream import ResidualStream
+from .stream import LOSSES, ResidualStream, output_error
 
 
 def check_arguments(arch: str, input_shape=None, w2_std=None, **sizes) -> None:
@@ -46,6 +46,9 @@ class ResidualModel(nn.Module):
     n_classes: int
     blocks: nn.ModuleList
     stream_shape: tuple[int, ...]     # per-sample shape of every h_l: (d,), (T, d) or (C, H, W)
+    # False: a plain network, h_{l+1} = f_l(h_l) (model/plain.py); its h_0 may differ in shape
+    residual: bool = True
+    loss_name: str = "ce"             # the training loss, a key of `model.stream.LOSSES`
 
     @property
     def n_blocks(self) -> int:
@@ -66,19 +69,39 @@ class ResidualModel(nn.Module):
         """The readout's parameters: trained on the true CE gradient by every method."""
         raise NotImplementedError
 
+    def position_shape(self, layer: int) -> tuple[int, ...]:
+        """The per-sample shape of h_layer: `stream_shape` everywhere in a residual stream."""
+        return tuple(self.stream_shape)
+
+    def advance(self, h: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        """h_{l+1} from h_l and the block's output f = f_l(h_l): h + f, or f without a skip."""
+        return h + f if self.residual else f
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """The training loss ℓ (cross-entropy, or the plain MLP's per-class BCE)."""
+        return LOSSES[self.loss_name](logits, y, reduction)
+
+    def output_error(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """e = ∂ℓ_i/∂logits_i: softmax − onehot for CE, σ − onehot for BCE."""
+        return output_error(logits, y, self.loss_name)
+
     def forward(self, x: torch.Tensor, return_hidden: bool = False):
         h = self.embed_input(x)
         hidden = [h]
         for block in self.blocks:
-            h = h + block(h)
+            h = self.advance(h, block(h))
             hidden.append(h)
         logits = self.readout(h)
         return (logits, hidden) if return_hidden else logits
 
     def stream(self) -> ResidualStream:
         """This model seen through the protocol's residual-stream interface."""
+        if not self.residual:
+            return ResidualStream(embed=self.embed_input, steps=list(self.blocks), readout=self.readout,
+                                  residual=False, loss=LOSSES[self.loss_name])
         return ResidualStream(embed=self.embed_input, steps=[_SkipStep(b) for b in self.blocks],
-                              readout=self.readout, branches=list(self.blocks))
+                              readout=self.readout, branches=list(self.blocks),
+                              loss=LOSSES[self.loss_name])
 
 
 class _SkipStep:

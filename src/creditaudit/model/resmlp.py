@@ -23,6 +23,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "tanh": torch.tanh,
     "silu": F.silu,
+    "sigmoid": torch.sigmoid,
 }
 
 

@@ -1,0 +1,89 @@
+"""The plain MLP of the rules' own papers: no residual stream, no LayerNorm.
+
+    h_0     = x                                     flattened to (N, D_in); no parameters
+    f_l(h)  = dropout(act(W_l · h + b_l))           l = 0 … L-1, W_0: (d, D_in), W_l: (d, d)
+    h_{l+1} = f_l(h_l)                              no skip
+    logits  = out_head(h_L)                         W_out: (C, d)
+    loss    = CE(softmax(logits), y)  or  Σ_c BCE(σ(logits_c), onehot(y)_c)   (`loss` option)
+
+So "784-1000-10" is `blocks = 1, width = 1000`, and Nøkland's "7×240 tanh" `blocks = 7, width = 240,
+activation = tanh`. Every hidden layer is a block; the readout is the last Linear. The protocol
+reads it as it reads a residual model (model/stream.py with `residual = False`):
+
+  * the positions h_1 … h_L are the hidden layers' activations (h_0 is the input itself);
+  * the frozen control keeps every hidden layer at its initialisation and trains the readout
+    alone: the random-features classifier of the same width (nothing else has parameters);
+  * there is no residual branch, so the branch ratio and the frozen-init identity check are not
+    measured (docs/PROTOCOL.md, "Networks without a residual stream").
+
+Initialisation is torch's nn.Linear default (W, b ~ U(±1/√fan_in)) everywhere; a rule whose paper
+draws its weights otherwise says so in its "Where it differs from the original" section.
+Dropout (Nøkland & Eidnes 2019's MLP uses 0.1 in its MNIST commands) acts in training mode only, on
+each hidden layer's output, never on the input.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..errors import CreditAuditError
+from .base import ResidualModel, check_arguments
+from .resmlp import ACTIVATIONS
+from .stream import LOSSES
+
+
+class Layer(nn.Module):
+    """One hidden layer f(h) = dropout(act(W·h + b)) (a block of the plain MLP)."""
+
+    def __init__(self, d_in: int, d_out: int, activation: str, dropout: float):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise CreditAuditError(
+                f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+        self.activation = activation
+        self.linear = nn.Linear(d_in, d_out)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.dropout(ACTIVATIONS[self.activation](self.linear(h)))
+
+
+class PlainMLP(ResidualModel):
+    """D_in → d → … → d → C, `n_blocks` hidden layers of width d, no skips (see the module docstring)."""
+
+    residual = False
+
+    def __init__(self, d_in: int, d: int = 256, n_blocks: int = 1, n_classes: int = 10,
+                 activation: str = "relu", dropout: float = 0.0, loss: str = "ce"):
+        super().__init__()
+        check_arguments("mlp", d_in=d_in, d=d, n_blocks=n_blocks, n_classes=n_classes)
+        if n_blocks < 1:
+            raise CreditAuditError("mlp: blocks (the number of hidden layers) must be ≥ 1: with none "
+                                   "there is nothing for a rule to assign credit to")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise CreditAuditError(f"mlp: dropout must be a number in [0, 1), got {dropout!r}")
+        if loss not in LOSSES:
+            raise CreditAuditError(f"mlp: loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+        self.d_in, self.d, self.n_classes = d_in, d, n_classes
+        self.loss_name, self.dropout_p = loss, float(dropout)
+        self.stream_shape = (d,)
+        self.blocks = nn.ModuleList(Layer(d_in if l == 0 else d, d, activation, dropout)
+                                    for l in range(n_blocks))
+        self.out_head = nn.Linear(d, n_classes)
+
+    def position_shape(self, layer: int) -> tuple[int, ...]:
+        """h_0 is the input (D_in,); every hidden layer's activation is (d,)."""
+        return (self.d_in,) if layer == 0 else (self.d,)
+
+    def embed_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1)
+
+    def readout(self, h_last: torch.Tensor) -> torch.Tensor:
+        """logits = out_head(h_L)."""
+        return self.out_head(h_last)
+
+    def embed_parameters(self) -> list[nn.Parameter]:
+        return []
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        return list(self.out_head.parameters())
