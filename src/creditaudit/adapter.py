@@ -190,12 +190,12 @@ def check_residual(stream: ResidualStream, x: torch.Tensor, y: torch.Tensor) -> 
                                    f"({type(err).__name__}: {err}); a residual block must map the "
                                    "stream to a tensor of the same shape — the model is not residual "
                                    "there, or the adapter names the wrong modules") from None
-        if tuple(nxt.shape) != shape:
+        if tuple(nxt.shape) != shape and stream.residual:     # a plain network may change width
             raise CreditAuditError(f"block {l} changes the residual stream's shape from {shape} to "
                                    f"{tuple(nxt.shape)}: the protocol needs h_{{l+1}} = h_l + f_l(h_l) "
                                    "of one shape — the model is not residual there, or the adapter "
                                    "names the wrong modules")
-        h = nxt
+        h, shape = nxt, tuple(nxt.shape)
     logits = stream.readout(h)
     if logits.dim() != 2 or logits.shape[0] != len(y):
         raise CreditAuditError(f"the readout gives shape {tuple(logits.shape)} for {len(y)} samples; "

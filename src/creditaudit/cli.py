@@ -13,7 +13,7 @@ import sys
 import threading
 
 from . import __version__
-from .commands import audit, diagnose, experiments, lint, train, views
+from .commands import audit, diagnose, experiments, lint, reproduce, train, views
 from .commands.exits import EXIT_INTERRUPTED, EXIT_USER_ERROR
 from .errors import CreditAuditError
 
@@ -272,6 +272,27 @@ def _options_audit(p: argparse.ArgumentParser, cat) -> None:
                         "the --out folder)")
 
 
+def _options_reproduce(p: argparse.ArgumentParser, cat) -> None:
+    p.add_argument("rule", nargs="?", metavar="RULE",
+                   help="the rule to reproduce in its paper's setting (--list shows them)")
+    p.add_argument("--list", action="store_true", help="list the paper settings and their numbers")
+    p.add_argument("--seeds", nargs="+", type=int, metavar="SEED",
+                   help=f"(default: {' '.join(map(str, cat.audit_default('seeds')))})")
+    p.add_argument("--epochs", type=_count(1, cat.max_count),
+                   help="fewer than the paper's epochs is a reduced budget, and the report says so "
+                        "(default: the paper's)")
+    p.add_argument("--out", metavar="DIR", help="audit folder (default: audits/reproduce/RULE)")
+    p.add_argument("--data-dir", dest="data_dir", metavar="DIR",
+                   help=f"{cat.audit_help('data_dir')} (default: {cat.audit_default('data_dir')})")
+    p.add_argument("--device", help=f"{cat.audit_help('device')} (default: {cat.audit_default('device')})")
+    p.add_argument("--jobs", type=_count(0, 4096), help=f"{cat.audit_help('jobs')} (default: 0)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="train every step eagerly (default: compiled into CUDA graphs on a GPU, eager on a CPU)")
+    p.add_argument("--no-label-probe", action="store_true", help=_LABEL_PROBE_HELP)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(tensorboard=None, tracker=None, tracker_project=None)
+
+
 def _options_ladder(p: argparse.ArgumentParser, cat) -> None:
     _audit_options(p, cat)
 
@@ -332,6 +353,9 @@ COMMANDS = (
     ("audit", "train + diagnose methods × seeds with controls; write the report",
      "  creditaudit audit --preset quick\n"
      "  creditaudit audit --config examples/quick.toml --methods bp dfa --seeds 42", _options_audit, audit.cmd_audit),
+    ("reproduce", "a rule and bp in the rule's own paper's setting, audited, the paper's numbers beside ours",
+     "  creditaudit reproduce --list\n"
+     "  creditaudit reproduce dfa --seeds 42 --data-dir data", _options_reproduce, reproduce.cmd_reproduce),
     ("ladder", "accuracy vs number of trainable blocks k = 0…L (default out: audits/ladder)",
      "  creditaudit ladder --methods bp dfa --seeds 42 --epochs 15", _options_ladder, experiments.cmd_ladder),
     ("penalty-sweep", "a penalised method over λ, with frozen controls, Γ, its null and ρ "

@@ -405,6 +405,9 @@ class AuditConfig:
     thresholds: dict[str, float] = field(default_factory=dict)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     preset: str | None = None
+    # a method's own recipe settings (`Recipe.settings()`), overriding `recipe` for that method:
+    # `creditaudit reproduce` trains each rule and bp under its paper's recipe this way
+    recipes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def run_configs(self) -> list[RunConfig]:
         """Every run the audit needs, validated (so a bad value fails before any training)."""
@@ -448,8 +451,9 @@ class AuditConfig:
             options.setdefault(PENALTY_OPTION, lam)
         model = dict(self.model)
         arch_options = model.pop("options", {})
+        recipe = dict(self.recipes[method]) if method in self.recipes else self.recipe
         return RunConfig(method=method, dataset=self.dataset, seed=seed, epochs=self.epochs,
-                         recipe=self.recipe, options=options, arch_options=dict(arch_options),
+                         recipe=recipe, options=options, arch_options=dict(arch_options),
                          stop_thresholds=dict(self.thresholds), **model, **training)
 
 
@@ -510,7 +514,7 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
         if preset not in PRESET_NAMES:
             raise CreditAuditError(f"unknown preset {preset!r} in {where}; choose one of: {', '.join(PRESET_NAMES)}")
         raw = _merge(presets()[preset], raw)
-    _check_keys(raw, TOP_KEYS + ("model", "training", "thresholds", "options"), where)
+    _check_keys(raw, TOP_KEYS + ("model", "training", "thresholds", "options", "recipes"), where)
     for section, keys in (("model", MODEL_KEYS + ("options",)), ("training", TRAINING_KEYS),
                           ("thresholds", THRESHOLD_KEYS), ("options", None)):
         table = raw.get(section, {})
@@ -534,6 +538,16 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
             raise CreditAuditError(f"[options.{method}] in {where} must be a table of that method's options")
         resolve_method_name(method)
     options = {resolve_method_name(k): dict(v) for k, v in raw.get("options", {}).items()}
+    recipes = raw.get("recipes", {})
+    if not isinstance(recipes, dict) or not all(isinstance(v, dict) for v in recipes.values()):
+        raise CreditAuditError(f"[recipes] in {where} must hold one table of recipe settings per method "
+                               "([recipes.METHOD]: optimizer, lr, weight_decay, momentum, nesterov, betas, "
+                               "schedule, milestones, gamma, batch_size)")
+    from .methods.recipe import Recipe
+    known = [f.name for f in dataclasses.fields(Recipe) if f.name != "citation"]
+    for method, table in recipes.items():
+        _check_keys(table, tuple(known), f"[recipes.{method}] of {where}")
+    recipes = {resolve_method_name(k): Recipe(**v).settings() for k, v in recipes.items()}
     from .methods import method_class
     for method, table in options.items():        # also for a method the audit does not run
         method_class(method).resolve_options(table)
@@ -596,7 +610,7 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
         executor=executor, address=address,
         max_retries=_int(raw, "max_retries", where, 0, "an integer ≥ 0"), stack=stack, recipe=recipe,
         model=model, training=dict(raw.get("training", {})), thresholds=dict(thresholds),
-        options=options, preset=preset)
+        options=options, preset=preset, recipes=recipes)
     config.run_configs()  # every run validated now: nothing trains on a bad config
     return config
 

@@ -64,14 +64,23 @@ def _require_schedule(args, raw: dict) -> None:
 
 def cmd_audit(args) -> int:
     from ..config import audit_config_from_dict, with_method_options
-    from ..experiments import audit
-    from ..report import compact_table, write_report
-    from ..report.tables import schedule_line, work_done
-    from ..verdict import Thresholds, verdict_of
     raw = _audit_raw(args)
     raw = with_method_options(raw, args.option, where=args.config or "the audit settings")
     config = audit_config_from_dict(raw, where=args.config or "the audit settings")
     _require_schedule(args, raw)
+    return run_audit(args, config, _what_ran(args, config))
+
+
+def run_audit(args, config, what_ran: str, reproduction: dict | None = None,
+              extra_lines=lambda result: []) -> int:
+    """Train, diagnose and report the audit `config` (the trackers and the terminal as the
+    command line asked), and return the exit status: 0 complete, 3 not. `reproduction`: the
+    paper's setting (`creditaudit reproduce`), sealed into audit.json; `extra_lines(result)`: lines
+    the terminal prints after the table."""
+    from ..experiments import audit
+    from ..report import compact_table, write_report
+    from ..report.tables import schedule_line, work_done
+    from ..verdict import Thresholds, verdict_of
     if args.tensorboard is not None:          # refused now, not after the audit it would log
         from ..trackers import check_log_dir
         check_log_dir(args.tensorboard)
@@ -81,12 +90,12 @@ def cmd_audit(args) -> int:
     from ..report.tables import plural
     n_runs = len(config.run_configs())
     width = max(60, shutil.get_terminal_size((120, 24)).columns)   # COLUMNS, else the terminal's
-    print(textwrap.fill(f"creditaudit audit ({_what_ran(args, config)}): {plural(len(config.methods), 'method')} "
+    print(textwrap.fill(f"creditaudit {args.command} ({what_ran}): {plural(len(config.methods), 'method')} "
                         f"× {plural(len(config.seeds), 'seed')} → {plural(n_runs, 'run')} → {config.out}",
                         width, subsequent_indent="    ", break_on_hyphens=False))
     with locked_out(Path(config.out)):
         result = audit(config, progress=not args.quiet, compile_step=compile_step(args),
-                       label_probe=not args.no_label_probe)
+                       label_probe=not args.no_label_probe, reproduction=reproduction)
         files = write_report_together(write_report, result, Path(config.out))
     if args.tensorboard is not None:  # every run's monitor history, one log folder per run
         from ..trackers import log_runs
@@ -97,6 +106,8 @@ def cmd_audit(args) -> int:
                         Thresholds(**config.thresholds))
     print()
     print(compact_table(result, width=width, out=str(config.out)))
+    for line in extra_lines(result):
+        print(textwrap.fill(line, width, subsequent_indent="      ", break_long_words=False))
     failed = [r for r in result["runs"] if r["status"] not in ("finished", "stopped", "diverged")]
     incomplete = [m["method"] for m in result["methods"] if verdict_of(m).outcome == "incomplete"]
     print("\n" + textwrap.fill(f"full table, per-seed values and reasons: {Path(config.out) / 'audit.md'}",

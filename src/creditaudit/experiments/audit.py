@@ -340,8 +340,10 @@ def frozen_control_of(config: RunConfig) -> RunConfig | None:
 
 
 def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None = False,
-          label_probe: bool = True) -> dict:
-    """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back."""
+          label_probe: bool = True, reproduction: dict | None = None) -> dict:
+    """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back.
+    `reproduction`: the paper's setting and numbers the audit reproduces (`papers.Paper.record`),
+    sealed into audit.json so the report compares them with the audit's own."""
     out = Path(config.out)
     refuse_run_folder(out)
     check_same_audit(out, config)
@@ -373,6 +375,7 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
         "diagnoses": sum(o.report is not None for o in outcomes),
         "diagnoses_reused": sum(o.diagnosis_reused for o in outcomes),   # sealed, of the same run and settings
         **table,
+        **({"reproduction": reproduction} if reproduction is not None else {}),
         "runs": [o.to_dict() for o in outcomes],
     }
     store.write_sealed_json(out / "audit.json", store.json_safe(result))
@@ -390,7 +393,7 @@ def rule_names(methods: Sequence[str]) -> dict[str, str]:
 # what an audit's result depends on; where and how it ran (device, jobs, executor, …) and the
 # preset's name do not change it, so a rerun that differs only there may rewrite the report
 _RESULT_KEYS = ("dataset", "methods", "seeds", "epochs", "controls", "eval_batches", "model",
-                "training", "thresholds", "options", "recipe")
+                "training", "thresholds", "options", "recipe", "recipes")
 
 
 def check_same_audit(out: Path, config: AuditConfig) -> None:
@@ -401,7 +404,8 @@ def check_same_audit(out: Path, config: AuditConfig) -> None:
     path = Path(out) / "audit.json"
     if not path.exists():
         return
-    old = {"recipe": "published", **(read_audit(out).get("config") or {})}   # before --recipe: published
+    old = {"recipe": "published", "recipes": {},                 # before --recipe: published
+           **(read_audit(out).get("config") or {})}
     new = json.loads(json.dumps({k: (list(v) if isinstance(v, tuple) else v)
                                  for k, v in asdict(config).items()}))
     extends = lambda k: k in ("methods", "seeds") and set(old.get(k) or []) <= set(new.get(k) or [])
@@ -428,4 +432,5 @@ def header(config: AuditConfig, base: RunConfig, data: str | None = None) -> str
     return (f"{preset}{data or config.dataset}, {base.arch} d={base.width} L={base.blocks}, "
             f"{config.epochs} epochs; seed{'s' if len(config.seeds) > 1 else ''} {seeds}; "
             f"controls: {', '.join(config.controls) or 'none'}; {config.eval_batches} eval batches; "
-            f"{base.precision} training; {config.recipe} recipes")
+            f"{base.precision} training; "
+            f"{'the papers’' if config.recipes else config.recipe} recipes")

@@ -7,7 +7,7 @@
     loss    = CE(softmax(logits), y)  or  Σ_c BCE(σ(logits_c), onehot(y)_c)   (`loss` option)
 
 So "784-1000-10" is `blocks = 1, width = 1000`, and Nøkland's "7×240 tanh" `blocks = 7, width = 240,
-activation = tanh`. Every hidden layer is a block; the readout is the last Linear. The protocol
+activation = tanh`; `blocks = 0` (the audit's shallow control) is a linear classifier on x. Every hidden layer is a block; the readout is the last Linear. The protocol
 reads it as it reads a residual model (model/stream.py with `residual = False`):
 
   * the positions h_1 … h_L are the hidden layers' activations (h_0 is the input itself);
@@ -57,9 +57,6 @@ class PlainMLP(ResidualModel):
                  activation: str = "relu", dropout: float = 0.0, loss: str = "ce"):
         super().__init__()
         check_arguments("mlp", d_in=d_in, d=d, n_blocks=n_blocks, n_classes=n_classes)
-        if n_blocks < 1:
-            raise CreditAuditError("mlp: blocks (the number of hidden layers) must be ≥ 1: with none "
-                                   "there is nothing for a rule to assign credit to")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
             raise CreditAuditError(f"mlp: dropout must be a number in [0, 1), got {dropout!r}")
         if loss not in LOSSES:
@@ -69,7 +66,9 @@ class PlainMLP(ResidualModel):
         self.stream_shape = (d,)
         self.blocks = nn.ModuleList(Layer(d_in if l == 0 else d, d, activation, dropout)
                                     for l in range(n_blocks))
-        self.out_head = nn.Linear(d, n_classes)
+        # with no hidden layer (the audit's shallow control) the readout reads the input itself:
+        # a linear classifier on x
+        self.out_head = nn.Linear(d if n_blocks else d_in, n_classes)
 
     def position_shape(self, layer: int) -> tuple[int, ...]:
         """h_0 is the input (D_in,); every hidden layer's activation is (d,)."""

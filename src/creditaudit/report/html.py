@@ -81,6 +81,31 @@ def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]], total_last: 
     return "\n".join(out + ["</table>"])
 
 
+def _reproduction_html(audit: dict) -> list[str]:
+    """The paper's numbers beside ours (report/reproduction.py), for an audit that reproduces a rule."""
+    from .reproduction import budget_line, comparison
+    rep = audit.get("reproduction")
+    if not rep:
+        return []
+    e = html.escape
+    head = ["method", "paper's test error %", "source", "ours % (final epoch)", "seeds", "difference",
+            "outcome"]
+    cells = [[r["method"], "—" if r["paper"] is None else f"{r['paper']:.2f}"
+              + ("" if r["paper_sd"] is None else f" ± {r['paper_sd']:.2f}"),
+              r["source"] + (f"; {r['selection']}" if r["selection"] else ""),
+              "—" if r["ours"] is None else f"{r['ours']:.2f}" + ("" if r["ours_sd"] is None else f" ± {r['ours_sd']:.2f}"),
+              str(r["seeds"]), "—" if r["difference"] is None else f"{r['difference']:+.2f}", r["outcome"]]
+             for r in comparison(audit)]
+    parts = ["<h2>Reproduction</h2>",
+             f"<p>{e(rep['rule'])} as in {e(rep['citation'])}: {e(rep['dataset'])}, {e(rep['network'])}; "
+             f"{e(rep['recipe'])}. Reference code: {e(rep['code'])}.</p>",
+             f"<p>{e(budget_line(rep))}.</p>", _html_table(head, cells, wrap=(2,), left=(2,))]
+    if rep.get("deviations"):
+        parts.append("<p>Where this run differs from the paper:</p><ul>"
+                     + "".join(f"<li>{e(d)}</li>" for d in rep["deviations"]) + "</ul>")
+    return parts
+
+
 def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
     """One self-contained HTML page: inline CSS, the tables, the reasons, the figures as data URIs."""
     e = html.escape
@@ -94,6 +119,7 @@ def report_html(audit: dict, pngs: dict[str, bytes]) -> str:
     parts.append(f'<p class="summary">{e(verdict_summary(audit))}</p>')
     parts.append('<dl class="meanings">' + "".join(f"<dt>{e(name)}</dt><dd>{e(meaning)}</dd>"
                                                    for name, meaning in VERDICT_MEANINGS) + "</dl>")
+    parts += _reproduction_html(audit)
     parts.append("<h2>Audit</h2>")
     methods = audit.get("methods") or []
     for title, head, cells in _audit_tables(audit):

@@ -496,6 +496,8 @@ def audit_table(audit: dict) -> str:
     out += [f"- **{name}**: {meaning}" for name, meaning in VERDICT_MEANINGS]
     out += [f"- **{row['rule_name']}** is your rule `{row['method']}`; the tables name it by its `name`."
             for row in audit.get("methods") or [] if row.get("rule_name")]
+    from .reproduction import reproduction_markdown
+    out += ["", *reproduction_markdown(audit)] if audit.get("reproduction") else []
     out += ["", "## Audit"]
     for title, head, cells in _audit_tables(audit):
         out += ["", f"### {title}", "", _markdown(head, cells) if cells else "(no methods)"]

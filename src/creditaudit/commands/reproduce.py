@@ -1,0 +1,59 @@
+"""`creditaudit reproduce RULE`: the rule and bp in the rule's own paper's setting (papers.py),
+audited as any audit is, with the paper's numbers beside ours."""
+from __future__ import annotations
+
+import shutil
+import textwrap
+
+from ..errors import CreditAuditError
+
+
+def _listing(width: int) -> str:
+    from ..papers import PAPERS
+    lines = ["paper settings (creditaudit reproduce RULE):"]
+    for rule, p in PAPERS.items():
+        bp = f", bp {p.bp.error:.2f} %" if p.bp is not None else ""
+        lines.append(textwrap.fill(
+            f"{rule:<14} {p.dataset}, {p.network}, {p.epochs} epochs — {p.citation}: "
+            f"{p.reported.error:.2f} % test error{bp} ({p.reported.source})",
+            width, subsequent_indent=" " * 15, break_long_words=False))
+    return "\n".join(lines)
+
+
+def reproduce_raw(args, paper) -> dict:
+    """The audit settings of `paper`'s setting, with the command line's seeds, epochs and where."""
+    methods = [paper.rule] + (["bp"] if paper.rule != "bp" else [])
+    raw = {"dataset": paper.dataset, "methods": methods, "epochs": args.epochs or paper.epochs,
+           "out": args.out or f"audits/reproduce/{paper.rule}", "model": paper.model(),
+           "recipes": {m: r for m, r in paper.recipes().items() if m in methods},
+           "options": {paper.rule: dict(paper.options)} if paper.options else {}}
+    if args.seeds:
+        raw["seeds"] = args.seeds
+    for key in ("data_dir", "device", "jobs", "eval_batches"):
+        value = getattr(args, key, None)
+        if value is not None:
+            raw[key] = value
+    from ..runs import resolve_device
+    raw["device"] = str(resolve_device(raw.get("device", "auto")))
+    return raw
+
+
+def cmd_reproduce(args) -> int:
+    from ..config import audit_config_from_dict
+    from ..methods import resolve_method_name
+    from ..papers import paper as paper_of
+    from ..report.reproduction import reproduction_terminal
+    from .audit import run_audit
+    width = max(60, shutil.get_terminal_size((120, 24)).columns)
+    if args.list:
+        print(_listing(width))
+        return 0
+    if not args.rule:
+        raise CreditAuditError("name a rule to reproduce, e.g. `creditaudit reproduce dfa`; "
+                               "`creditaudit reproduce --list` shows the paper settings")
+    paper = paper_of(resolve_method_name(args.rule))
+    raw = reproduce_raw(args, paper)
+    config = audit_config_from_dict(raw, where=f"the paper setting of {paper.rule}")
+    record = paper.record(config.epochs, len(config.seeds))
+    return run_audit(args, config, f"{paper.rule} as in {paper.citation}", reproduction=record,
+                     extra_lines=lambda result: ["", *reproduction_terminal(result)])

@@ -1,0 +1,116 @@
+"""The paper's numbers beside ours, for an audit that reproduces a rule in its paper's setting
+(`creditaudit reproduce`; the paper's facts are sealed in audit.json's "reproduction").
+
+    ours        test error (%) = 100 · (1 − test accuracy) at the final epoch, mean ± sd over seeds
+    difference  ours − the paper's, in points
+    outcome     "within its spread" when |difference| ≤ the paper's sd (0.5 points where it gives
+                none), "miss" beyond it; a run cut short of the paper's epochs is "reduced budget",
+                whose miss says nothing about the paper.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+
+
+def _ours(row: dict | None) -> tuple[float | None, float | None, int]:
+    """(mean error %, sd %, seeds finished) of an audit row."""
+    if row is None:
+        return None, None, 0
+    accs = [s.get("acc") for s in (row.get("per_seed") or {}).values()
+            if s.get("status") == "finished" and isinstance(s.get("acc"), (int, float))
+            and math.isfinite(s["acc"])]
+    if not accs:
+        return None, None, 0
+    errs = [100.0 * (1.0 - a) for a in accs]
+    mean = sum(errs) / len(errs)
+    sd = math.sqrt(sum((e - mean) ** 2 for e in errs) / (len(errs) - 1)) if len(errs) > 1 else None
+    return mean, sd, len(errs)
+
+
+def comparison(audit: dict) -> list[dict[str, Any]]:
+    """One row per method the paper reports (the rule, then bp): the paper's error, ours, the
+    difference and its reading. Empty for an audit that reproduces nothing."""
+    rep = audit.get("reproduction")
+    if not rep:
+        return []
+    rows = {r["method"]: r for r in audit.get("methods", [])}
+    out = []
+    for method, paper in ((rep["rule"], rep.get("reported")), ("bp", rep.get("bp"))):
+        if paper is None or (method == "bp" and rep["rule"] == "bp" and out):
+            continue
+        mean, sd, n = _ours(rows.get(method))
+        diff = None if mean is None else mean - paper["error"]
+        if diff is None:
+            outcome = "no finished run"
+        elif rep.get("reduced_budget"):
+            outcome = "reduced budget"
+        else:
+            outcome = "within its spread" if abs(diff) <= paper["spread"] + 1e-9 else "miss"
+        out.append({"method": method, "paper": paper["error"], "paper_sd": paper.get("sd"),
+                    "paper_seeds": paper.get("seeds"), "source": paper["source"],
+                    "selection": paper.get("selection") or "", "spread": paper["spread"],
+                    "ours": mean, "ours_sd": sd, "seeds": n, "difference": diff, "outcome": outcome})
+    return out
+
+
+def _pct(mean: float | None, sd: float | None) -> str:
+    if mean is None:
+        return "—"
+    return f"{mean:.2f}" + ("" if sd is None else f" ± {sd:.2f}")
+
+
+def _signed(x: float | None) -> str:
+    return "—" if x is None else f"{x:+.2f}"
+
+
+def budget_line(rep: dict) -> str:
+    """What ran against what the paper ran."""
+    seeds = f"{rep['seeds']} seed{'s' if rep['seeds'] != 1 else ''}"
+    if rep.get("reduced_budget"):
+        return (f"reduced budget: {rep['epochs']} of the paper's {rep['paper_epochs']} epochs, {seeds} "
+                "— a difference here says nothing about the paper")
+    return f"the paper's budget: {rep['epochs']} epochs, {seeds}"
+
+
+def reproduction_markdown(audit: dict) -> list[str]:
+    """audit.md's "Reproduction" section (empty list when the audit reproduces nothing)."""
+    rep = audit.get("reproduction")
+    if not rep:
+        return []
+    lines = ["## Reproduction", "",
+             f"{rep['rule']} as in {rep['citation']}: {rep['dataset']}, {rep['network']}; "
+             f"{rep['recipe']}" + (f" ({rep['recipe_citation']})" if rep.get("recipe_citation") else "")
+             + f". Reference code: {rep['code']}.", "", budget_line(rep) + ".", "",
+             "| method | paper's test error % | source | ours % (final epoch) | seeds | difference | outcome |",
+             "|---|---|---|---|---|---|---|"]
+    for r in comparison(audit):
+        paper = _pct(r["paper"], r["paper_sd"]) + (f" ({r['paper_seeds']} runs)" if r["paper_seeds"] else "")
+        source = r["source"] + (f"; {r['selection']}" if r["selection"] else "")
+        lines.append(f"| {r['method']} | {paper} | {source} | {_pct(r['ours'], r['ours_sd'])} | {r['seeds']} "
+                     f"| {_signed(r['difference'])} | {r['outcome']} |")
+    lines += ["", f"Outcome: within its spread when |difference| ≤ the paper's sd (0.5 points where it "
+                  "gives none); ours is the final epoch's test error."]
+    if rep.get("deviations"):
+        lines += ["", "Where this run differs from the paper:", ""]
+        lines += [f"- {d}" for d in rep["deviations"]]
+    return lines + [""]
+
+
+def reproduction_terminal(audit: dict) -> list[str]:
+    """The terminal's lines: one per method, then the budget."""
+    rep = audit.get("reproduction")
+    if not rep:
+        return []
+    lines = [f"reproduction of {rep['rule']} ({rep['citation']}):"]
+    for r in comparison(audit):
+        lines.append(f"  {r['method']:<14} paper {_pct(r['paper'], r['paper_sd'])} %  ours "
+                     f"{_pct(r['ours'], r['ours_sd'])} % over {r['seeds']} seed{'s' if r['seeds'] != 1 else ''}"
+                     f"  difference {_signed(r['difference'])}  {r['outcome']}")
+    lines.append("  " + budget_line(rep))
+    return lines
+
+
+__all__ = ["budget_line", "comparison", "reproduction_markdown", "reproduction_terminal"]
