@@ -38,6 +38,26 @@ def reproduce_raw(args, paper) -> dict:
     return raw
 
 
+def machine(device: str) -> str:
+    """The machine the runs trained on, in words: CPU model and cores, or the GPU; torch's version."""
+    import os
+    import platform
+
+    import torch
+    if device.startswith("cuda") and torch.cuda.is_available():
+        where = torch.cuda.get_device_name(torch.device(device))
+    else:
+        model = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                             model)
+        except OSError:
+            pass
+        where = f"{model}, {os.cpu_count()} cores"
+    return f"{where}; torch {torch.__version__}"
+
+
 def cmd_reproduce(args) -> int:
     from ..config import audit_config_from_dict
     from ..methods import resolve_method_name
@@ -54,6 +74,6 @@ def cmd_reproduce(args) -> int:
     paper = paper_of(resolve_method_name(args.rule))
     raw = reproduce_raw(args, paper)
     config = audit_config_from_dict(raw, where=f"the paper setting of {paper.rule}")
-    record = paper.record(config.epochs, len(config.seeds))
+    record = {**paper.record(config.epochs, len(config.seeds)), "machine": machine(config.device)}
     return run_audit(args, config, f"{paper.rule} as in {paper.citation}", reproduction=record,
                      extra_lines=lambda result: ["", *reproduction_terminal(result)])

@@ -443,6 +443,9 @@ class Outcome:
                 "message": self.message, "trained_now": self.trained,
                 "diagnosis_reused": self.diagnosis_reused, "test_acc": self.test_acc,
                 "epochs_completed": self.epochs_completed, "epochs_planned": self.config.epochs,
+                # the training's own elapsed seconds (a stack's, shared by its members; a resumed
+                # run's summed over its sessions), however long ago it trained
+                "train_seconds": self.history[-1].get("wall_time") if self.history else None,
                 "run_dir": str(self.run_dir), "config": self.config.to_dict(), "stack": self.stack,
                 "monitor": [{k: r.get(k) for k in ("epoch", "test_acc", "train_loss", "h_norms",
                                                     "g_norms", "max_growth", "gain", "gamma",

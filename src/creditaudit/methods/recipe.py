@@ -7,8 +7,10 @@ recipe once (`resolve`), records it in its config and run key, and `Method.add_o
 torch's optimiser and LR scheduler from it (`build_optimizer`, `build_scheduler`).
 
     optimizer   "adamw" (decoupled weight decay), "adam" (L2 weight decay folded into the
-                gradient, as torch.optim.Adam) or "sgd" (heavy-ball `momentum`, optionally
-                `nesterov`; L2 weight decay, as torch.optim.SGD)
+                gradient, as torch.optim.Adam), "sgd" (heavy-ball `momentum`, optionally
+                `nesterov`; L2 weight decay, as torch.optim.SGD) or "rmsprop" (torch.optim.RMSprop:
+                smoothing 0.99, eps 1e-8, the defaults of Lua torch's optim.rmsprop that Nøkland's
+                DFA code trains with; L2 weight decay)
     schedule    "cosine": lr_e = lr · (1 + cos(π e / E)) / 2, to 0 over the run's E epochs
                 "step":   lr_e = lr · gamma^(number of milestones ≤ e)
                 "constant"
@@ -35,7 +37,7 @@ import torch
 
 from ..errors import CreditAuditError
 
-OPTIMIZERS = ("adamw", "adam", "sgd")
+OPTIMIZERS = ("adamw", "adam", "sgd", "rmsprop")
 SCHEDULES = ("cosine", "step", "constant")
 CHOICES = ("published", "shared")     # --recipe: each rule's own, or SHARED for every rule
 DEFAULT_BATCH_SIZE = 128              # a recipe that fixes no batch size trains with this
@@ -72,7 +74,7 @@ class Recipe:
             raise bad("nesterov", f"true or false, got {self.nesterov!r}")
         if self.nesterov and (self.optimizer != "sgd" or self.momentum == 0):
             raise bad("nesterov", "false unless the optimizer is sgd with momentum > 0")
-        if self.optimizer != "sgd" and self.momentum:
+        if self.optimizer not in ("sgd", "rmsprop") and self.momentum:
             raise bad("momentum", f"0 for {self.optimizer} (its betas set its averaging)")
         betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else ()
         if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool)
@@ -135,8 +137,9 @@ class Recipe:
     def compact(self) -> str:
         """A few words for a terminal table: "AdamW lr1e-3 cos", "SGD m0.9 lr1e-2 step",
         "NAG m0.9 lr1e-4 const" (NAG: SGD with Nesterov momentum)."""
-        optimiser = "NAG" if self.nesterov else {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[self.optimizer]
-        parts = [optimiser] + ([f"m{self.momentum:g}"] if self.optimizer == "sgd" and self.momentum else [])
+        optimiser = "NAG" if self.nesterov else {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD",
+                                                  "rmsprop": "RMSprop"}[self.optimizer]
+        parts = [optimiser] + ([f"m{self.momentum:g}"] if self.momentum else [])
         mantissa, exponent = f"{self.lr:.2e}".split("e")
         parts.append(f"lr{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}")
         parts.append({"cosine": "cos", "step": "step", "constant": "const"}[self.schedule])
@@ -144,8 +147,10 @@ class Recipe:
 
     def describe(self, epochs: int) -> str:
         """The whole recipe in words, for a run of `epochs` (its step milestones in epochs)."""
-        name = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[self.optimizer]
-        if self.optimizer == "sgd":
+        name = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "rmsprop": "RMSprop"}[self.optimizer]
+        if self.optimizer == "rmsprop":
+            name += f" (momentum {self.momentum:g})" if self.momentum else ""
+        elif self.optimizer == "sgd":
             name += (f" (momentum {self.momentum:g}{', Nesterov' if self.nesterov else ''})"
                      if self.momentum else " (no momentum)")
         elif self.betas != (0.9, 0.999):
@@ -188,6 +193,9 @@ def build_optimizer(recipe: Recipe, params, fused: dict) -> torch.optim.Optimize
     if recipe.optimizer == "sgd":
         return torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum, nesterov=recipe.nesterov,
                                weight_decay=recipe.weight_decay)
+    if recipe.optimizer == "rmsprop":
+        return torch.optim.RMSprop(params, lr=recipe.lr, alpha=0.99, eps=1e-8, momentum=recipe.momentum,
+                                   weight_decay=recipe.weight_decay)
     cls = torch.optim.AdamW if recipe.optimizer == "adamw" else torch.optim.Adam
     return cls(params, lr=recipe.lr, betas=recipe.betas, weight_decay=recipe.weight_decay, **fused)
 

@@ -26,7 +26,7 @@ ARCH_OPTIONS: dict[str, dict[str, Any]] = {
     "resmlp": {},
     "vit-mini": {"patch": 4, "heads": 4, "mlp_ratio": 2},
     "resnet-small": {"stem_stride": 0},          # 0: automatic (2 for images ≥ 16 px, else 1)
-    "mlp": {"dropout": 0.0, "loss": "ce"},
+    "mlp": {"dropout": 0.0, "loss": "ce", "init": "torch", "bias": 1},
 }
 
 ARCH_OPTION_HELP: dict[str, dict[str, str]] = {
@@ -37,11 +37,17 @@ ARCH_OPTION_HELP: dict[str, dict[str, str]] = {
     "resnet-small": {"stem_stride": "stride of the 3×3 stem conv: 1, 2, or 0 = automatic "
                                     "(2 when the smaller image side is ≥ 16, else 1)"},
     "mlp": {"dropout": "dropout probability on each hidden layer's output in training, in [0, 1)",
-            "loss": "output loss: ce (softmax + cross-entropy) or bce (sigmoid + per-class BCE)"},
+            "loss": "output loss: ce (softmax + cross-entropy) or bce (sigmoid + per-class BCE)",
+            "init": "weights: torch (nn.Linear's default), he-uniform (U(±√(6/fan_in)), b = 0) or "
+                    "fan-sum-normal (N(0, 1/(fan_in + fan_out)))",
+            "bias": "1: every layer has biases; 0: none"},
 }
 
 # the allowed values of an architecture option that is a word
-ARCH_OPTION_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {"mlp": {"loss": ("ce", "bce")}}
+ARCH_OPTION_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "mlp": {"loss": ("ce", "bce"), "init": ("torch", "he-uniform", "fan-sum-normal")}}
+# integer architecture options: their inclusive range (others: ≥ 1)
+ARCH_OPTION_RANGES: dict[str, tuple[int, int]] = {"stem_stride": (0, 2 ** 31), "bias": (0, 1)}
 
 
 def resolve_arch_options(arch: str, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -71,9 +77,11 @@ def resolve_arch_options(arch: str, options: dict[str, Any] | None) -> dict[str,
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise CreditAuditError(f"option {key} of architecture {arch} must be an integer, got {value!r}")
-        low = 0 if key == "stem_stride" else 1
+        low, high = ARCH_OPTION_RANGES.get(key, (1, 2 ** 31))
         if value < low:
             raise CreditAuditError(f"option {key} of architecture {arch} must be ≥ {low}, got {value!r}")
+        if value > high:
+            raise CreditAuditError(f"option {key} of architecture {arch} must be ≤ {high}, got {value!r}")
     return {**defaults, **options}
 
 
@@ -102,7 +110,8 @@ def _resnet(input_shape, n_classes, width, blocks, activation, w2_std, opts) -> 
 
 def _mlp(input_shape, n_classes, width, blocks, activation, w2_std, opts) -> ResidualModel:
     return PlainMLP(math.prod(input_shape), d=width, n_blocks=blocks, n_classes=n_classes,
-                    activation=activation, dropout=opts["dropout"], loss=opts["loss"])
+                    activation=activation, dropout=opts["dropout"], loss=opts["loss"], init=opts["init"],
+                    bias=bool(opts["bias"]))
 
 
 ARCHITECTURES: dict[str, Callable[..., ResidualModel]] = {

@@ -16,8 +16,10 @@ reads it as it reads a residual model (model/stream.py with `residual = False`):
   * there is no residual branch, so the branch ratio and the frozen-init identity check are not
     measured (docs/PROTOCOL.md, "Networks without a residual stream").
 
-Initialisation is torch's nn.Linear default (W, b ~ U(±1/√fan_in)) everywhere; a rule whose paper
-draws its weights otherwise says so in its "Where it differs from the original" section.
+Initialisation (`init`): "torch", nn.Linear's default W, b ~ U(±1/√fan_in); "he-uniform",
+W ~ U(±√(6/fan_in)) and b = 0 (PEPITA's reference code); "fan-sum-normal", W, b ~ N(0, 1/(fan_in +
+fan_out)) (Akrout et al.'s MNIST code for fa and Kolen–Pollack). `bias = 0` builds every layer
+without biases (PEPITA's reference has none).
 Dropout (Nøkland & Eidnes 2019's MLP uses 0.1 in its MNIST commands) acts in training mode only, on
 each hidden layer's output, never on the input.
 """
@@ -32,16 +34,38 @@ from .resmlp import ACTIVATIONS
 from .stream import LOSSES
 
 
+INITS = ("torch", "he-uniform", "fan-sum-normal")
+
+
+@torch.no_grad()
+def initialised(layer: nn.Linear, init: str) -> nn.Linear:
+    """`layer` with its weights drawn as `init` says (module docstring), from torch's global RNG."""
+    if init == "he-uniform":
+        bound = (6.0 / layer.in_features) ** 0.5
+        layer.weight.uniform_(-bound, bound)
+        if layer.bias is not None:
+            layer.bias.zero_()
+    elif init == "fan-sum-normal":
+        std = (1.0 / (layer.in_features + layer.out_features)) ** 0.5
+        layer.weight.normal_(0.0, std)
+        if layer.bias is not None:
+            layer.bias.normal_(0.0, std)
+    elif init != "torch":
+        raise CreditAuditError(f"mlp: init must be one of {', '.join(INITS)}, got {init!r}")
+    return layer
+
+
 class Layer(nn.Module):
     """One hidden layer f(h) = dropout(act(W·h + b)) (a block of the plain MLP)."""
 
-    def __init__(self, d_in: int, d_out: int, activation: str, dropout: float):
+    def __init__(self, d_in: int, d_out: int, activation: str, dropout: float, init: str = "torch",
+                 bias: bool = True):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise CreditAuditError(
                 f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
         self.activation = activation
-        self.linear = nn.Linear(d_in, d_out)
+        self.linear = initialised(nn.Linear(d_in, d_out, bias=bias), init)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -54,7 +78,8 @@ class PlainMLP(ResidualModel):
     residual = False
 
     def __init__(self, d_in: int, d: int = 256, n_blocks: int = 1, n_classes: int = 10,
-                 activation: str = "relu", dropout: float = 0.0, loss: str = "ce"):
+                 activation: str = "relu", dropout: float = 0.0, loss: str = "ce", init: str = "torch",
+                 bias: bool = True):
         super().__init__()
         check_arguments("mlp", d_in=d_in, d=d, n_blocks=n_blocks, n_classes=n_classes)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
@@ -64,11 +89,11 @@ class PlainMLP(ResidualModel):
         self.d_in, self.d, self.n_classes = d_in, d, n_classes
         self.loss_name, self.dropout_p = loss, float(dropout)
         self.stream_shape = (d,)
-        self.blocks = nn.ModuleList(Layer(d_in if l == 0 else d, d, activation, dropout)
+        self.blocks = nn.ModuleList(Layer(d_in if l == 0 else d, d, activation, dropout, init, bias)
                                     for l in range(n_blocks))
         # with no hidden layer (the audit's shallow control) the readout reads the input itself:
         # a linear classifier on x
-        self.out_head = nn.Linear(d if n_blocks else d_in, n_classes)
+        self.out_head = initialised(nn.Linear(d if n_blocks else d_in, n_classes, bias=bias), init)
 
     def position_shape(self, layer: int) -> tuple[int, ...]:
         """h_0 is the input (D_in,); every hidden layer's activation is (d,)."""

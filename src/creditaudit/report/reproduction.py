@@ -113,4 +113,70 @@ def reproduction_terminal(audit: dict) -> list[str]:
     return lines
 
 
-__all__ = ["budget_line", "comparison", "reproduction_markdown", "reproduction_terminal"]
+
+
+
+def _verdict(audit: dict, method: str) -> str:
+    from ..verdict import verdict_of
+    row = next((r for r in audit.get("methods", []) if r["method"] == method), None)
+    if row is None:
+        return "—"
+    v = verdict_of(row)
+    return v.outcome + (f" ({', '.join(v.fired)})" if getattr(v, "fired", None) else "")
+
+
+def _frozen(audit: dict, method: str) -> str:
+    row = next((r for r in audit.get("methods", []) if r["method"] == method), None)
+    acc = None if row is None else row.get("frozen_acc")
+    return "—" if not isinstance(acc, (int, float)) else f"{100 * (1 - acc):.2f}"
+
+
+def train_seconds(audit: dict) -> float | None:
+    """The training seconds of the audit's runs, summed (a stack counted once)."""
+    seen, total = set(), 0.0
+    for run in audit.get("runs", []):
+        secs = run.get("train_seconds")
+        stack = (run.get("stack") or {}).get("id")
+        if not isinstance(secs, (int, float)):
+            return None
+        key = ("stack", stack) if stack is not None and (run.get("stack") or {}).get("size", 1) > 1 \
+            else ("run", run["key"])
+        if key not in seen:
+            seen.add(key)
+            total += secs
+    return total
+
+
+def reproductions_page(audits: dict[str, dict]) -> str:
+    """docs/REPRODUCTIONS.md's generated part: one summary row per rule reproduced (its audit.json,
+    by rule), then each rule's setting, sources and deviations."""
+    head = ["rule", "setting", "paper: rule / bp (test error %)", "ours: rule / bp", "difference (rule)",
+            "outcome", "frozen control (random features)", "verdict (rule)", "budget"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    details = []
+    for rule, audit in audits.items():
+        rep = audit["reproduction"]
+        rows = {r["method"]: r for r in comparison(audit)}
+        mine, bp = rows.get(rule), rows.get("bp")
+        paper = (f"{_pct(mine['paper'], mine['paper_sd'])} / "
+                 + ("—" if bp is None else _pct(bp["paper"], bp["paper_sd"])))
+        ours = (f"{_pct(mine['ours'], mine['ours_sd'])} / "
+                + ("—" if bp is None else _pct(bp["ours"], bp["ours_sd"])))
+        secs = train_seconds(audit)
+        budget = (f"{rep['epochs']}/{rep['paper_epochs']} epochs, {rep['seeds']} seed"
+                  f"{'s' if rep['seeds'] != 1 else ''}" + ("" if secs is None else f", {secs / 60:.0f} min"))
+        lines.append(f"| {rule} | {rep['dataset']}, {rep['network']} | {paper} | {ours} | "
+                     f"{_signed(mine['difference'])} | {mine['outcome']} | {_frozen(audit, rule)} | "
+                     f"{_verdict(audit, rule)} | {budget} |")
+        details += [f"### {rule}", "",
+                    f"- **Paper:** {rep['citation']}; its number: {mine['source']}"
+                    + (f" ({mine['selection']})" if mine["selection"] else "") + "."
+                    + ("" if bp is None else f" bp: {bp['source']}."),
+                    f"- **Setting:** {rep['dataset']}, {rep['network']}; {rep['recipe']}"
+                    + (f" ({rep['recipe_citation']})" if rep.get("recipe_citation") else "") + ".",
+                    f"- **Reference code:** {rep['code']}.",
+                    f"- **Ran:** {budget_line(rep)}; machine: {rep.get('machine') or 'not recorded'}.",
+                    f"- **Verdicts in this setting:** {rule} {_verdict(audit, rule)}; bp {_verdict(audit, 'bp')}."]
+        details += [f"- **Differs from the paper:** {d}" for d in rep.get("deviations", [])]
+        details.append("")
+    return "\n".join(lines + [""] + details)
