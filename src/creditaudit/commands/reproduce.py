@@ -12,10 +12,12 @@ def _listing(width: int) -> str:
     from ..papers import PAPERS
     lines = ["paper settings (creditaudit reproduce RULE):"]
     for rule, p in PAPERS.items():
-        bp = f", bp {p.bp.error:.2f} %" if p.bp is not None else ""
+        unverified = lambda r: "" if r.verified else " (unverified)"
+        bp = f", bp {p.bp.error:.2f} %{unverified(p.bp)}" if p.bp is not None else ""
+        number = ("no paper number" if p.reported is None else
+                  f"{p.reported.error:.2f} % test error{unverified(p.reported)}{bp}")
         lines.append(textwrap.fill(
-            f"{rule:<14} {p.dataset}, {p.network}, {p.epochs} epochs — {p.citation}: "
-            f"{p.reported.error:.2f} % test error{bp} ({p.reported.source})",
+            f"{rule:<14} {p.dataset}, {p.network}, {p.epochs} epochs — {p.citation}: {number}",
             width, subsequent_indent=" " * 15, break_long_words=False))
     return "\n".join(lines)
 

@@ -5,7 +5,9 @@
     difference  ours − the paper's, in points
     outcome     "within its spread" when |difference| ≤ the paper's sd (0.5 points where it gives
                 none), "miss" beyond it; a run cut short of the paper's epochs is "reduced budget",
-                whose miss says nothing about the paper.
+                whose miss says nothing about the paper; a paper number that could not be read at
+                its source is "paper's number unverified", and one the paper does not give (or
+                that could not be found) leaves ours alone with "no paper number".
 """
 from __future__ import annotations
 
@@ -38,20 +40,26 @@ def comparison(audit: dict) -> list[dict[str, Any]]:
         return []
     rows = {r["method"]: r for r in audit.get("methods", [])}
     out = []
-    for method, paper in ((rep["rule"], rep.get("reported")), ("bp", rep.get("bp"))):
-        if paper is None or (method == "bp" and rep["rule"] == "bp" and out):
-            continue
+    methods = [rep["rule"]] + (["bp"] if rep["rule"] != "bp" else [])
+    for method, paper in zip(methods, (rep.get("reported"), rep.get("bp"))):
         mean, sd, n = _ours(rows.get(method))
-        diff = None if mean is None else mean - paper["error"]
-        if diff is None:
+        paper = paper or {}
+        error = paper.get("error")
+        diff = None if mean is None or error is None else mean - error
+        if mean is None:
             outcome = "no finished run"
+        elif error is None:
+            outcome = "no paper number"
         elif rep.get("reduced_budget"):
             outcome = "reduced budget"
+        elif not paper.get("verified", True):
+            outcome = "paper's number unverified"
         else:
             outcome = "within its spread" if abs(diff) <= paper["spread"] + 1e-9 else "miss"
-        out.append({"method": method, "paper": paper["error"], "paper_sd": paper.get("sd"),
-                    "paper_seeds": paper.get("seeds"), "source": paper["source"],
-                    "selection": paper.get("selection") or "", "spread": paper["spread"],
+        out.append({"method": method, "paper": error, "paper_sd": paper.get("sd"),
+                    "paper_seeds": paper.get("seeds"), "source": paper.get("source") or "—",
+                    "selection": paper.get("selection") or "", "spread": paper.get("spread"),
+                    "verified": paper.get("verified", error is not None),
                     "ours": mean, "ours_sd": sd, "seeds": n, "difference": diff, "outcome": outcome})
     return out
 

@@ -1,0 +1,134 @@
+"""`creditaudit reproduce`: each paper setting resolves to the documented network, loss and recipe,
+runs end to end on a tiny MNIST-format folder, and its comparison says only what its numbers show;
+docs/REPRODUCTIONS.md is the rendering of the committed audits."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from creditaudit.cli import main
+from creditaudit.commands.reproduce import reproduce_raw
+from creditaudit.config import audit_config_from_dict
+from creditaudit.papers import PAPERS, Paper, Reported, paper
+from creditaudit.report.reproduction import comparison, reproductions_page
+from creditaudit.errors import CreditAuditError
+from test_data import write_idx_set
+
+ROOT = Path(__file__).resolve().parents[1]
+REQUIRED = {"fa", "dfa", "kolen-pollack", "drtp", "pepita", "local-loss", "ep", "pc"}
+
+
+def _args(**kw):
+    base = dict(epochs=None, out=None, seeds=None, data_dir=None, device="cpu", jobs=None,
+                eval_batches=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_every_rule_the_issue_names_has_a_paper_setting():
+    assert REQUIRED <= set(PAPERS)
+
+
+@pytest.mark.parametrize("rule", sorted(PAPERS))
+def test_a_paper_setting_resolves_to_its_documented_network_loss_and_recipe(rule):
+    p = PAPERS[rule]
+    config = audit_config_from_dict(reproduce_raw(_args(seeds=[42]), p))
+    runs = config.run_configs()
+    main = next(c for c in runs if c.method == rule and c.control == "none")
+    assert (main.arch, main.width, main.blocks, main.activation) == ("mlp", p.width, p.blocks, p.activation)
+    assert main.arch_options == {"loss": p.loss, "dropout": p.dropout, "init": p.init, "bias": int(p.bias)}
+    assert main.recipe == p.recipe.settings() and main.epochs == p.epochs and main.dataset == p.dataset
+    for key, value in p.options.items():
+        assert main.options[key] == value
+    bp = next(c for c in runs if c.method == "bp" and c.control == "none")
+    assert bp.recipe == (p.bp_recipe or p.recipe).settings()
+    frozen = next(c for c in runs if c.method == rule and c.control == "frozen")
+    assert frozen.trainable_blocks == 0          # every hidden layer frozen, the readout trained
+    # every number and recipe says where it comes from
+    assert p.citation and p.code and p.recipe.citation
+    for reported in (p.reported, p.bp):
+        assert reported is None or (reported.source and 0 < reported.error < 100)
+    assert p.reported is not None or any("no paper number" in d or "could not be read" in d
+                                         for d in p.deviations)
+
+
+def test_an_unknown_rule_is_refused_in_one_line():
+    with pytest.raises(CreditAuditError, match="no paper setting for 'sb'.*reproduce --list"):
+        paper("sb")
+
+
+def _audit(rule: str, per_seed_acc: list[float], bp_acc: list[float], reported: Reported | None,
+           bp: Reported | None, epochs: int = 10, paper_epochs: int = 10) -> dict:
+    p = Paper(rule=rule, citation="X 2020", code="x/y", dataset="mnist", width=8, blocks=1,
+              activation="tanh", recipe=PAPERS["fa"].recipe, epochs=paper_epochs, reported=reported, bp=bp)
+    row = lambda m, accs: {"method": m, "per_seed": {str(i): {"status": "finished", "acc": a}
+                                                    for i, a in enumerate(accs)}}
+    return {"reproduction": p.record(epochs, len(per_seed_acc)),
+            "methods": [row(rule, per_seed_acc), row("bp", bp_acc)]}
+
+
+def test_the_comparison_says_within_miss_unverified_and_reduced_only_when_the_numbers_say_so():
+    exact = Reported(2.0, "Table 1", sd=0.1)
+    rows = comparison(_audit("fa", [0.979, 0.981], [0.97], exact, Reported(3.0, "Table 1")))
+    assert rows[0]["ours"] == pytest.approx(2.0) and rows[0]["ours_sd"] == pytest.approx(0.1414, abs=1e-3)
+    assert rows[0]["outcome"] == "within its spread"                 # |0.0| ≤ 0.1
+    assert rows[1]["difference"] == pytest.approx(0.0) and rows[1]["outcome"] == "within its spread"
+    miss = comparison(_audit("fa", [0.975], [0.97], exact, None))
+    assert miss[0]["difference"] == pytest.approx(0.5) and miss[0]["outcome"] == "miss"   # 0.5 > sd 0.1
+    assert miss[1]["outcome"] == "no paper number" and miss[1]["paper"] is None
+    no_sd = comparison(_audit("fa", [0.9755], [0.97], Reported(2.0, "Table 1"), None))
+    assert no_sd[0]["outcome"] == "within its spread"                # 0.45 ≤ the default 0.5
+    short = comparison(_audit("fa", [0.9], [0.97], exact, None, epochs=2, paper_epochs=10))
+    assert short[0]["outcome"] == "reduced budget"
+    unverified = comparison(_audit("fa", [0.98], [0.97], Reported(2.0, "recalled", verified=False), None))
+    assert unverified[0]["outcome"] == "paper's number unverified"
+    failed = _audit("fa", [0.98], [0.97], exact, None)
+    failed["methods"][0]["per_seed"]["0"]["status"] = "failed"
+    assert comparison(failed)[0]["outcome"] == "no finished run"
+
+
+def test_reproduce_runs_end_to_end_on_a_tiny_mnist_folder(tmp_path, capsys):
+    write_idx_set(tmp_path / "data" / "mnist", (True, True, False, False))
+    out = tmp_path / "out"
+    status = main(["reproduce", "fa", "--epochs", "1", "--seeds", "42", "--data-dir", str(tmp_path / "data"),
+                   "--out", str(out), "--quiet", "--jobs", "1"])
+    printed = capsys.readouterr().out
+    assert status in (0, 3)
+    audit = json.loads((out / "audit.json").read_text())
+    assert audit["reproduction"]["rule"] == "fa" and audit["reproduction"]["reduced_budget"]
+    assert {r["method"] for r in audit["methods"]} == {"fa", "bp"}
+    rows = comparison(audit)
+    assert [r["method"] for r in rows] == ["fa", "bp"]
+    assert all(r["outcome"] == "reduced budget" and r["ours"] is not None for r in rows)
+    md = (out / "audit.md").read_text()
+    assert "## Reproduction" in md and "reduced budget: 1 of the paper's 400 epochs" in md
+    assert "reproduction of fa" in printed and "2.20" in printed
+    assert "Reproduction" in (out / "report.html").read_text()
+    # the frozen control trained the readout alone: every hidden layer is at its initialisation
+    frozen = next(r for r in audit["runs"] if r["method"] == "fa" and r["control"] == "frozen")
+    assert frozen["status"] == "finished"
+
+
+def test_reproduce_without_a_rule_or_with_a_bad_one_says_so_in_one_line(capsys):
+    assert main(["reproduce"]) == 2
+    assert "name a rule to reproduce" in capsys.readouterr().err
+    assert main(["reproduce", "sb"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no paper setting for 'sb'" in err and "\n" not in err
+
+
+def test_reproductions_page_is_the_rendering_of_the_committed_audits():
+    from creditaudit.experiments import read_audit
+    page = (ROOT / "docs" / "REPRODUCTIONS.md").read_text()
+    begin, end = "<!-- reproductions:begin -->\n", "<!-- reproductions:end -->"
+    assert begin in page and end in page
+    folder = ROOT / "docs" / "reproductions"
+    audits = {rule: read_audit(folder / f"{rule}.json") for rule in PAPERS if (folder / f"{rule}.json").exists()}
+    assert audits, "docs/reproductions/ holds no committed reproduction"
+    assert page.split(begin, 1)[1].split(end, 1)[0] == reproductions_page(audits)
+    # every rule with a committed audit has its row, and the page names no rule it did not run
+    table = page.split(begin, 1)[1].split(end, 1)[0]
+    assert {m.group(1) for m in re.finditer(r"^\| ([a-z-]+) \|", table, re.M)} == set(audits)
