@@ -171,9 +171,20 @@ def test_a_lone_sgd_run_of_a_member_axis_method_trains(tmp_path, synthetic):
     assert run.status["status"] == "finished" and type(run.method.optimizers[0]) is torch.optim.SGD
 
 
+def test_rmsprop_is_torch_s_rmsprop_with_lua_torch_s_defaults():
+    """Nøkland's DFA code trains with Lua torch's optim.rmsprop (alpha 0.99, epsilon 1e-8)."""
+    from creditaudit.methods.recipe import Recipe, build_optimizer
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = build_optimizer(Recipe(optimizer="rmsprop", lr=1e-4, weight_decay=0.0, schedule="constant"), [p], {})
+    assert type(opt) is torch.optim.RMSprop
+    group = opt.param_groups[0]
+    assert (group["lr"], group["alpha"], group["eps"], group["momentum"]) == (1e-4, 0.99, 1e-8, 0.0)
+    assert Recipe(optimizer="rmsprop", lr=1e-4).compact() == "RMSprop lr1e-4 cos"
+
+
 @pytest.mark.parametrize("bad", [
     {"recipe": "bogus"}, {"recipe": 3}, {"recipe": {"optimizer": "sgd"}},
-    {"recipe": {**SHARED_RECIPE.concrete().settings(), "optimizer": "rmsprop"}},
+    {"recipe": {**SHARED_RECIPE.concrete().settings(), "optimizer": "lbfgs"}},
     {"recipe": {**SHARED_RECIPE.concrete().settings(), "schedule": "step"}},          # no milestones
     {"recipe": {**SHARED_RECIPE.concrete().settings(), "milestones": [0.5]}},          # not step
     {"recipe": {**SHARED_RECIPE.concrete().settings(), "momentum": 0.9}},              # AdamW

@@ -112,6 +112,15 @@ def test_reproduce_runs_end_to_end_on_a_tiny_mnist_folder(tmp_path, capsys):
     assert frozen["status"] == "finished"
 
 
+def test_list_names_every_paper_setting_with_its_number(capsys):
+    assert main(["reproduce", "--list"]) == 0
+    printed = capsys.readouterr().out
+    for rule, p in PAPERS.items():
+        assert rule in printed
+        if p.reported is not None:
+            assert f"{p.reported.error:.2f} %" in printed
+
+
 def test_reproduce_without_a_rule_or_with_a_bad_one_says_so_in_one_line(capsys):
     assert main(["reproduce"]) == 2
     assert "name a rule to reproduce" in capsys.readouterr().err

@@ -78,6 +78,7 @@ BASE = {
     "identity-check": ["--out", AUDIT_OUT],
     "thresholds": [AUDIT_OUT],
     "report": [AUDIT_OUT],
+    "reproduce": ["fa", "--out", AUDIT_OUT],
     "lint": ["a.py"],
 }
 USER = ["--model", "pkg.nets:make", "--weights", "w.safetensors", "--dataset", "digits"]
@@ -256,6 +257,20 @@ ROWS.update({("identity-check", k): v for k, v in {
     "--device": Row(["--device", "meta"], lambda c: c.args("identity_check")[2].device.type, "meta"),
     "--threads": Row(["--threads", "5"], lambda c: c["threads"][-1], 5),
 }.items()})
+_repro, _repro_ex = run_configs("audit_run_all"), execution("audit_run_all")
+ROWS.update({("reproduce", k): v for k, v in {
+    "rule": Row(["dfa", "--out", AUDIT_OUT], lambda c: {x.method for x in _repro(c)}, {"dfa", "bp"}, replace=True),
+    "--seeds": Row(["--seeds", "5", "6"], lambda c: {x.seed for x in _repro(c)}, {5, 6}),
+    "--epochs": Row(["--epochs", "3"], lambda c: {x.epochs for x in _repro(c)}, {3}),
+    "--out": Row(["--out", "elsewhere"], lambda c: Path(c.args("audit_run_all")[1]), Path("elsewhere")),
+    "--device": Row(["--device", "meta"], lambda c: _repro_ex(c).device, "meta"),
+    "--data-dir": Row(["--data-dir", "d2"], lambda c: _repro_ex(c).data_dir, "d2"),
+    "--jobs": Row(["--jobs", "3"], lambda c: _repro_ex(c).jobs, 3),
+    "--quiet": Row(["--quiet"], lambda c: c.kw("audit_run_all")["progress"], False),
+    "--no-compile": Row(["--no-compile"], lambda c: _repro_ex(c).compile_step, False),
+    "--no-label-probe": Row(["--no-label-probe"], lambda c: _repro_ex(c).label_probe, False),
+    "--list": Row(["--list"], None, None),                      # output switch: tests/test_reproduce.py
+}.items()})
 for sub in ("thresholds", "report"):
     ROWS[(sub, "audit_dir")] = Row(["other"], lambda c: Path(c.args("read_audit")[0]), Path("other"),
                                    replace=True)
@@ -269,7 +284,8 @@ ROWS[("audit", "--tracker-project")] = Row(["--tracker-project", "p"], None, Non
 # output (the audit's TensorBoard log after its runs: tests/test_tensorboard.py reads it back; its
 # --tracker runs and their project: tests/test_trackers.py reads them back).
 OUTPUT_SWITCHES = {("", "--version"), ("diagnose", "--json"), ("calibrate", "--json"), ("check", "--json"),
-                   ("audit", "--tensorboard"), ("audit", "--tracker"), ("audit", "--tracker-project")}
+                   ("audit", "--tensorboard"), ("audit", "--tracker"), ("audit", "--tracker-project"),
+                   ("reproduce", "--list")}
 
 
 def _options() -> set[tuple[str, str]]:

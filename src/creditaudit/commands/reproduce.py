@@ -71,7 +71,8 @@ def cmd_reproduce(args) -> int:
         print(_listing(width))
         return 0
     if not args.rule:
-        raise CreditAuditError("name a rule to reproduce, e.g. `creditaudit reproduce dfa`; "
+        from ..papers import PAPERS
+        raise CreditAuditError(f"name a rule to reproduce, e.g. `creditaudit reproduce {next(iter(PAPERS))}`; "
                                "`creditaudit reproduce --list` shows the paper settings")
     paper = paper_of(resolve_method_name(args.rule))
     raw = reproduce_raw(args, paper)
