@@ -158,6 +158,8 @@ class RunConfig:
         if unknown:
             raise CreditAuditError(f"architecture {self.arch!r} has no option(s) {', '.join(unknown)}; "
                                    f"its options: {', '.join(ARCH_OPTIONS[self.arch]) or 'none'}")
+        from .model import resolve_arch_options
+        resolve_arch_options(self.arch, self.arch_options)     # each value, refused in one line now
         if self.precision not in PRECISIONS:
             raise CreditAuditError(f"precision must be one of {', '.join(PRECISIONS)}, got "
                                    f"{self.precision!r}")
