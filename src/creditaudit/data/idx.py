@@ -57,7 +57,7 @@ class IdxSource:
     """Where one IDX dataset lives on disk and online, and the md5s that identify its files."""
     name: str                   # the dataset's name in LOADERS
     title: str                  # for messages
-    folders: tuple[str, ...]    # searched under data_dir, in order; downloads go to the first
+    folders: tuple[str, ...]    # searched under data_dir in order; the first holding a file is used
     mirrors: tuple[str, ...]    # base URLs, tried in order; each serves <file>.gz
     gz_md5: dict[str, str]      # md5 of each official <file>.gz, as published
     raw_md5: dict[str, str]     # md5 of each official file's decompressed bytes
