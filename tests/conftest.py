@@ -2,6 +2,8 @@
 take their device from the `device` fixture: `CREDITAUDIT_TEST_DEVICE=cuda python -m pytest` (or
 `--device cuda`) runs them on the GPU; the default is the CPU."""
 import os
+import urllib.error
+import urllib.request
 
 import pytest
 import torch
@@ -38,3 +40,18 @@ def one_thread():
 def digits():
     from creditaudit.data.generated import load_digits
     return load_digits()
+
+
+@pytest.fixture(autouse=True)
+def no_internet(monkeypatch):
+    """Tests never download: a URL other than a local test server fails at once, so a loader that
+    would fetch a dataset (MNIST, CIFAR) refuses instead of reaching the network."""
+    real = urllib.request.urlopen
+
+    def local_only(url, *args, **kwargs):
+        target = url.full_url if isinstance(url, urllib.request.Request) else str(url)
+        if not target.startswith(("http://127.0.0.1:", "http://localhost:")):
+            raise urllib.error.URLError(f"tests do not use the network ({target})")
+        return real(url, *args, **kwargs)
+
+    monkeypatch.setattr(urllib.request, "urlopen", local_only)

@@ -358,18 +358,22 @@ def test_idx_truncated_files_are_clear_errors(tmp_path):
 
 
 def test_idx_missing_files_name_the_folder(tmp_path):
-    with pytest.raises(CreditAuditError, match="MNIST not found.*put the four IDX files") as err:
-        load_dataset("mnist", data_dir=tmp_path)
+    """Offline (download=False): one line naming the folder to fill and the URLs to fill it from
+    (the download itself is tested in test_data_download.py)."""
+    with pytest.raises(CreditAuditError, match="MNIST not found.*put the files there") as err:
+        load_dataset("mnist", data_dir=tmp_path, download=False)
     assert str(tmp_path / "mnist") in str(err.value) and "--data-dir" in str(err.value)
+    assert "train-images-idx3-ubyte.gz (md5 f68b3c2dcbeaaa9fbdd348bbdeb94873)" in str(err.value)
 
     write_idx_set(tmp_path, gz=(False,) * 4)           # MNIST names, but not in fashion-mnist/
     with pytest.raises(CreditAuditError, match="Fashion-MNIST not found") as err:
-        load_dataset("fashion-mnist", data_dir=tmp_path)
+        load_dataset("fashion-mnist", data_dir=tmp_path, download=False)
     assert str(tmp_path / "fashion-mnist") in str(err.value)
 
     (tmp_path / "t10k-labels-idx1-ubyte").unlink()
-    with pytest.raises(CreditAuditError, match="t10k-labels-idx1-ubyte.*is missing"):
-        load_dataset("mnist", data_dir=tmp_path)
+    with pytest.raises(CreditAuditError, match=r"not found: t10k-labels-idx1-ubyte\[\.gz\] missing in") as err:
+        load_dataset("mnist", data_dir=tmp_path, download=False)
+    assert "train-images" not in str(err.value)       # only the missing file is asked for
 
 
 # ---------------------------------------------------------------- augmentation

@@ -308,9 +308,11 @@ def test_monitor_control_of_and_diagnose_credit_failures_are_one_line(tmp_path):
 
 @pytest.mark.parametrize("command", ["audit", "ladder"])
 def test_a_refused_audit_leaves_no_locked_folder(tmp_path, capsys, command):
-    """Data that cannot be found is refused after the output folder was locked: the folder (and
-    the parents this command made) are removed again."""
+    """Data that cannot be loaded is refused after the output folder was locked: the folder (and
+    the parents this command made) are removed again. (A --data-dir that is a file: MNIST is
+    missing and cannot be downloaded there, refused before any network use.)"""
+    (tmp_path / "none").write_text("")
     refused([command, "--dataset", "mnist", "--data-dir", tmp_path / "none", "--methods", "bp",
              "--seeds", "1", "--epochs", "1", "--quiet", "--out", tmp_path / "a" / "b"], capsys,
-            "MNIST not found")
+            "MNIST's train-images-idx3-ubyte is missing and cannot be downloaded into")
     assert not (tmp_path / "a").exists()

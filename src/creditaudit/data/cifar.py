@@ -16,20 +16,19 @@ global. The class-name files (`batches.meta`, `meta`) are not needed and not rea
 """
 from __future__ import annotations
 
-import hashlib
 import http.client
 import pickle
 import shutil
 import sys
 import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
 
 from ..errors import CreditAuditError
+from .download import fetch
 from .tensors import ArrayDataset
 
 try:
@@ -153,7 +152,7 @@ def download_cifar(data_dir: Path, folder: str, url: str, md5: str) -> Path:
     with tempfile.TemporaryDirectory(dir=data_dir, prefix=".download-") as tmp:
         archive = Path(tmp) / "archive.tar.gz"
         try:
-            digest = _fetch(url, archive)
+            digest = fetch(url, archive)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             raise CreditAuditError(f"could not download {url} ({exc}). "
                                    + _missing_message(data_dir, folder, url, md5)) from exc
@@ -167,16 +166,6 @@ def download_cifar(data_dir: Path, folder: str, url: str, md5: str) -> Path:
             raise CreditAuditError(f"the archive from {url} has no {folder}/ folder")
         (extracted / folder).replace(data_dir / folder)
     return data_dir / folder
-
-
-def _fetch(url: str, dest: Path) -> str:
-    """Stream `url` into `dest`; returns the md5 hex digest of what was written."""
-    md5 = hashlib.md5()
-    with urllib.request.urlopen(url, timeout=60) as response, open(dest, "wb") as out:
-        for chunk in iter(lambda: response.read(1 << 20), b""):
-            md5.update(chunk)
-            out.write(chunk)
-    return md5.hexdigest()
 
 
 def _extract_safely(archive: Path, dest: Path, url: str) -> None:
