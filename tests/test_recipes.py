@@ -38,10 +38,13 @@ PUBLISHED = {
     "local-loss": (torch.optim.Adam, 5e-4, None, None, 0.0, torch.optim.lr_scheduler.MultiStepLR,
                    [8, 11, 13, 14], 0.25, 128),
     "drtp": (torch.optim.SGD, 1e-4, 0.9, True, 0.0, torch.optim.lr_scheduler.ConstantLR, [], None, 100),
-    # weight decay: the recipe's 1e-4, and on the routed block weights W and their B the rule's
-    # own λ_KP (option `decay`, kolen_pollack.py: what contracts W − B within the budget)
-    "kolen-pollack": (torch.optim.SGD, 0.1, 0.9, False, (1e-4, 0.02), torch.optim.lr_scheduler.MultiStepLR,
-                      [5, 10], 0.1, 128),
+    # the authors' released code (plain SGD, lr 0.3, no decay, constant); on the routed weights W
+    # and their B the rule's own λ_KP (option `decay`, default the paper's ImageNet 1e-4)
+    "kolen-pollack": (torch.optim.SGD, 0.3, 0.0, False, (0.0, 1e-4), torch.optim.lr_scheduler.ConstantLR,
+                      [], None, 128),
+    # BioTorch's sign-symmetry benchmark config: lr × 0.1 at 100, 150, 200 of 250 → 6, 9, 12 of 15
+    "sign-symmetry": (torch.optim.SGD, 0.1, 0.9, False, 1e-4, torch.optim.lr_scheduler.MultiStepLR,
+                      [6, 9, 12], 0.1, 128),
 }
 SHARED = (torch.optim.AdamW, 1e-3, None, None, 0.01, torch.optim.lr_scheduler.CosineAnnealingLR, [], None, 128)
 
@@ -79,7 +82,7 @@ def test_each_rule_builds_the_optimizer_its_paper_names(name):
     _check(_built(config), PUBLISHED.get(name, SHARED))
     assert config.batch_size == PUBLISHED.get(name, SHARED)[-1]
     shared = config.replace(recipe="shared", lr=None, weight_decay=None, batch_size=None)
-    _check(_built(shared), SHARED if name != "kolen-pollack" else SHARED[:4] + ((0.01, 0.02),) + SHARED[5:])
+    _check(_built(shared), SHARED if name != "kolen-pollack" else SHARED[:4] + ((0.01, 1e-4),) + SHARED[5:])
     assert (shared.run_key == config.run_key) is (name not in PUBLISHED)
     if METHODS[name].paper:
         assert METHODS[name].recipe == SHARED_RECIPE

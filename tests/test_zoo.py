@@ -20,7 +20,7 @@ from creditaudit import store
 from creditaudit.cli import main as cli_main
 from creditaudit.config import RunConfig, audit_config_from_dict, load_audit_toml
 from creditaudit.errors import CreditAuditError
-from creditaudit.methods import METHODS, SHARED_RECIPE, MethodSettings, method_class
+from creditaudit.methods import METHODS, SHARED_RECIPE, MethodSettings, Recipe, method_class
 from creditaudit.methods.fa import routed_modules
 from creditaudit.methods.signsym import xavier
 from creditaudit.model import ResidualMLP, build_model
@@ -145,14 +145,17 @@ def test_variant_is_a_checked_string_option_from_toml_and_cli(tmp_path, capsys):
 
 # -- Kolen–Pollack -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("recipe", ["published", "shared"])
+@pytest.mark.parametrize("recipe", ["published", "shared", "sgd-momentum"])
 def test_kolen_pollack_feedback_gets_the_weight_update_and_decays_onto_w(recipe):
     """W and B get one gradient, so W − B moves by the weight decay alone: under the shared AdamW,
-    W − B = (W₀ − B₀)(1 − lr·λ)^t; under the published SGD with momentum μ and L2 decay λ folded
-    into the gradient, D = W − B follows v ← μ·v + λ·D, D ← D − lr·v."""
-    model, method = build(KP, options={"decay": 0.1}, lr=0.05,
-                          recipe=SHARED_RECIPE if recipe == "shared" else None)
+    W − B = (W₀ − B₀)(1 − lr·λ)^t; under SGD with momentum μ (0 in the published plain SGD) and L2
+    decay λ folded into the gradient, D = W − B follows v ← μ·v + λ·D, D ← D − lr·v."""
+    recipes = {"published": None, "shared": SHARED_RECIPE,
+               "sgd-momentum": Recipe(optimizer="sgd", lr=0.05, momentum=0.9, schedule="constant")}
+    model, method = build(KP, options={"decay": 0.1}, lr=0.05, recipe=recipes[recipe])
     assert method.recipe.optimizer == ("adamw" if recipe == "shared" else "sgd")
+    mu = method.recipe.momentum
+    assert mu == (0.9 if recipe == "sgd-momentum" else 0.0)
     x, y = batch()
     feedback = [{k: b.clone() for k, b in pair.items()} for pair in method.feedback]
     gap0 = {(l, k): getattr(model.blocks[l], k).weight.detach() - b
@@ -172,7 +175,7 @@ def test_kolen_pollack_feedback_gets_the_weight_update_and_decays_onto_w(recipe)
             else:
                 gap, v = gap0[(l, k)], torch.zeros_like(gap0[(l, k)])
                 for _ in range(4):
-                    v = 0.9 * v + 0.1 * gap
+                    v = mu * v + 0.1 * gap
                     gap = gap - 0.05 * v
             torch.testing.assert_close(getattr(model.blocks[l], k).weight.detach() - b,
                                        gap, rtol=1e-10, atol=1e-13)

@@ -1,49 +1,61 @@
 """fa — feedback alignment (Lillicrap et al. 2016) on any ResidualModel.
 
-Every nn.Linear and nn.Conv2d inside the residual blocks keeps its forward pass and its weight
-gradient, but sends the error backward through a fixed random matrix / kernel B (same shape as its
-weight W) instead of W:
+Every routed nn.Linear and nn.Conv2d keeps its forward pass and its weight gradient, but sends the
+error backward through a fixed random matrix / kernel B (same shape as its weight W) instead of W:
 
     Linear  y = x·Wᵀ + b:      δx = δy · B                   (BP: δy · W)
                                ∂W = δyᵀ · x,  ∂b = Σ δy      the usual weight gradient
     Conv2d  y = W ⋆ x + b:     δx = conv2d_input(B, δy)      (BP: the same with W)
                                ∂W = conv2d_weight(x, δy),  ∂b = Σ δy
 
-Everything else backpropagates exactly: the skip connections, LayerNorm, BatchNorm, attention's
-softmax, the activations, and the readout, so a_L = g_L. The credit a_l is the FA-propagated error at
-h_l, i.e. the "gradient" of the mean CE at h_l under these rules; θ ← AdamW(θ, ∂CE/∂θ|_FA).
+The routed modules (`feedback_layers`) are the Linear/Conv2d inside the blocks, and on a plain
+network (`model.residual` False: the plain MLP, arch mlp) also the readout's Linear (out_head),
+as in the original: every layer's error, the output layer's included, goes down through B, so the
+last hidden layer's credit is a_L = e·B_out, not e·W_out. On residual models (ResMLP, ViT, ResNet)
+everything else backpropagates exactly: the skips, LayerNorm, BatchNorm, attention's softmax, the
+activations, and the readout, so a_L = g_L there. The credit a_l is the FA-propagated error at h_l,
+i.e. the "gradient" of the mean loss ℓ at h_l under these rules; θ ← optimiser(θ, ∂ℓ/∂θ|_FA)
+with the run's recipe (fa keeps the shared AdamW recipe, methods/recipe.py).
 
-Mechanism (no per-architecture code): while FA runs the blocks, the `forward` of each block
+Mechanism (no per-architecture code): while FA runs the model, the `forward` of each routed
 Linear/Conv2d is temporarily replaced (`route_through_feedback`, a context manager that always
 restores it) by one that calls the autograd Function `FeedbackLinear` / `FeedbackConv2d` with that
 module's B. Weights used outside a Linear/Conv2d module's own forward (functional calls on a bare
 Parameter, nn.MultiheadAttention's packed projections) would not be routed; FA refuses models where
-a block Linear/Conv2d is never called through its forward, and blocks holding other conv types.
+a routed Linear/Conv2d is never called through its forward, blocks holding other conv types, and a
+plain network whose readout holds no Linear/Conv2d.
 
 Choices (the paper is silent):
   * B ~ U(−1/√fan_in, 1/√fan_in) (fan_in = in_features, or in_channels/groups · k_h · k_w), the
     distribution torch initialises W from (a small init of W, like the ResMLP's W2, is not copied:
     that would make the feedback path vanish).
-  * embed gets no B: its error would only go on to the input x, which has nothing to train, so the
-    embedding's update is the plain weight gradient with δh_0 = a_0.
+  * a residual model's embedding gets no B: its error would only go on to the input x, which has
+    nothing to train, so the embedding's update is the plain weight gradient with δh_0 = a_0. (The
+    plain MLP's first layer is block 0 and has a B; the error it sends to x is a_0, used by no
+    update.)
   * frozen blocks (not in settings.trainable_blocks) still pass the error down through their B;
     they run with detached parameters (torch.func.functional_call), so no gradient is even computed
     for them. BatchNorm running statistics are buffers and still update in training mode.
 Feedback layout: `self.feedback[l]` is a dict {qualified module name inside block l: B}, e.g.
-{"w1": B1, "w2": B2} for the ResMLP, {"qkv", "proj", "fc1", "fc2"} for the ViT and
-{"conv1", "conv2"} for the ResNet; B is looked up at call time, so assigning
-`fa.feedback[l][name] = W` takes effect at the next step. B is drawn once from `self.gen` (derived
-from the seed) in module order, and saved in `extra_state`.
+{"w1": B1, "w2": B2} for the ResMLP, {"qkv", "proj", "fc1", "fc2"} for the ViT,
+{"conv1", "conv2"} for the ResNet and {"linear"} for a plain MLP layer; a plain network has one
+more entry, self.feedback[L] = {"out_head": B_out} (name in the model). B is looked up at call time,
+so assigning `fa.feedback[l][name] = W` takes effect at the next step. B is drawn once from
+`self.gen` (derived from the seed) in unit and module order (so a residual model's draws are those
+of the blocks alone), and saved in `extra_state` ("block{l}", and "head" for unit L).
+Γ's null draws every B afresh, B_out included on a plain network.
+
 Where it differs from the original (Lillicrap, Cownden, Tweed & Akerman 2016, feedback alignment on
 plain MLPs, every layer's error sent down through a fixed random B):
-  * only the Linear/Conv2d modules inside the residual blocks send their error through B; the
-    skips, LayerNorms, activations and the readout (out_ln, out_head) backpropagate exactly, so the
-    error entering the stream at h_L is the true ∂CE/∂h_L (a_L = g_L) and the skips carry it to
-    every block unchanged. In the original, the top layer's error already reaches the last hidden
-    layer through B, and there are no skips.
+  * on residual models only the Linear/Conv2d modules inside the blocks send their error through
+    B; the skips, LayerNorms, activations and the readout (out_ln, out_head) backpropagate exactly,
+    so the error entering the stream at h_L is the true ∂ℓ/∂h_L (a_L = g_L) and the skips carry it
+    to every block unchanged. In the original the top layer's error already reaches the last
+    hidden layer through B, and there are no skips: that is what fa does on the plain MLP.
   * B ~ U(±1/√fan_in), torch's init range for W (the paper draws B uniformly at a scale chosen per
-    task); the embedding has no B (its input error would go nowhere).
-  * the optimizer is AdamW with a cosine schedule and weight decay, not the paper's SGD.
+    task); a residual model's embedding has no B (its input error would go nowhere).
+  * the optimizer is the shared recipe's AdamW with a cosine schedule and weight decay, not the
+    paper's plain SGD (fa is one of the audit paper's seven, which train under its recipe).
 """
 from __future__ import annotations
 
@@ -175,16 +187,50 @@ def routed_modules(block: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def readout_modules(model) -> list[tuple[str, nn.Module]]:
+    """A plain network's readout Linear/Conv2d modules (those holding `head_parameters`), by
+    qualified name in the model: ("out_head", W_out) for the plain MLP."""
+    head = {id(p) for p in model.head_parameters()}
+    found = [(name, module) for name, module in model.named_modules()
+             if isinstance(module, ROUTED) and id(module.weight) in head]
+    if not found:
+        raise CreditAuditError(f"fa: the readout of {type(model).__name__} (residual False) holds no "
+                               "nn.Linear/nn.Conv2d; fa sends a plain network's output error through "
+                               "B, so give its readout an nn.Linear")
+    return found
+
+
+def feedback_layers(model) -> list[list[tuple[str, nn.Module]]]:
+    """The routed modules per feedback unit l: blocks 0 … L-1 (`routed_modules`), and on a plain
+    network (`model.residual` False) unit L, the readout (`readout_modules`): as in Lillicrap et
+    al. 2016, the output layer's error reaches the last hidden layer through its B too."""
+    layers = [routed_modules(block) for block in model.blocks]
+    if not model.residual:
+        layers.append(readout_modules(model))
+    return layers
+
+
+def unit_name(model, l: int) -> str:
+    """Feedback unit l's name in `feedback_pairs`: the block index, or "head" (a plain network's
+    unit L)."""
+    return "head" if l == model.n_blocks else str(l)
+
+
+def state_key(model, l: int) -> str:
+    """Feedback unit l's key in a checkpoint's extra state: "block{l}", or "head"."""
+    return "head" if l == model.n_blocks else f"block{l}"
+
+
 @contextlib.contextmanager
-def route_through_feedback(blocks: nn.ModuleList, feedback: list[dict[str, torch.Tensor]]
-                           ) -> Iterator[None]:
-    """Within the context, every Linear/Conv2d of block l computes its input error with
-    feedback[l][name]; on exit the modules' own forwards are restored. Raises if a routed module
-    was never called (its weight must have been used some other way, which FA would not see)."""
+def route_through_feedback(layers: list[list[tuple[str, nn.Module]]],
+                           feedback: list[dict[str, torch.Tensor]]) -> Iterator[None]:
+    """Within the context, every module of unit l (`feedback_layers`) computes its input error
+    with feedback[l][name]; on exit the modules' own forwards are restored. Raises if a routed
+    module was never called (its weight must have been used some other way, which FA would not see)."""
     patched, called = [], set()
     try:
-        for block, fb in zip(blocks, feedback):
-            for name, module in routed_modules(block):
+        for modules, fb in zip(layers, feedback):
+            for name, module in modules:
                 make = _linear_forward if isinstance(module, nn.Linear) else _conv_forward
                 patched.append((name, module, module.__dict__.get("forward")))
                 module.forward = make(module, fb, name, called)
@@ -197,16 +243,17 @@ def route_through_feedback(blocks: nn.ModuleList, feedback: list[dict[str, torch
                 module.forward = own
     missed = [name for name, module, _ in patched if id(module) not in called]
     if missed:
-        raise CreditAuditError(f"fa: block module(s) {', '.join(sorted(set(missed)))} were not called "
+        raise CreditAuditError(f"fa: module(s) {', '.join(sorted(set(missed)))} were not called "
                                "through their forward; fa cannot route their error through B")
 
 
 def draw_feedback(model, gen: torch.Generator) -> list[dict[str, torch.Tensor]]:
-    """One B per block Linear/Conv2d, in module order, B ~ U(−1/√fan_in, 1/√fan_in), shape of W."""
+    """One B per routed Linear/Conv2d (`feedback_layers`: the blocks', then a plain network's
+    readout), in module order, B ~ U(−1/√fan_in, 1/√fan_in), shape of W."""
     feedback = []
-    for block in model.blocks:
+    for modules in feedback_layers(model):
         pair = {}
-        for name, module in routed_modules(block):
+        for name, module in modules:
             w = module.weight
             bound = 1.0 / math.sqrt(w[0].numel())         # fan_in: in_features or in/groups·k_h·k_w
             b = (torch.rand(w.shape, generator=gen, dtype=torch.float64) * 2 - 1) * bound
@@ -231,7 +278,7 @@ class FA(Method):
     def prepare_step(self):
         """Route the blocks through B for the step, here, eagerly: patching a module's forward is
         not something a compiled graph can do (`gradients` then runs on the patched blocks)."""
-        self._routing = route_through_feedback(self.model.blocks, self.feedback)
+        self._routing = route_through_feedback(feedback_layers(self.model), self.feedback)
         self._routing.__enter__()
 
     def end_step(self):
@@ -239,27 +286,30 @@ class FA(Method):
         if routing is not None:
             routing.__exit__(None, None, None)
 
-    def forward(self, h0: torch.Tensor, feedback, train: bool) -> list[torch.Tensor]:
-        """[h_0, …, h_L] with every block Linear/Conv2d routed through its feedback B.
+    def forward(self, h0: torch.Tensor, feedback, train: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """([h_0, …, h_L], logits) with every routed Linear/Conv2d (`feedback_layers`: the
+        blocks', and on a plain network the readout's) sending its error through its B.
 
         train=False (or a frozen block) runs the block on detached parameters, so only the states
         carry grad. Inside a step the routing is already in place (`prepare_step`).
         """
         hidden = [h0]
         routed = self._routing is not None
-        with contextlib.nullcontext() if routed else route_through_feedback(self.model.blocks, feedback):
+        with contextlib.nullcontext() if routed else route_through_feedback(feedback_layers(self.model),
+                                                                           feedback):
             for l, block in enumerate(self.model.blocks):
                 if train and self.trainable(l):
                     f = block(hidden[-1])
                 else:
                     params = {k: p.detach() for k, p in block.named_parameters()}
                     f = functional_call(block, params, (hidden[-1],))
-                hidden.append(self.model.advance(hidden[-1], f))              # h_{l+1} = h_l + f_l(h_l)
-        return hidden
+                hidden.append(self.model.advance(hidden[-1], f))   # h_{l+1} = h_l + f_l(h_l), or f_l(h_l)
+            logits = self.model.readout(hidden[-1])     # plain network: out_head routed through B_out
+        return hidden, logits
 
     def gradients(self, x, y):
-        hidden = self.forward(self.model.embed_input(x), self.feedback, train=True)
-        loss = self.model.loss(self.model.readout(hidden[-1]), y)
+        _, logits = self.forward(self.model.embed_input(x), self.feedback, train=True)
+        loss = self.model.loss(logits, y)
         loss.backward()                                   # δ flows through B; ∂W = δᵀx as usual
         return loss.detach()
 
@@ -284,33 +334,34 @@ class FA(Method):
     def _credit(self, x, y, feedback) -> list[torch.Tensor]:
         with torch.enable_grad():
             h0 = self.model.embed_input(x).detach().requires_grad_(True)
-            hidden = self.forward(h0, feedback, train=False)
-            logits = self.model.readout(hidden[-1])
+            hidden, logits = self.forward(h0, feedback, train=False)
             grads = torch.autograd.grad(self.model.loss(logits, y), hidden)
         return [g.detach() for g in grads]
 
     def credit(self, x, y):
-        """a_l = ∂CE/∂h_l with the error carried through B instead of Wᵀ (a_L = g_L exactly)."""
+        """a_l = ∂ℓ/∂h_l with the error carried through B instead of Wᵀ (on residual models
+        a_L = g_L exactly; on a plain network a_L = e·B_out)."""
         return self._credit(x, y, self.feedback)
 
     def fresh_feedback_credit(self, x, y, gen):
         return self._credit(x, y, draw_feedback(self.model, gen))
 
     def exact_positions(self, n_blocks):
-        """{L}: out_ln and the head backpropagate with their true weights, so a_L = g_L."""
-        return frozenset({n_blocks})
+        """On residual models {L}: out_ln and the head backpropagate with their true weights, so
+        a_L = g_L. On a plain network none: the readout's error reaches h_L through B_out."""
+        return frozenset({n_blocks}) if self.model.residual else frozenset()
 
     def feedback_pairs(self):
-        """(block.module, W, B) of every routed Linear/Conv2d (B as the backward pass uses it;
-        sign-symmetry's B is rebuilt from W before each step and each credit)."""
-        return [(f"{l}.{name}", module.weight, self.feedback[l][name])
-                for l, block in enumerate(self.model.blocks) for name, module in routed_modules(block)]
+        """(unit.module, W, B) of every routed Linear/Conv2d, unit a block index or "head" (B as
+        the backward pass uses it; sign-symmetry's B is rebuilt from W before each step and credit)."""
+        return [(f"{unit_name(self.model, l)}.{name}", module.weight, self.feedback[l][name])
+                for l, modules in enumerate(feedback_layers(self.model)) for name, module in modules]
 
     def extra_state(self):
-        return {"feedback": {f"block{l}": dict(pair) for l, pair in enumerate(self.feedback)}}
+        return {"feedback": {state_key(self.model, l): dict(pair) for l, pair in enumerate(self.feedback)}}
 
     def load_extra_state(self, state):
         saved = state.get("feedback", {})
         for l, pair in enumerate(self.feedback):
             for name in pair:
-                pair[name].copy_(saved[f"block{l}"][name])
+                pair[name].copy_(saved[state_key(self.model, l)][name])
