@@ -175,7 +175,9 @@ def stream_of(model, adapter: Adapter | None = None) -> ResidualStream:
 @torch.no_grad()
 def check_residual(stream: ResidualStream, x: torch.Tensor, y: torch.Tensor) -> None:
     """Refuse, with one line, a stream the protocol cannot measure: blocks that change the
-    stream's shape (not residual), or a readout that does not give one logit row per sample."""
+    stream's shape (not residual), or a readout that does not give one logit row per sample. A
+    stream that says it has no skips (`residual = False`, the plain MLP) may change width at
+    every layer (h_0 = x of D_in features, h_1 … h_L of the hidden width)."""
     try:
         h = stream.embed(x)
     except Exception as err:  # noqa: BLE001 — the user's module failing on its own input is theirs to fix
@@ -190,7 +192,7 @@ def check_residual(stream: ResidualStream, x: torch.Tensor, y: torch.Tensor) -> 
                                    f"({type(err).__name__}: {err}); a residual block must map the "
                                    "stream to a tensor of the same shape — the model is not residual "
                                    "there, or the adapter names the wrong modules") from None
-        if tuple(nxt.shape) != shape:
+        if stream.residual and tuple(nxt.shape) != shape:
             raise CreditAuditError(f"block {l} changes the residual stream's shape from {shape} to "
                                    f"{tuple(nxt.shape)}: the protocol needs h_{{l+1}} = h_l + f_l(h_l) "
                                    "of one shape — the model is not residual there, or the adapter "
