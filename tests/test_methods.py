@@ -311,11 +311,12 @@ def test_state_round_trip(name):
 # authors' code: plain SGD lr 0.3, constant; λ_KP 1e-4) 0.947/0.947/0.958, node-perturbation (shared) 0.70/0.63/0.63, drtp (NAG lr 1e-4, constant)
 # 0.183/0.122/0.144 (its published lr barely moves this net in 6 epochs; under the shared AdamW
 # 0.175/0.21/0.28), local-loss (Adam lr 5e-4, step) 0.419/0.353/0.386 (shared AdamW 0.61/0.62/0.66;
-# the greedy local classifiers catch up later), pepita (SGD m0.9 lr 0.01, step) 0.853/0.836/0.881
-# (shared AdamW 0.32/0.42/0.38), pc (shared) 0.90/0.89/0.91.
+# the greedy local classifiers catch up later), pepita (SGD m0.9 lr 0.01, step; the reference's step
+# since issue 35: no /scale, no clip, no bias update) 0.833/0.814/0.767 (the clipped 20× step before
+# it: 0.853/0.836/0.881; shared AdamW 0.32/0.42/0.38), pc (shared) 0.90/0.89/0.91.
 MIN_ACC = {"bp": 0.85, "fa": 0.8, "ep": 0.85, "dfa": 0.25, "dfa-penalty": 0.25, "sb": 0.75, "cb": 0.7,
            "sign-symmetry": 0.85, "kolen-pollack": 0.9, "node-perturbation": 0.55, "drtp": 0.14,
-           "local-loss": 0.3, "pepita": 0.75, "pc": 0.85}
+           "local-loss": 0.3, "pepita": 0.7, "pc": 0.85}
 GENERIC_MIN_ACC = 0.2   # a method without a measured bar yet must still clear chance (0.1) by far
 
 

@@ -206,16 +206,17 @@ def pepita_passes(model, method, x, y, scale):
 def test_pepita_trains_every_block_layer_by_the_papers_rule():
     """Dellaferrera & Kreiman's ΔW_l = mean_i (h_l − h_l^mod)_i ⊗ (h_{l−1}^mod)_i, layer by layer:
     W1's layer activity is its units u = gelu(W1 LN(h) + b1), its input LN(h^mod); W2's activity is
-    the stream h_{l+1}, its input u^mod. All divided by scale. No backward pass inside the block."""
+    the stream h_{l+1}, its input u^mod. The reference's step: nothing divided by scale, no bias
+    update (the reference has no biases), no clip. No backward pass inside the block."""
     scale = 0.2
     model, method = setup("pepita", {"scale": scale})
     x, y = data()
     clean, mod, e = pepita_passes(model, method, x, y, scale)
-    a = [(c - m) / scale for c, m in zip(clean, mod)]
-    torch.testing.assert_close(a[0], -e @ method.feedback.T, **TOL)             # a_0 = −B·e
+    a = [c - m for c, m in zip(clean, mod)]
+    torch.testing.assert_close(a[0], -scale * e @ method.feedback.T, **TOL)     # a_0 = −F·e
     method.clear_gradients()
     method.gradients(x, y)
-    want = {"embed.weight": a[0].T @ x / N, "embed.bias": a[0].mean(0)}
+    want = {"embed.weight": a[0].T @ x / N}                                     # no embed bias update
     want.update(readout_back(model, clean[-1], y)[0])                           # the head: true CE
     for l, block in enumerate(model.blocks):
         with torch.no_grad():
@@ -223,12 +224,11 @@ def test_pepita_trains_every_block_layer_by_the_papers_rule():
             u_mod = F.gelu(z_mod @ block.w1.weight.T + block.w1.bias)            # W1's modulated units
             z = ln(clean[l])[0] * block.ln.weight + block.ln.bias
             u = F.gelu(z @ block.w1.weight.T + block.w1.bias)
-        du = (u - u_mod) / scale
-        dh = (clean[l + 1] - mod[l + 1]) / scale
-        want.update({f"blocks.{l}.w1.weight": du.T @ z_mod / N, f"blocks.{l}.w1.bias": du.sum(0) / N,
-                     f"blocks.{l}.w2.weight": dh.T @ u_mod / N, f"blocks.{l}.w2.bias": dh.sum(0) / N})
+        du = u - u_mod
+        dh = clean[l + 1] - mod[l + 1]
+        want.update({f"blocks.{l}.w1.weight": du.T @ z_mod / N, f"blocks.{l}.w2.weight": dh.T @ u_mod / N})
     got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    assert set(got) == set(want)                                                # the LayerNorm: no update
+    assert set(got) == set(want)                                # the LayerNorm and the biases: no update
     for n in want:
         torch.testing.assert_close(got[n], want[n], **TOL, msg=n)
     for got_a, w in zip(method.credit(x, y), a):
@@ -237,13 +237,29 @@ def test_pepita_trains_every_block_layer_by_the_papers_rule():
     assert not torch.allclose(fresh[0], a[0])                                   # the null redraws B
 
 
+def test_pepita_step_is_not_clipped():
+    """The reference clips nothing: rule "pepita" leaves settings.clip aside (a clip of 1e-9 gives
+    the same gradients as none)."""
+    x, y = data()
+    grads = []
+    for clip in (1e9, 1e-9):
+        model, method = setup("pepita", clip=clip)
+        method.clear_gradients()
+        method.gradients(x, y)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[0]:
+        assert torch.equal(grads[0][n], grads[1][n]), n
+    assert max(float(g.norm()) for n, g in grads[0].items() if n.startswith("blocks")) > 1e-6
+
+
 def test_pepita_backprop_rule_is_the_local_loss_through_the_block():
     """rule = "backprop" (not PEPITA): W1 and the LayerNorm by backprop of a_{l+1} through W2."""
     scale = 0.2
     model, method = setup("pepita", {"scale": scale, "rule": "backprop"})
     x, y = data()
     clean, mod, _ = pepita_passes(model, method, x, y, scale)
-    a = [(c - m) / scale for c, m in zip(clean, mod)]
+    a = [c - m for c, m in zip(clean, mod)]
     method.clear_gradients()
     method.gradients(x, y)
     assert_grads(model, expected(model, x, y, a, mod[:-1], clean[-1]))         # presynaptic: modulated

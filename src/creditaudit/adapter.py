@@ -175,8 +175,9 @@ def stream_of(model, adapter: Adapter | None = None) -> ResidualStream:
 @torch.no_grad()
 def check_residual(stream: ResidualStream, x: torch.Tensor, y: torch.Tensor) -> None:
     """Refuse, with one line, a stream the protocol cannot measure: blocks that change the
-    stream's shape (not residual; on a plain network, `residual` False, h_0 is the input and the
-    shape is h_1's from there on), or a readout that does not give one logit row per sample."""
+    stream's shape (not residual), or a readout that does not give one logit row per sample. A
+    stream that says it has no skips (`residual = False`, the plain MLP) may change width at
+    every layer (h_0 = x of D_in features, h_1 … h_L of the hidden width)."""
     try:
         h = stream.embed(x)
     except Exception as err:  # noqa: BLE001 — the user's module failing on its own input is theirs to fix

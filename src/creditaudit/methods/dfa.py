@@ -1,9 +1,8 @@
 """dfa — direct feedback alignment (Nøkland 2016), as in the paper's script; dfa-penalty adds λ‖f‖².
 
-    e       = softmax(logits) − onehot(y)                       (N, C), from one no-grad forward
+    e       = ∂ℓ/∂logits per sample: softmax(logits) − onehot(y) (σ − onehot under the mlp's BCE)
     B_l     ~ N(0, 1/C), shape (d, C), l = 0 … max(L, 1) − 1     fixed, drawn once per seed
     a_{l+1} = rms_normalise(e · B_lᵀ)                            credit at block l's output
-    a_0     = rms_normalise(e · B_0ᵀ)                            the embedding reuses B_0 (script)
     (option normalise = 0: a = e · Bᵀ, Nøkland 2016's un-normalised signal)
 
 rms_normalise divides each sample's projected error by its own rms over the features (+1e-6), as
@@ -13,27 +12,42 @@ blocks' updates do not shrink as the loss falls (measured: ‖h_L‖ grew 33× i
 
     block l (trainable):  (f_l(h_l.detach()) · a_{l+1}).sum(-1).mean()  [+ λ · mean_i ‖f_l(h_l)_i‖²]
     embed:                (embed(x) · a_0).sum(-1).mean()
-    out_ln, out_head:     CE(out_head(out_ln(h_L.detach())), y)
+    readout:              ℓ(readout(h_L.detach()), y)   (the true gradient: out_ln, out_head)
 
-Credit mapping returned by `credit`: [a_0, a_1, …, a_L] as above, so a_0 = a_1 (both from B_0)
-whenever L ≥ 1, exactly as the paper script indexes it (dfa_epoch: block l uses Bs[l], embed Bs[0]).
-With no blocks (shallow) one matrix B_0 is still drawn, for the embedding.
+Position 0 (`position_credit`):
+  * residual models (ResMLP, vit-mini, resnet-small): a_0 = rms_normalise(e · B_0ᵀ), the embedding
+    reuses B_0 as the paper's script does (dfa_epoch: block l uses Bs[l], embed Bs[0]), so a_0 = a_1
+    whenever L ≥ 1. With no blocks (shallow) one matrix B_0 is still drawn, for the embedding.
+  * the plain MLP (arch mlp, no residual stream): h_0 is the input x itself, which has no parameters
+    and needs no credit (Nøkland's rule has none there). `credit` reports a_0 = ∂/∂x ⟨f_0(x), a_1⟩ =
+    W_0ᵀ (a_1 ⊙ f_0'(z_0)), the credit pulled back through hidden layer 0 — what the rule's
+    layer-0 signal asks of the input, of the input's shape (N, D_in); the training step uses none
+    (zeros). The protocol's deep Γ averages positions 1 … L and never reads it.
+
+On the plain MLP block l is one layer h_{l+1} = act(W_l h_l + b_l), so the local loss's gradient is
+Nøkland's rule exactly: ∂/∂W_l = mean_i ((a_{l+1} ⊙ f'(z_l)) ⊗ h_l)_i with z_l = W_l h_l + b_l
+(tested by hand in tests/test_plain_mlp_local.py), and the readout out_head trains on e, as his
+output layer does.
 
 The script's per-block loop (one optimizer, one backward and one clip per block) is fused here into
-one backward of the summed losses, one AdamW with a parameter group per part, a per-block clip at
-settings.clip and one step: the parameter sets are disjoint, so the result is the same (tested).
+one backward of the summed losses, one optimizer with a parameter group per part, a per-block clip
+at settings.clip and one step: the parameter sets are disjoint, so the result is the same (tested).
 
 The feedback matrices come from a generator derived from (seed, "method:dfa") for both variants, so
 dfa and dfa-penalty of one seed share their B (λ = 0 reproduces dfa exactly).
 Where it differs from the original (Nøkland 2016, "Direct feedback alignment provides learning in
-deep neural networks": hidden layer l of a plain MLP gets δ_l = (B_l e) ⊙ f'(a_l), ΔW_l = −δ_l h_{l−1}ᵀ):
+deep neural networks": hidden layer l of a plain MLP gets δ_l = (B_l e) ⊙ f'(z_l), ΔW_l = −δ_l h_{l−1}ᵀ,
+the output layer trains on e):
   * the projected error is rms-normalised per sample by default (the audited paper's script;
     option normalise = 0 gives Nøkland's e·Bᵀ, tested equal to it).
-  * it is delivered at the output of each residual block (the stream h_{l+1}), and the block's
-    parameters (W2, W1 and its LayerNorm) learn by backpropagating that signal through the block
-    ((f_l(h_l) · a_{l+1}).sum(-1).mean()), not by a per-layer δ_l ⊙ f'; the embedding reuses B_0.
-  * B_l ~ N(0, 1/C); the readout (out_ln, out_head) trains on the true CE, as Nøkland's output layer
-    trains on e; per-block gradient clip at settings.clip; AdamW with a cosine schedule.
+  * on the residual models it is delivered at the output of each residual block (the stream
+    h_{l+1}), and the block's parameters (W2, W1 and its LayerNorm) learn by backpropagating that
+    signal through the block ((f_l(h_l) · a_{l+1}).sum(-1).mean()), not by a per-layer δ_l ⊙ f';
+    the embedding reuses B_0. On the plain MLP it is his per-layer rule (above).
+  * B_l ~ N(0, 1/C), the audited paper's script's draw (not Nøkland's); per-block gradient clip at
+    settings.clip (not Nøkland's); the optimiser is the run's recipe (`Method.recipe`: the
+    audited paper's shared AdamW with a cosine schedule for dfa and dfa-penalty, which publish no
+    recipe of their own here).
   * dfa-penalty's λ‖f_l‖² is the audited paper's addition, not Nøkland's.
 """
 from __future__ import annotations
@@ -70,6 +84,22 @@ def dfa_credit(e: torch.Tensor, feedback: list[torch.Tensor], n_blocks: int,
     return [projected[0]] + projected[:n_blocks]
 
 
+def position_credit(model, credit: list[torch.Tensor], x: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """`dfa_credit`'s list fitted to the model's positions. A residual model: as it is. The plain MLP
+    (h_0 = x, no parameters at position 0): a_0 replaced by the credit pulled back through hidden
+    layer 0, a_0 = ∂/∂x ⟨f_0(x), a_1⟩ = W_0ᵀ (a_1 ⊙ f_0'(z_0)), shape (N, D_in), when the input x is
+    given (`credit`, for the protocol), else zeros of that shape (the training step, which trains
+    nothing with it)."""
+    if model.residual:
+        return credit
+    if x is None:
+        return [credit[1].new_zeros((credit[1].shape[0],) + tuple(model.position_shape(0)))] + credit[1:]
+    with torch.enable_grad():
+        h0 = model.embed_input(x).detach().requires_grad_(True)
+        pulled, = torch.autograd.grad(model.blocks[0](h0), h0, credit[1].detach())   # W_0ᵀ(a_1 ⊙ f')
+    return [pulled.detach()] + credit[1:]
+
+
 NORMALISE_HELP = ("1 = each sample's projected error divided by its rms (the paper's script); "
                   "0 = e·Bᵀ itself (Nøkland 2016)")
 
@@ -97,13 +127,15 @@ class DFA(LocalMethod):
     def _credit(self, x, y, feedback):
         with torch.no_grad():
             logits, hidden = self.model(x, return_hidden=True)
-            e = self.model.output_error(logits, y)                         # e = softmax − onehot
-        return hidden, dfa_credit(e, feedback, self.model.n_blocks, self.model.stream_shape, self.normalise)
+            e = self.model.output_error(logits, y)                         # e = ∂ℓ/∂logits
+        credit = dfa_credit(e, feedback, self.model.n_blocks, self.model.stream_shape, self.normalise)
+        return hidden, position_credit(self.model, credit, x)
 
     def gradients(self, x, y):
         fwd = self.local_forward(x)
-        e = self.model.output_error(fwd.logits.detach(), y)                    # e = softmax − onehot
+        e = self.model.output_error(fwd.logits.detach(), y)                    # e = ∂ℓ/∂logits
         credit = dfa_credit(e, self.feedback, self.model.n_blocks, self.model.stream_shape, self.normalise)
+        credit = position_credit(self.model, credit)                            # the mlp: a_0 unused
         return self.local_gradients(y, fwd, credit, lam=self.lam)
 
     def member_feedback(self):
