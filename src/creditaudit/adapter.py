@@ -175,7 +175,8 @@ def stream_of(model, adapter: Adapter | None = None) -> ResidualStream:
 @torch.no_grad()
 def check_residual(stream: ResidualStream, x: torch.Tensor, y: torch.Tensor) -> None:
     """Refuse, with one line, a stream the protocol cannot measure: blocks that change the
-    stream's shape (not residual), or a readout that does not give one logit row per sample."""
+    stream's shape (not residual; a stream declared `residual = False`, the plain MLP, may change
+    its per-sample shape from layer to layer but not its batch), or a readout that does not give one logit row per sample."""
     try:
         h = stream.embed(x)
     except Exception as err:  # noqa: BLE001 — the user's module failing on its own input is theirs to fix
@@ -190,6 +191,9 @@ def check_residual(stream: ResidualStream, x: torch.Tensor, y: torch.Tensor) -> 
                                    f"({type(err).__name__}: {err}); a residual block must map the "
                                    "stream to a tensor of the same shape — the model is not residual "
                                    "there, or the adapter names the wrong modules") from None
+        if not stream.residual and nxt.dim() >= 2 and nxt.shape[0] == shape[0]:
+            h, shape = nxt, tuple(nxt.shape)    # a plain network's layers may change the width
+            continue
         if tuple(nxt.shape) != shape:
             raise CreditAuditError(f"block {l} changes the residual stream's shape from {shape} to "
                                    f"{tuple(nxt.shape)}: the protocol needs h_{{l+1}} = h_l + f_l(h_l) "
