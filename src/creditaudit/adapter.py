@@ -177,7 +177,7 @@ def check_residual(stream: ResidualStream, x: torch.Tensor, y: torch.Tensor) -> 
     """Refuse, with one line, a stream the protocol cannot measure: blocks that change the
     stream's shape (not residual), or a readout that does not give one logit row per sample. A
     stream that says it has no skips (`residual = False`, the plain MLP) may change width at
-    every layer (h_0 = x of D_in features, h_1 … h_L of the hidden width)."""
+    every layer, never its batch (h_0 = x of D_in features, h_1 … h_L of the hidden width)."""
     try:
         h = stream.embed(x)
     except Exception as err:  # noqa: BLE001 — the user's module failing on its own input is theirs to fix

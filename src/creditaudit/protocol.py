@@ -120,6 +120,10 @@ class Report:
     reasons: list[str]                        # one sentence per fired flag
     notes: list[str] = field(default_factory=list)   # (b)/(b′) disagreement and other caveats
     gamma: list[float] | None = None          # Γ_l, l = 0 … L
+    # Γ_l of the credit exactly as training computes it, where `credit` computes it otherwise
+    # (ep, pc: float32 and the strict acceptance test, against `gamma`'s float64 with a rounding
+    # margin; docs/PROTOCOL.md §3.13); None for every other rule
+    gamma_trained: list[float] | None = None
     gamma_exact: list[int] = field(default_factory=list)   # positions exact by construction
     gamma_interpretable: bool | None = None
     null: M.NullCalibration | None = None
@@ -166,6 +170,12 @@ class Report:
         return deep_gamma(json_safe(self.gamma) if self.gamma is not None else None,
                           self.gamma_exact, json_safe(null) if null else None)
 
+    def deep_gamma_trained(self) -> float | None:
+        """The project's deep Γ (the positions of `gamma_deep`) of the credit as trained, or None."""
+        if self.gamma_trained is None:
+            return None
+        return deep_gamma(json_safe(self.gamma_trained), self.gamma_exact)["gamma_deep"]
+
     def to_dict(self) -> dict:
         d = {
             "label": self.label, "verdict": self.verdict, "paper_verdict": self.paper_verdict,
@@ -183,6 +193,8 @@ class Report:
             "null": None if self.null is None else self.null.to_dict(),
             "gamma_z": self.gamma_z,
             **self.deep_gamma(),
+            "gamma_trained": self.gamma_trained,
+            "gamma_deep_trained": self.deep_gamma_trained(),
             "rho": None if self.rho is None else [r.to_dict() for r in self.rho],
             "depth": None if self.depth is None else self.depth.to_dict(),
             "first_fire": self.first_fire, "diverged": self.diverged,
@@ -210,6 +222,8 @@ class Report:
         head = f"{'layer':>5}  {'‖h_l‖':>10}  {'‖g_l‖':>10}  {'s_l':>7}"
         if self.gamma is not None:
             head += f"  {'Γ_l':>8}"
+        if self.gamma_trained is not None:
+            head += f"  {'Γ trained':>9}"
         if self.null is not None:
             head += f"  {'null μ±σ':>15}  {'z':>7}"
         if self.rho:
@@ -221,6 +235,8 @@ class Report:
             if self.gamma is not None:
                 mark = "" if self.gamma_interpretable else "*"
                 row += f"  {'exact' if exact else _fmt(self.gamma[l], '+7.3f') + mark:>8}"
+            if self.gamma_trained is not None:
+                row += f"  {'exact' if exact else _fmt(self.gamma_trained[l], '+7.3f'):>9}"
             if self.null is not None:
                 ms = f"{_fmt(self.null.mean[l], '+.3f')}±{_fmt(self.null.std[l], '.3f')}"
                 # an uninterpretable Γ gets no z: its distance from the null is no evidence
@@ -238,6 +254,10 @@ class Report:
                          + ("; no z against the null is given" if self.null is not None else ""))
         if self.gamma is not None:
             lines.append("  " + _deep_gamma_line(self.deep_gamma()))
+        if self.gamma_trained is not None:
+            lines.append(f"  Γ trained: of the credit exactly as training computes it (model dtype, "
+                         f"strict acceptance), deep {_fmt(self.deep_gamma_trained(), '+.3f')}; Γ_l and "
+                         "deep Γ above are of the reproducible float64 relaxation (PROTOCOL §3.13)")
         lines += ["", f"{'diagnostic':<17} {'value':>11}  {'threshold':>10}  flag",
                   f"{'(a) max growth':<17} {_fmt(self.max_growth, '11.4g')}  "
                   f"{'> ' + format(t.growth, 'g'):>10}  {self._flag('a')}",
@@ -502,6 +522,36 @@ def _credits(credit_fn, batches, hidden_shapes: list[list[torch.Size]]) -> list[
     return out
 
 
+def _trained_credits(method, batches, hidden_shapes: list[list[torch.Size]]
+                     ) -> list[list[torch.Tensor]] | None:
+    """The credit of every batch exactly as the method's training step computes it
+    (`Method.trained_credit`), for a rule whose `credit` computes it otherwise (ep, pc); None for
+    every other rule and for a plain credit callable."""
+    trained = getattr(method, "trained_credit", None)
+    if not callable(trained) or trained(*batches[0][:2]) is None:
+        return None
+    return _credits(trained, batches, hidden_shapes)
+
+
+# |deep Γ − deep Γ as trained| above this is reported as a note: ten times what rounding moves
+# either by (§3.13)
+TRAINED_GAMMA_GAP = 0.01
+
+
+def _trained_gamma_note(report: Report, trained: list[torch.Tensor]) -> str | None:
+    """One sentence when the deep Γ of the credit as trained differs from the reported one by more
+    than TRAINED_GAMMA_GAP, with the samples that training's relaxation left without any credit
+    (a_l = 0 at every l = 1 … L: each counts cos 0 in Γ)."""
+    deep, as_trained = report.deep_gamma()["gamma_deep"], report.deep_gamma_trained()
+    if deep is None or as_trained is None or abs(deep - as_trained) <= TRAINED_GAMMA_GAP:
+        return None
+    zero = int(torch.stack([a.flatten(1).abs().amax(-1) == 0 for a in trained[1:]]).all(0).sum())
+    return (f"Γ of the credit as trained (model dtype, strict acceptance) is deep {as_trained:+.3f} "
+            f"against {deep:+.3f} for the float64 relaxation Γ reports: training's relaxation left "
+            f"{zero} of {len(trained[0])} samples without any credit (every trial step rejected by "
+            "the float32 test, which rounding decides for a confident sample; docs/PROTOCOL.md §3.13)")
+
+
 def _pooled_bp(bps: list[M.BPGradients]) -> M.BPGradients:
     """All eval batches' samples as one BPGradients (each batch keeps its own 1/N_j)."""
     cat = lambda ts: torch.cat(ts)
@@ -695,6 +745,12 @@ def _diagnose(model, batches, method, frozen_acc, test_acc, t, history, null, nu
     if credit_fn is not None:
         credits = _credits(credit_fn, batches, [[h.shape for h in b.hidden] for b in bps])
         report.gamma = M.gradient_cosine(M.pool_samples(credits), pooled.grads)
+        trained = _trained_credits(method, batches, [[h.shape for h in b.hidden] for b in bps])
+        if trained is not None:
+            report.gamma_trained = M.gradient_cosine(M.pool_samples(trained), pooled.grads)
+            note = _trained_gamma_note(report, M.pool_samples(trained))
+            if note:
+                report.notes.append(note)
         report.gamma_exact = _exact_positions(method, stream.n_blocks)
         _check_exact_claim(method, report.gamma_exact, report.gamma)
         bad = [l for l, a in enumerate(M.pool_samples(credits)) if not bool(torch.isfinite(a).all())]

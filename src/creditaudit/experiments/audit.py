@@ -193,6 +193,7 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
             "max_growth": r.get("max_growth"), "init_growth": r.get("init_growth"),
             "stack_growth": r.get("stack_growth"), "gamma_deep": _deep(r)["gamma_deep"],
             "gamma_deep_paper": _deep(r)["gamma_deep_paper"], "gamma_deep_exact": _deep(r)["gamma_deep_exact"],
+            "gamma_deep_trained": r.get("gamma_deep_trained"),
             "rho_bp_model_precision": r.get("rho_bp_model_precision"),
             "verdict": r.get("verdict", o.status), "verdicts": r.get("verdicts")}
     return {
@@ -225,6 +226,9 @@ def summarize_method(method: str, outcomes: Sequence[Outcome], thresholds: Thres
         "gamma_layers": [mean_std([_num(g[l]) for g in gammas])[0] for l in range(len(gammas[0]))] if gammas else None,
         "gamma_deep": deep_over_seeds("gamma_deep"),
         "gamma_deep_paper": deep_over_seeds("gamma_deep_paper"),
+        # ep, pc: the deep Γ of the credit exactly as training computes it (protocol, Report)
+        "gamma_deep_trained": mean_std([o.report.get("gamma_deep_trained") for o in diagnosed
+                                        if o.report.get("gamma_deep_trained") is not None])[0],
         "gamma_exact": sorted({l for d in deeps for l in d["gamma_exact"]}),
         "gamma_deep_exact": bool(deeps) and all(d["gamma_deep_exact"] for d in deeps),
         "gamma_mean_all": mean_gamma,

@@ -309,6 +309,14 @@ class Method(ABC):
     def credit(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
         """The credit signal a_l this method would use on this batch, l = 0 … L (detached)."""
 
+    def trained_credit(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor] | None:
+        """The credit a_0 … a_L exactly as the training step computes it, for a rule whose
+        `credit` computes it otherwise (ep and pc relax in float64 with a rounding margin, so
+        that Γ reproduces; their steps relax in the model's dtype with a strict test). The
+        diagnosis reports the Γ of both (docs/PROTOCOL.md §3.13). None (the default): `credit`
+        is the trained credit."""
+        return None
+
     def exact_positions(self, n_blocks: int) -> frozenset[int]:
         """The residual positions l (0 … L = n_blocks) where this rule's credit a_l equals the true
         gradient g_l = ∂CE/∂h_l by construction, up to a positive per-sample factor (fa's a_L: the
@@ -370,6 +378,16 @@ class Method(ABC):
         self.gen.set_state(state["gen"])
         self.load_extra_state(state["extra"])
 
+
+
+def refuse_dropout(model, rule: str, why: str) -> None:
+    """One line refusing a model trained with dropout (the plain MLP's `dropout` option) for a rule
+    whose step compares several forward passes of one function (`why`): each pass would draw its
+    own dropout mask."""
+    if getattr(model, "dropout_p", 0.0) > 0:
+        raise CreditAuditError(f"method {rule!r} does not train with dropout (arch mlp dropout = "
+                               f"{model.dropout_p:g}): {why}, and each pass would draw its own "
+                               "mask; set the mlp's dropout to 0")
 
 
 def checked_feedback_pairs(method: Method) -> list[tuple[str, torch.Tensor, torch.Tensor]]:

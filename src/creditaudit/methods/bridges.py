@@ -33,6 +33,11 @@ target gradient at h_L, ∂ℓ/∂h_L = J_readoutᵀ · e, is then reachable wit
 Defaults: K = options["draws"] = 4, noise = 0.1, τ = options["tau"] = 1.0, ema = options["ema"] = 0.99.
 Only gradients of V are used as credit, so its level is left free (no value target at depth L).
 
+Not on the plain MLP (arch mlp): refused at construction, before training. Its hidden positions
+h_1 … h_L share one shape, but h_0 is the input (another width, no parameters) and both probes are
+written over the L + 1 positions of one stream (one depth-indexed net over the concatenated states,
+cb's bridge target from h_0 to h_1); a version on h_1 … h_L alone would be a different probe.
+
 Any stream shape: the aux nets see h_l flattened to D = prod(model.stream_shape) values (the LN and
 rms over all of them) and the credits come back in the stream's shape.
 
@@ -72,6 +77,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import CreditAuditError
 from ..metrics import ce_gradient
 from ..model.members import flat_members, member_linear
 from ..model.resmlp import ResidualMLP
@@ -138,6 +144,11 @@ class _Bridge(LocalMethod):
     predicts_state = False          # G_ψ outputs a state (D values), V_φ's q_φ C values
 
     def __init__(self, model, settings):
+        if not getattr(model, "residual", True):
+            raise CreditAuditError(
+                f"method {self.name!r} does not train arch mlp: its probe reads every position "
+                "h_0 … h_L as one residual stream of one shape, and the plain MLP's h_0 is the input "
+                "(another width, no embedding to train); train it on resmlp, vit-mini or resnet-small")
         super().__init__(model, settings)
         self.opts = self.resolve_options(settings.options)
         self.stream_shape = tuple(model.stream_shape)

@@ -1,7 +1,13 @@
-"""ep — equilibrium propagation (Scellier & Bengio 2017) on the residual energy.
+"""ep — equilibrium propagation (Scellier & Bengio 2017) on the chain energy of the network.
 
     E(h)   = ½ Σ_l Σ_i ‖r_{l,i}‖²,   r_l = h_{l+1} − h_l − f_l(h_l)       summed over batch and features
-    F(h)   = E(h) + β · CE(readout(h_L), y)                                CE mean-reduced
+                                     r_l = h_{l+1} − f_l(h_l)             on the plain MLP (no skip)
+    F(h)   = E(h) + β · CE(readout(h_L), y)                                CE mean-reduced (the model's
+                                                                           loss: BCE where it is built so)
+
+Below, (I + ∂f_l) is the Jacobian of the step h_l ↦ h_{l+1}; on the plain MLP (arch mlp, no skip)
+read ∂f_l alone, and h_0 = x, the input itself (clamped as in Scellier & Bengio; it has no
+parameters, so a_0 trains nothing there and is reported for the protocol only).
 
 Free phase: the forward pass, h^free (r = 0, E = 0). Nudged phase: the minimiser h^β of F over the
 free states h_1 … h_L with h_0 clamped, started from h^free. Its stationarity conditions are
@@ -14,7 +20,7 @@ i.e., in credit units a_{l+1} = −r_l/β:  a_L = ∂CE/∂h_L(h_L^β),  a_l = (
 mean CE; at finite β every Jacobian and the output gradient are taken at the nudged states.
 
 Relaxation (`relax`): the energy is a chain, so it is relaxed in the residual coordinates r (with
-h_0 clamped, r ↦ h is a bijection: h_{l+1} = h_l + f_l(h_l) + r_l), where F = ½‖r‖² + β·CE(h(r)) has
+h_0 clamped, r ↦ h is a bijection: h_{l+1} = h_l + f_l(h_l) + r_l, or f_l(h_l) + r_l), where F = ½‖r‖² + β·CE(h(r)) has
 the gradient ∂F/∂r_l = r_l + β·T_{l+1} = β·d_{l+1}, with a = −r/β and
 
     d(a) = T(a) − a,   T_L = ∂CE/∂h_L,   T_l = (I + ∂f_l)ᵀ T_{l+1}       at the states h(a)
@@ -43,7 +49,10 @@ acceptance was a coin toss on the last bits: on a zoo run (MNIST-1D, d = 256, 15
 moving Γ by 1/1000 (Γ 0.952 ± 0.003 by the bit pattern; 0.9988 now, ±2e-9 under a 1-ulp move).
 Training keeps the float32 strict test (a run computes what it did, TRAINING_CODE_VERSION
 unchanged): a training step likewise gives such samples a = 0 or a step at random, and their
-gradient is ∝ ℓ_i, a small share of the batch's. docs/PROTOCOL.md §3.13.
+gradient is ∝ ℓ_i, a small share of the batch's. `trained_credit` is the credit exactly as the
+step computes it (the model's dtype, the strict test); the diagnosis reports its Γ beside the
+float64 one (`gamma_trained`; MNIST-1D d = 256 L = 4 seed 42: 0.99996 both after 5 epochs, 0.999
+against 0.952 as trained after 15). docs/PROTOCOL.md §3.13.
 Samples relax independently for a per-sample model; for one that couples samples (BatchNorm in
 training mode) the sweeps still solve the joint system, since each backward is the batch's own.
 
@@ -64,7 +73,8 @@ The EP weight update is −(1/β) ∂E/∂θ at h^β:
 Credit, l = 0 … L (detached):
 
     a_l = −r_{l−1}(h^β)/β = (h_{l−1}^β + f_{l−1}(h_{l−1}^β) − h_l^β)/β        l ≥ 1
-    a_0 = (1/β) ∂E/∂h_0 |_{h^β} = (I + ∂f_0/∂h_0)ᵀ a_1                         (the force on the clamp)
+    a_0 = (1/β) ∂E/∂h_0 |_{h^β} = (I + ∂f_0/∂h_0)ᵀ a_1                         (the force on the clamp;
+          ∂f_0(x)ᵀ a_1 of the input's shape on the plain MLP, `_clamp_force`)
     with no blocks: a_0 = ∂CE/∂h_0 (there is nothing to relax)
 
 docs/PROTOCOL.md writes the credit as the state displacement (h_l^free − h_l^β)/β. For a layered energy that
@@ -112,6 +122,13 @@ with the squared error at strength β, the update (1/β)(ρ(u_i^β)ρ(u_j^β) �
     (one backward per sweep), not by the network's own leaky dynamics; its residual is logged.
   * each block's parameters learn from −(1/β)∂E/∂θ at h^β, i.e. backprop of a_{l+1} through the
     block's two layers, not a two-factor Hebbian product per weight.
+  * on the plain MLP (arch mlp: D_in → d → … → d → C, as their 784-500-10 nets, but with the
+    model's activation — tanh, sigmoid, relu, … — not their hard sigmoid ρ) the layers are theirs,
+    yet the energy is still the chain of prediction errors ½ Σ ‖h_{l+1} − f_l(h_l)‖², not their
+    Hopfield energy ½ Σ ‖u‖² − ½ Σ W ρ(u)ρ(u) − Σ b ρ(u) with symmetric weights; the forward pass is
+    its free minimum, there is no feedback weight at all, and the credit is backprop's at h^β.
+    Tested: a_l → g_l (cos > 0.99 per sample, h_0 included) and the update → the BP gradient as
+    β → 0 on a tanh 20-16-16-5 MLP (tests/test_plain_mlp_energy.py). The plain MLP trains lone.
 Each block is called as often as in the lone step, so a resnet-small member's BatchNorm running
 statistics move exactly as its lone run's.
 """
@@ -129,7 +146,7 @@ from ..model.members import MemberNet, member_cross_entropy
 from ..model.resmlp import ResidualMLP
 from ..model.resnet import SmallResNet
 from ..model.vit import ViTMini
-from .base import Method
+from .base import Method, refuse_dropout
 
 DEFAULTS = {"beta": 1.0, "steps": 2, "alpha": 1.0, "tol": 0.0}
 
@@ -187,6 +204,11 @@ class _Chain:
     def block(self, l: int, h):
         return self.model.blocks[l](h)
 
+    @property
+    def skip(self) -> bool:
+        """Whether h_{l+1} = h_l + f_l(h_l) (a residual stream) rather than f_l(h_l) (the plain MLP)."""
+        return self.model.residual
+
     def advance(self, h, f):
         """h_{l+1} = h_l + f_l(h_l), or f_l(h_l) alone on a network without a skip."""
         return self.model.advance(h, f)
@@ -224,8 +246,10 @@ class _MemberChain(_Chain):
     def block(self, l: int, h):
         return self.net.block(l, h)
 
+    skip = True                                              # the member axis is residual
+
     def advance(self, h, f):
-        return h + f                                         # the member axis is residual
+        return h + f
 
     def readout(self, h):
         return self.net.readout(h)
@@ -242,6 +266,13 @@ class _MemberChain(_Chain):
         k = t.shape[1] if stacked else t.shape[0]
         per = t.transpose(0, 1) if stacked else t
         return per.reshape(k, -1).sum(-1, keepdim=True)
+
+
+def _clamp_force(chain: _Chain, a1: torch.Tensor, vjp0: torch.Tensor) -> torch.Tensor:
+    """a_0 = (1/β) ∂E/∂h_0 at h^β, the force on the clamped h_0: (I + ∂f_0)ᵀ a_1 on a residual
+    stream, ∂f_0ᵀ a_1 (of the input's shape) on the plain MLP, whose h_0 = x has no skip to h_1.
+    vjp0 = ∂f_0(h_0)ᵀ a_1."""
+    return a1 + vjp0 if chain.skip else vjp0
 
 
 _MEMORY = 5          # (s, y) pairs kept by the per-sample L-BFGS of the relaxation
@@ -285,6 +316,8 @@ class EP(Method):
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
+        refuse_dropout(model, self.name, "its sweeps relax one fixed energy, evaluated anew at every "
+                       "sweep and again for the update")
         opts = self.resolve_options(settings.options)
         self.beta, self.steps, self.alpha = float(opts["beta"]), int(opts["steps"]), float(opts["alpha"])
         self.tol = float(opts["tol"])
@@ -434,7 +467,7 @@ class EP(Method):
         params = self.trainable_block_params() + self.head_params()
         grads = torch.autograd.grad(total, params + rel.leaves + [rel.h_last], allow_unused=True)
         leaf_grads, grad_last = grads[len(params):-1], grads[-1]
-        a0 = a[0] + leaf_grads[0]                                           # (I + ∂f_0)ᵀ a_1
+        a0 = _clamp_force(_Chain(self.model), a[0], leaf_grads[0])          # (I + ∂f_0)ᵀ a_1
         embed = self.embed_params()
         grads = grads[:len(params)] + (torch.autograd.grad(rel.h0, embed, a0, allow_unused=True)  # embed
                                        if embed else ())                  # (the plain MLP has none)
@@ -490,14 +523,27 @@ class EP(Method):
         sample's trials by rounding (its F_i moves by ≈ ½β‖g_i‖², far below F_i's rounding
         error), so such a sample kept a = 0 or took its steps by the last bits of the weights
         and of the reduction order; Γ, a mean of per-sample cosines, then moved by 1/N per
-        sample whose decision flipped (docs/PROTOCOL.md, "What reproduces")."""
+        sample whose decision flipped (docs/PROTOCOL.md §3.13). `trained_credit` is the credit as
+        the step computes it."""
         model, x, dtype = float64_copy(self.model, x)
+        return [a.to(dtype) for a in self._relaxed_credit(model, x, y, with_margin=True)]
+
+    def trained_credit(self, x, y):
+        """a_0 … a_L exactly as a training step relaxes them: the model itself, in its own dtype,
+        with training's strict acceptance test (F_i ≤ F_i·(1 + 16 eps)) — the credit the blocks
+        learn from (in the mode the caller left the model in; the diagnosis sets eval). The
+        diagnosis reports its Γ beside `credit`'s (docs/PROTOCOL.md §3.13)."""
+        return self._relaxed_credit(self.model, x, y, with_margin=False)
+
+    def _relaxed_credit(self, model, x, y, with_margin: bool) -> list[torch.Tensor]:
+        """[a_0 … a_L] (detached) of `_relax` on `model` (a_0 the clamp's force, `_clamp_force`)."""
         if not model.n_blocks:
-            return [ce_gradient(model.readout, model.embed_input(x), y)[1].to(dtype)]
-        rel = self._relax(_Chain(model), x, y, with_margin=True)
+            return [ce_gradient(model.readout, model.embed_input(x), y)[1]]
+        chain = _Chain(model)
+        rel = self._relax(chain, x, y, with_margin=with_margin)
         with torch.enable_grad():
             (vjp0,) = torch.autograd.grad(rel.branches[0], rel.leaves[0], rel.credit[0])
-        return [a.detach().to(dtype) for a in [rel.credit[0] + vjp0] + rel.credit]
+        return [a.detach() for a in [_clamp_force(chain, rel.credit[0], vjp0)] + rel.credit]
 
     # -- convergence log ----------------------------------------------------------------------------
     def _log(self, chain: _Chain, rel: Relaxed, vjps, grad_last):
@@ -505,13 +551,15 @@ class EP(Method):
         sync); `apply_gradients` adds them to the epoch's sums, eagerly: the step only writes
         fresh tensors, so a compiled (CUDA-graph) step never reads last step's outputs.
 
-        With a = −r/β: ∂F/∂h_l = −β (a_l − a_{l+1} − ∂f_lᵀ a_{l+1}), ∂F/∂h_L = β (∂CE/∂h_L − a_L).
+        With a = −r/β: ∂F/∂h_l = −β (a_l − a_{l+1} − ∂f_lᵀ a_{l+1}) (−β (a_l − ∂f_lᵀ a_{l+1})
+        without a skip), ∂F/∂h_L = β (∂CE/∂h_L − a_L).
         Returns (ratio, sweeps), per member on the member axis."""
         with torch.no_grad():
             a = rel.credit
             sq = chain.total((grad_last - a[-1]).pow(2))
             for l, vjp in enumerate(vjps, start=1):
-                sq = sq + chain.total((a[l - 1] - a[l] - vjp).pow(2))
+                back = vjp + a[l] if chain.skip else vjp                    # (I + ∂f_l)ᵀ a_{l+1}, or ∂f_lᵀ a_{l+1}
+                sq = sq + chain.total((a[l - 1] - back).pow(2))
             ratio = self.beta * sq.sqrt() / rel.scale.clamp_min(torch.finfo(rel.scale.dtype).tiny)
             return ratio, rel.sweeps
 

@@ -157,6 +157,17 @@ class LocalMethod(Method):
         return ce.detach()
 
 
+def input_credit(model, x: torch.Tensor, a1: torch.Tensor) -> torch.Tensor:
+    """a_0 on a network whose h_0 is the input itself (the plain MLP: no embedding, nothing to
+    train with a_0): ∂f_0(h_0)ᵀ a_1, of the input's shape — what block 0's local loss
+    (f_0(h_0) · a_1) sends back to its input, and, for ep and pc, exactly the force on the clamped
+    h_0 = x. Detached; the model's mode (dropout) as it is."""
+    with torch.enable_grad():
+        h0 = model.embed_input(x).detach().requires_grad_(True)
+        (a0,) = torch.autograd.grad(model.blocks[0](h0), h0, a1.detach())
+    return a0.detach()
+
+
 def clip_blocks(blocks: list[list[torch.Tensor]], clip: float) -> None:
     """`torch.nn.utils.clip_grad_norm_(params, clip)` for each block's parameter list, with the
     same arithmetic (per-tensor norms, their norm, coef = min(1, clip / (‖g‖ + 1e-6)), g ← g·coef)

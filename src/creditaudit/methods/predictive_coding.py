@@ -1,14 +1,19 @@
 """pc — predictive coding (Whittington & Bogacz 2017, "An approximation of the error backpropagation
 algorithm in a predictive coding network with local Hebbian synaptic plasticity"), and with option
 `incremental` its incremental variant iPC (Salvatori et al., "A stable, fast, and fully automatic
-learning algorithm for predictive coding networks", arXiv 2022, ICLR 2024), on the residual energy
-of `ep`.
+learning algorithm for predictive coding networks", arXiv 2022, ICLR 2024), on the chain energy
+of `ep` (a residual stream, or the plain MLP).
 
 Each state h_l predicts the next one, h_{l+1} ≈ h_l + f_l(h_l); the prediction error at h_{l+1} is
 ε_{l+1} = h_{l+1} − h_l − f_l(h_l) (= r_l in ep.py), and the network's energy is EP's, with the output
 clamped to the label through the CE (the top term; mean-reduced, strength β):
 
     F(h) = ½ Σ_l Σ_i ‖ε_{l+1,i}‖² + β · CE(readout(h_L), y)            h_0 = embed(x) clamped
+
+On the plain MLP (arch mlp, no skip) the prediction is f_l(h_l) alone, ε_{l+1} = h_{l+1} − f_l(h_l),
+read ∂f_l for (I + ∂f_l) below, and h_0 = x, the input (no parameters: a_0 trains nothing there and
+is ∂f_0(x)ᵀ a_1, of the input's shape, for the protocol only). Tested: a_l → g_l as β → 0, h_0
+included (cos > 0.99 per sample, tanh 20-16-16-5, tests/test_plain_mlp_energy.py).
 
 Inference (the PC network dynamics, gradient descent on the states, from the feed-forward pass where
 every ε = 0):
@@ -27,7 +32,9 @@ every ε = 0):
     and counts a rise of F_i within its rounding error as none (`ep.rounding_margin`): in float32
     that test is decided by rounding for a confident sample, which then kept or lost whole steps
     from one machine or thread count to the next (docs/PROTOCOL.md §3.13). Training keeps the
-    float32 strict test, so a run computes what it did.
+    float32 strict test, so a run computes what it did; `trained_credit` is the credit exactly as
+    the step infers it, and the diagnosis reports its Γ beside (`gamma_trained`; MNIST-1D d = 256
+    L = 4 seed 42, 5 epochs: deep Γ 0.8687, as trained 0.8684).
 
 Credit (in the units of g_l = ∂CE/∂h_l of the mean CE, like ep; "direction of increasing loss"):
 
@@ -82,7 +89,11 @@ the Hebbian ΔW_l ∝ ε_{l+1} f(x_l)ᵀ; Salvatori et al.'s iPC updates the wei
     readout instead of being clamped to the label (β = 1 by default).
   * each block's parameters learn by backprop of a_{l+1} = −ε_{l+1}/β through the block's two
     layers (the error at the block's output times the block's input-to-parameter Jacobian), not a
-    Hebbian product per single weight matrix; every node's precision is 1.
+    Hebbian product per single weight matrix; every node's precision is 1. On the plain MLP a block
+    is one layer, so the update is the Hebbian product itself, ΔW_l ∝ (a_{l+1} ⊙ act′(W_l h_l + b_l))
+    h_lᵀ, but of the prediction act(W_l h_l + b_l) (nonlinearity after the weights) rather than
+    their W_l f(x_l) (before), hence the act′ factor. A plain MLP with dropout is refused (each
+    energy evaluation would draw its own mask: the trial test would compare two networks).
   * inference runs a fixed number of steps (10) with a per-sample step-halving safeguard (plain pc),
     not to convergence; the embedding learns from the force on the clamped h_0.
   * AdamW with a cosine schedule; no gradient clipping.
@@ -93,10 +104,9 @@ import copy
 import math
 
 import torch
-import torch.nn.functional as F
 
 from ..metrics import ce_gradient
-from .base import Method
+from .base import Method, refuse_dropout
 from .ep import float64_copy, rounding_margin
 from .recipe import no_published_recipe
 
@@ -124,6 +134,8 @@ class PredictiveCoding(Method):
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
+        refuse_dropout(model, self.name, "its inference compares the energy F_i of one network "
+                       "across trial steps")
         opts = self.resolve_options(settings.options)
         self.beta, self.steps, self.alpha = float(opts["beta"]), int(opts["steps"]), float(opts["alpha"])
         self.incremental = bool(opts["incremental"])
@@ -259,13 +271,21 @@ class PredictiveCoding(Method):
         weight (Γ moved by up to 4e-3 on a 1-ulp move of a zoo run's weights)."""
         twin = copy.copy(self)                     # the same method, reading the float64 model
         twin.model, x, dtype = float64_copy(self.model, x)
-        return [a.to(dtype) for a in twin._credit(x, y)]
+        return [a.to(dtype) for a in twin._credit(x, y, with_margin=True)]
 
-    def _credit(self, x, y):
+    def trained_credit(self, x, y):
+        """[a_0 … a_L] exactly as a training step infers them: the model itself, in its own
+        dtype, plain pc's trials judged by training's strict test (F_i ≤ F_i·(1 + 16 eps)); iPC's
+        fixed steps as in `credit`. The diagnosis reports its Γ beside `credit`'s
+        (docs/PROTOCOL.md §3.13)."""
+        return self._credit(x, y, with_margin=False)
+
+    def _credit(self, x, y, with_margin: bool):
         h0 = self.model.embed_input(x).detach()
         if not self.model.n_blocks:
             return [ce_gradient(self.model.readout, h0, y)[1]]
-        states = self._fixed_steps(h0, y) if self.incremental else self.infer(h0, y, with_margin=True)[0]
+        states = (self._fixed_steps(h0, y) if self.incremental
+                  else self.infer(h0, y, with_margin=with_margin)[0])
         errors, _, grads = self.evaluate(h0, states, y, [])
         return [grads[0].detach()] + [(-eps / self.beta).detach() for eps in errors]
 

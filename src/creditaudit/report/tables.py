@@ -124,8 +124,15 @@ def _scale_cells(row: dict) -> list[str]:
             _signed(row.get("stability_mid")), _first_fire(row.get("first_fire"))]
 
 
+def _trained(cell: str, row: dict) -> str:
+    """A deep Γ cell with, for ep and pc, the deep Γ of the credit as trained beside it."""
+    trained = _f(row.get("gamma_deep_trained"))
+    return cell if trained is None else f"{cell} (as trained {_signed(trained)})"
+
+
 def _credit_cells(row: dict) -> list[str]:
     gamma, null = _gamma_cells(row)
+    gamma = _trained(gamma, row)
     rho = _signed(row.get("rho_deep"))
     if rho != "—" and _f(row.get("rho_deep_std")) is not None:
         rho += f" ± {_f(row['rho_deep_std']):.3f}"
@@ -167,7 +174,7 @@ def _per_seed_cells(audit: dict) -> list[list[str]]:
             out.append([_method_name(row), str(seed), str(s.get("epochs") or "—"), _pct(s.get("acc")),
                         _pct(s.get("frozen_acc")), "—" if gap is None else f"{100 * gap:+.1f}",
                         _pct(s.get("yardstick_acc")), _sci(s.get("h_L")), _sci(s.get("gain")), _g(s.get("init_growth")),
-                        "exact" if s.get("gamma_deep_exact") else _signed(s.get("gamma_deep")),
+                        "exact" if s.get("gamma_deep_exact") else _trained(_signed(s.get("gamma_deep")), s),
                         str(s.get("verdict") or "—")])
     return out
 
@@ -370,6 +377,10 @@ def _legend(audit: dict) -> list[str]:
         "construction)\" when every deep position is, as for bp), then over seeds; "
         "its null and z over the same positions. paper's deep Γ: the paper's mean over l = 1 … L, exact "
         "positions included, for comparing with the paper's figures. "
+        "\"as trained\" (the relaxation rules): the deep Γ of the credit exactly as the training step "
+        "computes it (the model's float32, strict acceptance of each relaxation step); the deep Γ beside "
+        "it is of the float64 relaxation with a rounding margin, which reproduces across machines "
+        "(PROTOCOL §3.13). "
         "deep ρ: mean over l = 1 … L, then over seeds (± std over seeds); "
         "Γ null: the same Γ under fresh random feedback draws (mean ± std), z = (Γ − null)/std; "
         "* = Γ uninterpretable because (b) or (b′) fired: the BP reference it is a cosine against "
