@@ -41,8 +41,10 @@ PENALTY_OPTION = "lam"          # the residual penalty λ: the audit's [training
 # (≤ 5e-16 relative in float64, tests/test_members.py against the lone trainer's runs; ≤ 3e-7 in
 # float32 after 3 epochs with identical test accuracy). 3: each rule trains under its published
 # recipe (methods/recipe.py), and a run records the resolved recipe; the monitor's history records
-# the alignment over training (Γ_l, cos(W, B)) every k-th epoch.
-TRAINING_CODE_VERSION = 3
+# the alignment over training (Γ_l, cos(W, B)) every k-th epoch. 4: PEPITA steps as its reference
+# code does (no division by the modulation scale, no standing clip, no bias update); Kolen–Pollack
+# and sign-symmetry train under their sources' recipes; the plain MLP (arch mlp).
+TRAINING_CODE_VERSION = 4
 CODE_VERSION = f"{__version__}+train{TRAINING_CODE_VERSION}"
 
 # the thresholds the early-stop rule (verdict.stop_rule: flags (a), (a′), (b′)) reads; a run with
