@@ -74,7 +74,7 @@ from ..model.resmlp import ResidualMLP
 from ..model.resnet import SmallResNet
 from ..model.vit import ViTMini
 from .recipe import Recipe
-from .setting import AKROUT, AKROUT_DEVIATIONS, PaperSetting, Reported
+from .setting import AKROUT, AKROUT_DEVIATIONS, AKROUT_NETWORK, PaperSetting, Reported
 from .base import Method
 
 ROUTED = (nn.Linear, nn.Conv2d)
@@ -274,14 +274,8 @@ class FA(Method):
     paper_setting = PaperSetting(
         citation="Lillicrap et al. 2016, as run in Akrout et al. 2019's MNIST code",
         code=f"{AKROUT}: run.sh:7, fcnn/FCNN_FA.py:30",
-        dataset="mnist",
-        width=500,
-        blocks=1,
-        activation="sigmoid",
-        loss="bce",
-        init="fan-sum-normal",
+        **AKROUT_NETWORK,
         options={},
-        epochs=400,
         recipe=Recipe(optimizer="sgd", lr=0.2, weight_decay=0.0, schedule="constant", batch_size=128,
                       citation=f"{AKROUT}, run.sh:7 (plain SGD, lr 0.2, batch 128, 400 epochs)"),
         reported=Reported(2.20, "experiments/mnist/fa-V0/log.txt:2408 of the reference code (epoch 400)",

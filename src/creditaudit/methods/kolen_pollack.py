@@ -80,7 +80,7 @@ from __future__ import annotations
 
 from .fa import FA, feedback_layers
 from .recipe import Recipe
-from .setting import AKROUT, AKROUT_DEVIATIONS, PaperSetting, Reported
+from .setting import AKROUT, AKROUT_DEVIATIONS, AKROUT_NETWORK, PaperSetting, Reported
 
 DECAY = 1e-4      # λ_KP: the paper's ImageNet weight decay (module docstring)
 
@@ -115,14 +115,8 @@ class KolenPollack(FA):
     paper_setting = PaperSetting(
         citation="Akrout et al. 2019 (NeurIPS), its MNIST code",
         code=f"{AKROUT}: run.sh:15, fcnn/FCNN_KP.py:30, 64-73",
-        dataset="mnist",
-        width=500,
-        blocks=1,
-        activation="sigmoid",
-        loss="bce",
-        init="fan-sum-normal",
+        **AKROUT_NETWORK,
         options={"decay": 0.0},
-        epochs=400,
         recipe=Recipe(optimizer="sgd", lr=0.3, weight_decay=0.0, schedule="constant", batch_size=128,
                       citation=f"{AKROUT}, run.sh:15 (plain SGD, lr 0.3, batch 128, 400 epochs, no decay)"),
         bp_recipe=Recipe(optimizer="sgd", lr=0.2, weight_decay=0.0, schedule="constant", batch_size=128,
