@@ -94,6 +94,8 @@ def position_credit(model, credit: list[torch.Tensor], x: torch.Tensor | None = 
     nothing with it)."""
     if model.residual:
         return credit
+    if len(credit) == 1:           # no hidden layer (the shallow control): nothing takes credit
+        return [credit[0].new_zeros((credit[0].shape[0],) + tuple(model.position_shape(0)))]
     if x is None:
         return [credit[1].new_zeros((credit[1].shape[0],) + tuple(model.position_shape(0)))] + credit[1:]
     with torch.enable_grad():
