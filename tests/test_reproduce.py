@@ -112,6 +112,18 @@ def test_reproduce_runs_end_to_end_on_a_tiny_mnist_folder(tmp_path, capsys):
     assert frozen["status"] == "finished"
 
 
+def test_a_setting_whose_data_are_missing_is_refused_in_one_line(tmp_path, capsys):
+    """No MNIST in --data-dir and no way to download it (tests reach no network): one line naming
+    the missing file and where to put it, exit 2, no traceback and no audit written."""
+    status = main(["reproduce", "fa", "--epochs", "1", "--seeds", "42", "--data-dir", str(tmp_path / "d"),
+                   "--out", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "Traceback" not in err
+    problem = [line for line in err.splitlines() if not line.startswith("downloading ")]   # progress
+    assert len(problem) == 1 and "train-images-idx3-ubyte" in problem[0] and "mnist" in problem[0]
+    assert not (tmp_path / "out" / "audit.json").exists()
+
+
 def test_list_names_every_paper_setting_with_its_number(capsys):
     assert main(["reproduce", "--list"]) == 0
     printed = capsys.readouterr().out

@@ -176,9 +176,10 @@ def test_builtin_run_keys_are_unchanged():
         blob = json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
         assert config.rule_code is None
         assert config.run_key == hashlib.sha256(blob.encode()).hexdigest()[:12]
-    # the key main f0283b5 gave this run, before rule code was keyed: existing folders keep theirs
-    # (a new RunConfig field or a TRAINING_CODE_VERSION bump changes it on purpose: update it then)
-    assert RunConfig(method="bp", **TINY).bind_data("0" * 64).run_key == "60aee272ceec"
+    # the key this run has had since TRAINING_CODE_VERSION 4 (issue 35: PEPITA's reference step);
+    # existing folders keep theirs (a new RunConfig field or a TRAINING_CODE_VERSION bump changes it
+    # on purpose: update it then; it was 60aee272ceec under version 3)
+    assert RunConfig(method="bp", **TINY).bind_data("0" * 64).run_key == "9024152e4bd1"
 
 
 def test_a_user_rules_code_is_its_package_modules_it_imports(userpkg):

@@ -211,25 +211,39 @@ class RunConfig:
         """The run's recipe (`methods.Recipe`), with the method's citation when it is the
         method's published one, else the shared recipe's."""
         from .methods import SHARED_RECIPE, Recipe, method_class
-        published = method_class(self.method).recipe
-        for candidate in (published, SHARED_RECIPE):
+        for candidate in self._recipe_candidates():
             settings = candidate.with_overrides(self.lr, self.weight_decay, self.batch_size).concrete().settings()
             if settings == self.recipe:
                 return Recipe.from_settings(self.recipe, candidate.citation)
         return Recipe.from_settings(self.recipe)
 
+    def _recipe_candidates(self) -> list:
+        """The recipes a run's may be, first match naming it: the rule's published one (its
+        recipe on the audit's own network, adapted from its paper), the shared one, and the
+        recipe of the rule's own paper setting (`creditaudit reproduce`; bp's is the rule's)."""
+        from .methods import SHARED_RECIPE, method_class
+        cls = method_class(self.method)
+        papers = [] if cls.__dict__.get("paper_setting") is None else [cls.__dict__["paper_setting"].recipe]
+        return [cls.recipe, SHARED_RECIPE, *papers]
+
     @property
     def recipe_record(self) -> dict[str, Any]:
         """The run's recipe for a report (audit.json): its settings, the milestones in this run's
         epochs, a compact label and a description, the citation, and whether it is the rule's
-        published recipe, the shared one (both: the paper's seven) or neither (an explicit lr,
-        weight decay or batch size over it)."""
+        published recipe adapted to the audit's setting ("published": its paper's optimiser, lr,
+        weight decay and batch size, its step milestones at the same fractions of this run, on
+        this audit's network and data), the shared one (both: the paper's seven), the recipe of
+        the rule's paper setting ("paper setting", `creditaudit reproduce`), or none of them (an
+        explicit lr, weight decay or batch size over it)."""
         from .methods import SHARED_RECIPE, method_class
         recipe = self.resolved_recipe
-        published = method_class(self.method).recipe.concrete().settings()
-        source = [name for name, settings in (("published", published),
-                                              ("shared", SHARED_RECIPE.concrete().settings()))
-                  if settings == self.recipe]
+        cls = method_class(self.method)
+        published = cls.recipe.concrete().settings()
+        setting = cls.__dict__.get("paper_setting")
+        source = [name for name, settings in (
+            ("published", published), ("shared", SHARED_RECIPE.concrete().settings()),
+            ("paper setting", None if setting is None else setting.recipe.concrete().settings()))
+            if settings == self.recipe]
         return {**self.recipe, "milestone_epochs": recipe.milestone_epochs(self.epochs),
                 "label": recipe.compact(), "description": recipe.describe(self.epochs),
                 "citation": recipe.citation, "source": " = ".join(source) or "overridden"}

@@ -38,6 +38,7 @@ from ..errors import CreditAuditError
 from ..model import ResidualModel
 from ..seeding import derived_generator
 from .recipe import SHARED, Recipe, build_optimizer, build_scheduler
+from .setting import PaperSetting
 
 
 @dataclass
@@ -101,6 +102,11 @@ class Method(ABC):
     # the optimiser, schedule, weight decay and batch size the rule's authors published, with the
     # place in the paper (`methods/recipe.py`); the paper's seven keep the shared AdamW recipe
     recipe: ClassVar[Recipe] = SHARED
+    # the rule's own paper's setting — data, plain-MLP size, output loss, recipe, epochs — and the
+    # numbers the paper reports there, each with its source (methods/setting.py); None: none
+    # declared. A subclass does not inherit it (the registry, creditaudit.papers, reads the class's
+    # own). `creditaudit reproduce RULE` trains it
+    paper_setting: ClassVar["PaperSetting | None"] = None
 
     @classmethod
     def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:

@@ -73,6 +73,8 @@ from ..model.members import member_cross_entropy, member_linear
 from ..model.resmlp import ResidualMLP
 from ..model.resnet import SmallResNet
 from ..model.vit import ViTMini
+from .recipe import Recipe
+from .setting import AKROUT, AKROUT_DEVIATIONS, AKROUT_NETWORK, PaperSetting, Reported
 from .base import Method
 
 ROUTED = (nn.Linear, nn.Conv2d)
@@ -267,6 +269,25 @@ class FA(Method):
     paper = True
     random_feedback = True
     member_archs = (ResidualMLP, ViTMini, SmallResNet)
+
+    # the paper's own setting, for `creditaudit reproduce` (methods/setting.py)
+    paper_setting = PaperSetting(
+        citation="Lillicrap et al. 2016, as run in Akrout et al. 2019's MNIST code",
+        code=f"{AKROUT}: run.sh:7, fcnn/FCNN_FA.py:30",
+        **AKROUT_NETWORK,
+        options={},
+        recipe=Recipe(optimizer="sgd", lr=0.2, weight_decay=0.0, schedule="constant", batch_size=128,
+                      citation=f"{AKROUT}, run.sh:7 (plain SGD, lr 0.2, batch 128, 400 epochs)"),
+        reported=Reported(2.20, "experiments/mnist/fa-V0/log.txt:2408 of the reference code (epoch 400)",
+                          seeds=1, selection="final epoch"),
+        bp=Reported(1.50, "experiments/mnist/bp-V0/log.txt:1211 of the reference code (epoch 400)",
+                    seeds=1, selection="final epoch"),
+        deviations=("Lillicrap et al.'s own MNIST figure (784-1000-10) could not be read here; this "
+                    "setting is the feedback-alignment run of Akrout et al.'s code, whose log gives "
+                    "the number",
+                    "weights drawn N(0, 1/(fan_in + fan_out)) as the reference (init fan-sum-normal); "
+                    "B drawn from U(±1/√fan_in), the reference draws it N(0, 1/(fan_in + fan_out))",
+                    *AKROUT_DEVIATIONS))
 
     def __init__(self, model, settings):
         super().__init__(model, settings)

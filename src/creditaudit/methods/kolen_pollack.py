@@ -80,6 +80,7 @@ from __future__ import annotations
 
 from .fa import FA, feedback_layers
 from .recipe import Recipe
+from .setting import AKROUT, AKROUT_DEVIATIONS, AKROUT_NETWORK, PaperSetting, Reported
 
 DECAY = 1e-4      # λ_KP: the paper's ImageNet weight decay (module docstring)
 
@@ -109,6 +110,26 @@ class KolenPollack(FA):
                             "lr·λ_KP per SGD step (default 1e-4, the paper's ImageNet value; the module "
                             "docstring says how little that contracts in a short run, and 0.02)"}
     trainable_only_options = {"decay": DECAY}   # it acts on trainable units' W and B only
+
+    # the paper's own setting, for `creditaudit reproduce` (methods/setting.py)
+    paper_setting = PaperSetting(
+        citation="Akrout et al. 2019 (NeurIPS), its MNIST code",
+        code=f"{AKROUT}: run.sh:15, fcnn/FCNN_KP.py:30, 64-73",
+        **AKROUT_NETWORK,
+        options={"decay": 0.0},
+        recipe=Recipe(optimizer="sgd", lr=0.3, weight_decay=0.0, schedule="constant", batch_size=128,
+                      citation=f"{AKROUT}, run.sh:15 (plain SGD, lr 0.3, batch 128, 400 epochs, no decay)"),
+        bp_recipe=Recipe(optimizer="sgd", lr=0.2, weight_decay=0.0, schedule="constant", batch_size=128,
+                         citation=f"{AKROUT}, run.sh:7 (bp's run: lr 0.2)"),
+        reported=Reported(1.55, "experiments/mnist/kp-V0/log.txt:2408 of the reference code (epoch 400)",
+                          seeds=1, selection="final epoch"),
+        bp=Reported(1.50, "experiments/mnist/bp-V0/log.txt:1211 of the reference code (epoch 400)",
+                    seeds=1, selection="final epoch"),
+        deviations=("the paper reports ImageNet only; its MNIST code applies no weight decay to W or "
+                    "B (FCNN_KP.py:30), so λ_KP = 0 here",
+                    "weights drawn N(0, 1/(fan_in + fan_out)) as the reference (init fan-sum-normal); "
+                    "B drawn from U(±1/√fan_in), the reference draws it N(0, 1/(fan_in + fan_out))",
+                    *AKROUT_DEVIATIONS))
 
     def __init__(self, model, settings):
         super().__init__(model, settings)             # B ~ fa's draw; one optimizer over embed, W, head

@@ -21,7 +21,8 @@ W ~ U(±√(6/fan_in)) and b = 0 (PEPITA's reference code); "fan-sum-normal", W,
 fan_out)) (Akrout et al.'s MNIST code for fa and Kolen–Pollack). `bias = 0` builds every layer
 without biases (PEPITA's reference has none).
 Dropout (Nøkland & Eidnes 2019's MLP uses 0.1 in its MNIST commands) acts in training mode only, on
-each hidden layer's output, never on the input.
+each hidden layer's output, never on the input. A plain MLP trains lone: no rule's member axis
+(model/members.py) is written for it, so stacking leaves its runs alone.
 """
 from __future__ import annotations
 

@@ -141,8 +141,19 @@ def _credit_cells(row: dict) -> list[str]:
     return [_method_name(row), gamma, null, _signed(row.get("gamma_deep_paper")), rho, controls]
 
 
+# what a recipe's source means in the Recipes table: a "published" recipe on this audit's network is
+# its paper's optimiser, lr, weight decay and batch size adapted to a setting its authors never ran
+# (docs/METHODS.md, "Recipes"); the paper-setting one is the paper's own (`creditaudit reproduce`)
+RECIPE_SOURCES = {"published": "adapted from its paper to this setting",
+                  "published = shared": "the shared recipe (its paper's own)",
+                  "shared": "shared", "paper setting": "its paper's, in the paper's setting",
+                  "overridden": "overridden"}
+
+
 def _recipe_cells(row: dict) -> list[str]:
-    return [_method_name(row), _recipe(row, "description"), _recipe(row, "source"), _recipe(row, "citation")]
+    source = _recipe(row, "source")
+    return [_method_name(row), _recipe(row, "description"), RECIPE_SOURCES.get(source, source),
+            _recipe(row, "citation")]
 
 
 # (title, column heads, cells of one method row); markdown and HTML render the same tables
