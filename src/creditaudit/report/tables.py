@@ -147,6 +147,8 @@ def _credit_cells(row: dict) -> list[str]:
 RECIPE_SOURCES = {"published": "adapted from its paper to this setting",
                   "published = shared": "the shared recipe (its paper's own)",
                   "shared": "shared", "paper setting": "its paper's, in the paper's setting",
+                  "published = paper setting": "its paper's (the same on this network)",
+                  "shared = paper setting": "the shared recipe (its paper's own)",
                   "overridden": "overridden"}
 
 
