@@ -159,15 +159,16 @@ def reproductions_page(audits: dict[str, dict]) -> str:
     """docs/REPRODUCTIONS.md's generated part: one summary row per rule reproduced (its audit.json,
     by rule), then each rule's setting, sources and deviations."""
     head = ["rule", "setting", "paper: rule / bp (test error %)", "ours: rule / bp", "difference (rule)",
-            "outcome", "frozen control (random features)", "verdict (rule)", "budget"]
+            "outcome", "rule's frozen control (random features), error %", "verdict (rule)", "budget"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     details = []
     for rule, audit in audits.items():
         rep = audit["reproduction"]
         rows = {r["method"]: r for r in comparison(audit)}
         mine, bp = rows.get(rule), rows.get("bp")
-        paper = (f"{_pct(mine['paper'], mine['paper_sd'])} / "
-                 + ("—" if bp is None else _pct(bp["paper"], bp["paper_sd"])))
+        mark = lambda r: "" if r is None or r["paper"] is None or r["verified"] else " (unverified)"
+        paper = (f"{_pct(mine['paper'], mine['paper_sd'])}{mark(mine)} / "
+                 + ("—" if bp is None else _pct(bp["paper"], bp["paper_sd"]) + mark(bp)))
         ours = (f"{_pct(mine['ours'], mine['ours_sd'])} / "
                 + ("—" if bp is None else _pct(bp["ours"], bp["ours_sd"])))
         secs = train_seconds(audit)
