@@ -629,6 +629,61 @@ def cases(w: World) -> list[Case]:
     C += yardstick_cases(w)
     C += issue34_cases(w)
     C += start_and_code_cases(w)
+    C += issue35_cases(w)
+    return C
+
+
+def issue35_cases(w: World) -> list[Case]:
+    """Issue 35: the plain MLP's options, `reproduce` with bad rules, counts, folders and data, a
+    reproduction on a tiny MNIST-format folder, and per-method [recipes] in an audit TOML."""
+    import gzip
+    import struct
+    import numpy as np
+    o, C = w.out, []
+    add = lambda name, expect, run, owner="": C.append(Case("i35 " + name, expect, run, owner))
+    mlp = ["--arch", "mlp"]
+    for opt in ("loss=mse", "loss=", "dropout=1", "dropout=-0.1", "dropout=nan", "init=xavier", "bias=2",
+                "bias=-1", "bias=1.5", "heads=2"):
+        add(f"train mlp --arch-option {opt}", "refusal",
+            cli("train", *TINY, *mlp, "--arch-option", opt, "--out", w.fresh("t")))
+    for method, extra in (("sb", []), ("cb", []), ("pepita", ["--arch-option", "dropout=0.1"]),
+                          ("ep", ["--arch-option", "dropout=0.5"])):
+        add(f"train mlp {method} {' '.join(extra)}", "refusal",
+            cli("train", *TINY, *mlp, "--method", method, *extra, "--out", w.fresh("t")))
+    for method in ("bp", "fa", "dfa", "drtp", "kolen-pollack", "pepita", "local-loss", "pc"):
+        add(f"train mlp {method} bce tanh", "never-trustworthy",
+            cli("train", *TINY, *mlp, "--method", method, "--activation", "tanh", "--arch-option", "loss=bce",
+                "--out", w.fresh("t")))
+    for args in (["nope"], [""], ["bp"], ["sb"], ["fa", "--epochs", "0"], ["fa", "--epochs", "-1"],
+                 ["fa", "--epochs", "nan"], ["fa", "--seeds", "-1"], ["fa", "--seeds", "1", "1"],
+                 ["fa", "--seeds", "abc"], ["fa", "--data-dir", "/dev/null/x"],
+                 ["fa", "--out", "/etc/passwd"], ["fa", "--out", "/proc/creditaudit-repro"],
+                 ["fa", "--device", "tpu"], ["fa", "--jobs", "-1"], ["fa", "--recipe", "shared"],
+                 ["--list", "--epochs", "x"]):
+        add(f"reproduce {' '.join(args)!r}", "refusal", cli("reproduce", *args))
+    add("reproduce --list", "result", cli("reproduce", "--list"))
+    # a tiny MNIST-format folder: 30 training and 12 test images, every class
+    folder = o / "i35-data" / "mnist"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 30), ("t10k", 12)):
+        y = (np.arange(n) % 10).astype(np.uint8)
+        x = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        for name, arr in ((f"{prefix}-images-idx3-ubyte.gz", x), (f"{prefix}-labels-idx1-ubyte.gz", y)):
+            raw = bytes([0, 0, 8, arr.ndim]) + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.tobytes()
+            (folder / name).write_bytes(gzip.compress(raw))
+    out = w.fresh("repro")
+    add("reproduce drtp on a tiny folder, 1 epoch", "never-trustworthy",
+        cli("reproduce", "drtp", "--epochs", "1", "--seeds", "42", "--data-dir", o / "i35-data", "--out", out,
+            "--quiet", "--device", "cpu", "--jobs", "1"), )
+    for table in ('[recipes.bp]\noptimizer = "lbfgs"', '[recipes.bp]\nmomentum = 0.9',
+                  '[recipes.bp]\nlr = -1', '[recipes.bp]\nnope = 1', '[recipes]\nbp = 3',
+                  '[recipes.nope]\nlr = 0.1'):
+        toml = w.fresh("toml").with_suffix(".toml")
+        toml.parent.mkdir(parents=True, exist_ok=True)
+        toml.write_text('dataset = "digits"\nmethods = ["bp"]\nseeds = [1]\nepochs = 1\n' + table + "\n")
+        add(f"audit [recipes] {table!r}", "refusal", cli("audit", "--config", toml, "--out", w.fresh("a"),
+                                                          "--quiet", "--device", "cpu"))
     return C
 
 
