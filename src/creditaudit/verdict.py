@@ -492,10 +492,13 @@ def disagreement(r) -> list[str]:
         return []
     t = r.thresholds
     if r.flags["b"]:
+        # the median sample's error is tiny, so at least half the eval samples are fitted; the mean
+        # loss may still be large, carried by the rest (a confidently wrong few): say which
+        rest = ", carried by the other samples" if r.eval_loss >= 0.1 else ""
         return [f"(b) fired but the readout gain is healthy ({r.readout_gain:.3g} ≥ {t.gain:g}): "
                 f"‖g_L‖ = {r.bp_grad_norms[-1]:.3g} is small because the error at the logits is "
-                f"small (median ‖∂CE/∂logits‖ = {r.logit_grad_norm:.3g}, eval loss "
-                f"{r.eval_loss:.3g}: the model fits its eval batches), not because the readout "
+                f"small (median ‖∂CE/∂logits‖ = {r.logit_grad_norm:.3g}: at least half the eval "
+                f"samples are fitted; eval loss {r.eval_loss:.3g}{rest}), not because the readout "
                 "attenuates it. The project verdict follows (b′)."]
     return [f"(b′) fired but (b) did not: ‖g_L‖ = {r.bp_grad_norms[-1]:.3g} stays above "
             f"{t.floor:g} only because the error at the logits is large (eval loss "
