@@ -20,11 +20,14 @@ On the plain MLP (arch mlp) it runs exactly so: h_0 = x, f_l = act(W_l h + b_l),
 trained on e^mod ⊗ h_L^mod, every ΔW as above; the biases (the reference has none) get no update
 and keep their initial value. Credit a_l = h_l − h_l^mod, l = 0 … L (a_0 = −F·e at the input, of
 the input's shape; the protocol's deep Γ averages 1 … L).
-Where the mlp run still differs from the reference: the layers' init is the model's, nn.Linear's
-default W, b ~ U(±1/√fan_in) (the reference: W ~ U(±√(6/fan_in)), √6 × wider, and no b — here the
-biases exist and stay at their small initial values); the activation is the model's (relu by
-default, as the reference); dropout must be 0 (the reference's notebook keeps 0.9 of the units with
-one mask shared by its two passes, which this tool does not implement: refused in one line).
+
+Where it differs from the original, on the plain MLP:
+  * the layers' init is the model's: with `--arch-option init=he-uniform --arch-option bias=0` (the
+    paper setting, `paper_setting` below) W ~ U(±√(6/fan_in)) and no biases, as the reference; with
+    the defaults nn.Linear's W, b ~ U(±1/√fan_in), whose biases get no update.
+  * the activation is the model's (relu in the paper setting, as the reference).
+  * dropout must be 0: the reference's notebook keeps 0.9 of the units with one mask shared by its
+    two passes, which this tool does not implement (refused in one line).
 
 On the residual models (embed → blocks → readout; the ResidualMLP's block f_l(h) = W2·u_l + b2,
 u_l = act(W1·LN(h) + b1)):
@@ -45,7 +48,7 @@ u_l = act(W1·LN(h) + b1)):
     embed:    (embed(x) · a_0).sum(-1).mean()  → ΔW_embed = (−F·e)ᵀ x / N; its bias no update
     readout:  ℓ(readout(h_L.detach()), y) of the clean pass        the true gradient
 
-Where the residual models differ from the original, and why:
+Where it differs from the original, on the residual models, and why:
   * the modulation enters at h_0 = embed(x), the input of the residual stream, not at the raw input x:
     a method here sees no input layout (images, tokens, features), while every stream has
     D = prod(stream_shape) values per sample; F's published scale is kept with the stream's D in place
