@@ -177,3 +177,27 @@ def test_credit_does_not_advance_the_training_tangents():
     first = method.credit(x, y)
     assert all(torch.equal(a, b) for a, b in zip(first, method.credit(x, y)))
     assert torch.equal(state, method.gen.get_state())
+
+
+def test_fg_w_credit_averages_to_the_tangent_kernel_times_the_gradient():
+    """fg-w's a_{l,i} = d_i·(∂h_{l,i}/∂θ·v) averages over tangents to J_{l,i} ∇_θ ℓ_i = K_{l,i} g_{l,i}
+    (J = ∂h_{l,i}/∂θ): computed here per sample by one jvp along ∇_θ ℓ_i, against 4000 draws on a
+    float64 ResMLP with 24 perturbed weights (relative error of the mean ≈ √(24/4000) ≈ 0.08)."""
+    torch.manual_seed(2)
+    model = ResidualMLP(3, 2, 1, 3, w2_std=0.5).double()
+    x, y = torch.randn(2, 3, dtype=torch.float64), torch.tensor([0, 2])
+    method = method_class("fg-w")(model, MethodSettings(epochs=1, trainable_blocks=(0,)))
+    names, theta = list(method.theta), list(method.theta.values())
+    assert sum(p.numel() for p in theta) == 24
+    gen = torch.Generator().manual_seed(0)
+    draws = [method.fresh_feedback_credit(x, y, gen) for _ in range(4000)]
+    for i in range(len(y)):
+        grad_i = torch.autograd.grad(model.loss(model(x[i:i + 1]), y[i:i + 1]), theta)
+
+        def hidden(*params):
+            return tuple(torch.func.functional_call(model, dict(zip(names, params)), (x[i:i + 1],),
+                                                    {"return_hidden": True})[1])
+        _, kg = torch.func.jvp(hidden, tuple(p.detach() for p in theta), grad_i)
+        for l in (0, 1):                 # h_0 = embed(x) and h_1, the block's output
+            mean = torch.stack([d[l][i] for d in draws]).mean(0)
+            assert _flat_cos(mean, kg[l][0]) > 0.99, (i, l)

@@ -56,8 +56,8 @@ Credit a_l (what the audit measures; "direction of increasing loss", per-sample 
 is the same estimator under fresh tangents from the audit's generator. So the null is the spread of
 Γ over tangent draws, the one-draw chance level (≈ √(2/π)/√D per position): Γ − null ≈ 0 is what an
 unbiased one-draw estimate scores; the estimate is unbiased, but one draw is not its expectation.
-For fg-a and lg-fg-a cos(a_l, ĝ_l's target) = |⟨g, u⟩|/(‖g‖‖u‖) ≥ 0 for the position's own
-derivative, so their Γ against the target they estimate is never negative.
+lg-fg-a's a_l has cos(a_l, ∂ℓ_aux,l/∂h_l) = |⟨g, u⟩|/(‖g‖‖u‖) ≥ 0 (each position its own derivative);
+fg-a's derivative is shared by every position's tangent, so its per-position cosine can be negative.
 
 exact_positions: none. Every position's credit is a one-draw estimate (lg-fg-a's a_L estimates the
 readout's gradient, fg-w's a_L is a push-forward), so Γ_l = 1 nowhere by construction.
@@ -67,6 +67,8 @@ Draws: `prepare_step` draws the step's tangents from the method's generator `sel
 the seed and a resumed run continues the stream; `gradients` draws nothing. `credit` (the audit's a_l)
 draws from a generator rebuilt from a seed kept in the method's state: reproducible, and it does not
 advance the training stream.
+
+Compilation: none — the steps train eagerly (`JVP_COMPILES`, below).
 
 Architectures: the ResMLP (`arch resmlp`) and the plain MLP (`arch mlp`), without dropout (the jvp pass
 must compute the same function as the clean pass). Others are refused in one line: their BatchNorm
@@ -160,9 +162,19 @@ def one_draw_cosine(grad: torch.Tensor, n_draws: int, gen: torch.Generator) -> t
     return (d.unsqueeze(1) * v @ g) / (g.norm() * (d.abs().unsqueeze(1) * v).norm(dim=1))
 
 
+# The forward-gradient steps train eagerly (`compilable` False): torch.compile (torch 2.13, fullgraph,
+# even with the eager backend) cannot trace `torch.func.jvp` through the model — through LayerNorm its
+# fake-tensor pass hits an internal assert at `_fw_primal`, and the grad mode around the jvp is lost
+# (the readout's backward then finds no graph). `Method.step_function` then returns the eager step.
+JVP_COMPILES = False
+
+
 class _ActivityTangents(LocalMethod):
     """What fg-a and lg-fg-a share: a tangent u_{l,i} ~ N(0, I) per sample at each perturbed position,
     drawn in `prepare_step` from `self.gen` (module docstring)."""
+
+    def compilable(self) -> bool:
+        return JVP_COMPILES
 
     def _setup_tangents(self, model) -> None:
         # the perturbed positions: h_0 … h_L, or h_1 … h_L on the plain MLP (h_0 = x: nothing to train)
@@ -355,6 +367,9 @@ class ForwardGradientW(LocalMethod):
         self.theta = {ids[id(p)]: p for p in perturbed}              # θ: the weights with a tangent
         self.credit_seed = int(torch.randint(2 ** 62, (1,), generator=self.gen))
         self._tangent: dict[str, torch.Tensor] | None = None
+
+    def compilable(self) -> bool:
+        return JVP_COMPILES
 
     def _draw(self, gen: torch.Generator, like: torch.Tensor) -> dict[str, torch.Tensor]:
         """v ~ N(0, I) over θ: one flat draw from the CPU generator, split by parameter."""
