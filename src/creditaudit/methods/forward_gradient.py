@@ -111,8 +111,10 @@ Where it differs from the original:
     * everything else as fg-a.
 
 Numbers known so far (unverified here unless stated): Ren et al. Table 3, MNIST test error: BP 2.41,
-FG-W 8.56, FG-A 3.76, LG-FG-A 2.55 (the setting of that table — their MNIST MLP and its recipe — is
-not in the released code we could read; the released configs are for ImageNet). orobix/fwdgrad (an
+FG-W 8.56, FG-A 3.76, LG-FG-A 2.55 — not read here; the abstract (read) says their approach "matches
+backprop on MNIST" with their LocalMixer architecture, so that table is probably on a LocalMixer, not
+an MLP; its network and recipe are not in the released configs (ImageNet only), hence no
+`paper_setting` for these rules yet. orobix/fwdgrad (an
 unofficial Baydin et al. implementation): 784-1024-1024-10 ReLU, SGD lr 2e-4 with lr_i = lr·e^(−1e-4·i),
 batch 64, 200 epochs (configs/model/default.yaml, configs/optimization/default.yaml,
 configs/dataset/default.yaml) — read here.
@@ -151,15 +153,6 @@ def check_arch(model, rule: str) -> None:
                                f"{type(model).__name__}: its jvp pass is not written for BatchNorm "
                                "statistics or token streams; use --arch resmlp or --arch mlp")
     refuse_dropout(model, rule, "the jvp pass recomputes the forward")
-
-
-def one_draw_cosine(grad: torch.Tensor, n_draws: int, gen: torch.Generator) -> torch.Tensor:
-    """cos(d·v, ∇J) of `n_draws` single-draw forward gradients of a gradient `grad` (flattened), v ~
-    N(0, I) from `gen`: |⟨g, v⟩| / (‖g‖‖v‖), (n_draws,). Its mean is ≈ √(2/π)/√n for n = grad.numel()."""
-    g = grad.flatten().double()
-    v = torch.randn(n_draws, g.numel(), generator=gen, dtype=torch.float64)
-    d = v @ g
-    return (d.unsqueeze(1) * v @ g) / (g.norm() * (d.abs().unsqueeze(1) * v).norm(dim=1))
 
 
 # The forward-gradient steps train eagerly (`compilable` False): torch.compile (torch 2.13, fullgraph,
