@@ -184,6 +184,8 @@ class _ActivityTangents(LocalMethod):
         self._tangents = self._draw(self.settings.batch_size, self.gen, self.model.head_parameters()[0])
 
     def _step_tangents(self, n: int) -> dict[int, torch.Tensor]:
+        if not self._tangents:            # nothing perturbed: the plain MLP without hidden layers
+            return {}
         if n > next(iter(self._tangents.values())).shape[0]:
             raise CreditAuditError(f"{self.name} drew tangents for batches of "
                                    f"{next(iter(self._tangents.values())).shape[0]}; got {n} samples "
