@@ -16,6 +16,8 @@ from creditaudit.methods import METHODS, MethodSettings, method_class
 from creditaudit.model import ResidualMLP, build_model
 
 BUILT_IN = tuple(METHODS)          # every built-in method (the registry)
+# rules whose step torch.compile cannot trace (forward_gradient.JVP_COMPILES: torch.func.jvp)
+EAGER_ONLY = ("fg-w", "fg-a", "lg-fg-a")
 SIZES = {"resmlp": dict(width=16, blocks=2), "vit-mini": dict(width=8, blocks=2, options={"heads": 2, "patch": 4}),
          "resnet-small": dict(width=4, blocks=2)}
 
@@ -37,7 +39,14 @@ def batches(arch: str, device, dtype=torch.float64, n=16, k=2):
              torch.randint(0, 10, (n,), generator=g).to(device)) for _ in range(k)]
 
 
-@pytest.mark.parametrize("name, arch", [(m, "resmlp") for m in BUILT_IN]
+@pytest.mark.parametrize("name", EAGER_ONLY)
+def test_an_eager_only_rule_trains_through_its_eager_step(name, device):
+    """Asked for a compiled step, a rule that declares itself not compilable gets its eager one."""
+    (_, method), _ = pair(name, "resmlp", device)
+    assert not method.compilable() and method.step_function(backend="eager") == method.train_step
+
+
+@pytest.mark.parametrize("name, arch", [(m, "resmlp") for m in BUILT_IN if m not in EAGER_ONLY]
                          + [(m, a) for a in ("vit-mini", "resnet-small") for m in ("bp", "dfa")])
 def test_the_step_compiles_whole_and_gives_the_eager_update(name, arch, device):
     """Also: one graph serves every step of every epoch (a step that read a Python counter or a

@@ -45,6 +45,13 @@ PUBLISHED = {
     # BioTorch's sign-symmetry benchmark config: lr × 0.1 at 100, 150, 200 of 250 → 6, 9, 12 of 15
     "sign-symmetry": (torch.optim.SGD, 0.1, 0.9, False, 1e-4, torch.optim.lr_scheduler.MultiStepLR,
                       [6, 9, 12], 0.1, 128),
+    # Baydin et al.'s MNIST MLP as orobix/fwdgrad configures it: plain SGD lr 2e-4, batch 64 (their
+    # per-iteration exponential decay has no Recipe schedule: constant)
+    "fg-w": (torch.optim.SGD, 2e-4, 0.0, False, 0.0, torch.optim.lr_scheduler.ConstantLR, [], None, 64),
+    # Ren et al.'s released supervised config: SGD m0.9 lr 0.05, wd 1e-4, cosine, batch 256
+    "fg-a": (torch.optim.SGD, 0.05, 0.9, False, 1e-4, torch.optim.lr_scheduler.CosineAnnealingLR, [], None, 256),
+    "lg-fg-a": (torch.optim.SGD, 0.05, 0.9, False, 1e-4, torch.optim.lr_scheduler.CosineAnnealingLR, [],
+                None, 256),
 }
 SHARED = (torch.optim.AdamW, 1e-3, None, None, 0.01, torch.optim.lr_scheduler.CosineAnnealingLR, [], None, 128)
 

@@ -14,6 +14,7 @@ from .dfa import DFA, DFAPenalty
 from .drtp import DRTP
 from .ep import EP
 from .fa import FA
+from .forward_gradient import ForwardGradientA, ForwardGradientW, LocalGreedyForwardGradientA
 from .kolen_pollack import KolenPollack
 from .local import LocalMethod, output_error, rms_normalise
 from .local_losses import LocalLosses
@@ -28,7 +29,8 @@ from .signsym import SignSymmetry
 # the paper's seven first (`Method.paper`), then the zoo (issue 24)
 _BUILT_IN: tuple[type[Method], ...] = (BP, FA, DFA, DFAPenalty, EP, StateBridge, CreditBridge,
                                        SignSymmetry, KolenPollack, DRTP, NodePerturbation,
-                                       LocalLosses, PEPITA, PredictiveCoding)
+                                       LocalLosses, PEPITA, PredictiveCoding, ForwardGradientW,
+                                       ForwardGradientA, LocalGreedyForwardGradientA)
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in _BUILT_IN}
 REFERENCE_METHOD = BP.name        # the method every other is compared with (Γ = 1 by construction)
 
