@@ -38,7 +38,8 @@ def test_a_rerun_with_nothing_to_train_starts_no_process_and_no_dynamo(tmp_path,
     first_code = cli_main(_audit(tmp_path))
     first = _audit_json(tmp_path)
     assert first_code in (0, 3) and first["runs_trained_now"] == len(first["runs"]) > 1
-    assert pools == [2, 2]            # the first run needed its workers: to train, then to diagnose
+    # the first run needed its workers, once: one pool trains, gates the controls and diagnoses
+    assert pools == [2]
 
     def refuse(*args, **kwargs):
         raise AssertionError("a worker pool was started with nothing to train or diagnose")

@@ -357,7 +357,7 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
     t0 = time.perf_counter()
     outcomes = run_all(runs, out, execution=execution_of(config, compile_step, label_probe), thresholds=thresholds,
                        n_eval=config.eval_batches, frozen_of=frozen_control_of,
-                       yardstick_of=yardstick_control, progress=progress)
+                       yardstick_of=yardstick_control, progress=progress, diagnose_controls=False)
     # accuracies are measured on the whole test split: (d)'s test-set term
     data = dataset(config.dataset, config.data_dir, "cpu")
     n_test = len(data.y_test)

@@ -205,6 +205,69 @@ def _keep_yardstick_check(run_dir: Path, margin: float, refused: str | None) -> 
         pass            # only a cache: the check is made again next time
 
 
+@dataclass
+class GateJob:
+    """One check of the evidence gate, run in a worker (`gate_job`): `kind` "yardstick" (bp's
+    frozen control of a seed, judged on its own: `evidence.gate_yardstick`), "shallow" (a shallow
+    control must have trained) or "control" (the frozen control at `control_dir` of the main run
+    at `run_dir`, whose config is `config`; `yardstick_acc` the seed's checked yardstick's)."""
+
+    kind: str
+    run_dir: str
+    dataset: str
+    data_dir: str
+    threads: int
+    margin: float
+    label: str = ""
+    config: dict | None = None
+    control_dir: str | None = None
+    yardstick_acc: float | None = None
+
+
+def _init_acc(run: Run, data: ArrayDataset) -> float:
+    """The accuracy of `run`'s model as its seed initialises it, on the test split."""
+    init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
+    return accuracy(init.eval(), data.eval_batches("test", 1000))
+
+
+def gate_job(job: GateJob) -> dict[str, Any]:
+    """The evidence gate's check `job` (`GateJob`): {"refused": None} when it passes — with
+    "admission" (`evidence.Admission` as a dict) for a frozen control —, {"refused": why} when the
+    gate refuses it. Its loads and forward passes run in a worker, beside the others: the driver
+    never builds a rule (whose optimiser imports torch._dynamo) to judge its controls."""
+    if job.threads:                  # 0: in the driver, whose thread count stays its own
+        torch.set_num_threads(job.threads)
+    data = dataset(job.dataset, job.data_dir, "cpu")
+    try:
+        if job.kind == "yardstick":
+            run = load_run(job.run_dir, "cpu")
+            evidence.gate_yardstick(yardstick_evidence(run, *data.eval_batch(0), _init_acc(run, data)),
+                                    job.margin)
+            return {"refused": None}
+        if job.kind == "shallow":
+            evidence.gate(evidence.Evidence(job.label, None, control_evidence(
+                None, load_run(job.run_dir, "cpu", method=False), data.eval_batch(0)[0])))
+            return {"refused": None}
+        config = RunConfig.from_dict(job.config)
+        ev = control_evidence(config, load_run(job.control_dir, "cpu", method=False), data.eval_batch(0)[0])
+        # a control must beat the untrained model by the margin, with or without a yardstick
+        ev = replace(ev, init_acc=_init_acc(load_run(job.run_dir, "cpu", method=False), data))
+        if job.yardstick_acc is not None:
+            ev = replace(ev, yardstick_acc=job.yardstick_acc)
+        admission = evidence.gate(evidence.Evidence(job.label, None, ev, depth_margin=job.margin))
+        return {"refused": None, "admission": asdict(admission)}
+    except CreditAuditError as err:
+        return {"refused": str(err)}
+
+
+def _gate_failed(record: dict) -> str | None:
+    """Why a gate job's record refuses: its own reason, or a worker that died on it (the check
+    was not made, so nothing it guards is admitted)."""
+    if "refused" in record:
+        return record["refused"]
+    return f"the evidence gate could not check it: {record.get('message') or record.get('error')}"
+
+
 def diagnose_job(job: DiagnoseJob) -> dict[str, Any]:
     """Diagnose one trained run from its checkpoint; the report dict is also saved beside it, bound
     to the run and to the settings it was made with (`diagnosis_settings`), so an audit run again
@@ -474,14 +537,35 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             rho: bool = True,
             frozen_of: Callable[[RunConfig], RunConfig | None] | None = None,
             yardstick_of: Callable[[RunConfig], RunConfig | None] | None = None,
-            progress: bool = True) -> list[Outcome]:
-    """Train every config (reusing finished runs), then diagnose each run that ended.
+            progress: bool = True, diagnose_controls: bool = True) -> list[Outcome]:
+    """Train every config (reusing finished runs), gate the controls, then diagnose each run that
+    ended.
 
-    frozen_of(config) names the frozen control whose accuracy (d) compares against; a control
-    itself is diagnosed without ρ (it only needs to exist as the yardstick). yardstick_of(config)
-    names the yardstick of that control (bp's frozen control of the seed, among `configs`): each
-    run's own diagnosis then judges its control against it (a weak control cannot be cleared).
+    frozen_of(config) names the frozen control whose accuracy (d) compares against; with
+    `diagnose_controls` a control itself is diagnosed too, without ρ (the audit turns it off: it
+    reads a control's accuracy alone, through the evidence gate). yardstick_of(config) names the
+    yardstick of that control (bp's frozen control of the seed, among `configs`): each run's own
+    diagnosis then judges its control against it (a weak control cannot be cleared). One pool of
+    workers serves training, the gate and the diagnoses, and ends with the call.
     """
+    made: list = []
+    try:
+        return _run_all(configs, root, made, execution=execution, thresholds=thresholds, n_eval=n_eval,
+                        rho=rho, frozen_of=frozen_of, yardstick_of=yardstick_of, progress=progress,
+                        diagnose_controls=diagnose_controls)
+    finally:
+        for executor in made:
+            close = getattr(executor, "close", None)
+            if close is not None:
+                close()
+
+
+def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution: Execution,
+             thresholds: Thresholds, n_eval: int, rho: bool,
+             frozen_of: Callable[[RunConfig], RunConfig | None] | None,
+             yardstick_of: Callable[[RunConfig], RunConfig | None] | None,
+             progress: bool, diagnose_controls: bool) -> list[Outcome]:
+    """`run_all`'s work; `made` holds the executor once a job needed one (`run_all` closes it)."""
     # the command line has resolved "auto" by now; a Python caller's unresolved "auto" (the
     # AuditConfig default) runs on the CPU like every library call without inputs
     dev = as_device(None if execution.device == "auto" else execution.device)
@@ -493,7 +577,6 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     check_eval_batches(len(data.y_test), n_eval)
     # the data's contents are part of every run's key: other data under the same --out are other runs
     configs = [c.bind_data(dataset(c.dataset, execution.data_dir, "cpu").digest) for c in configs]
-    made: list = []
 
     def executor():
         """Made when a job needs it: a re-run with nothing to train or diagnose starts no worker
@@ -563,7 +646,7 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
         outcomes.append(o)
 
     by_key = {o.config.run_key: o for o in outcomes}
-    gated: dict[tuple[str, str], tuple[evidence.Admission | None, str | None]] = {}
+    margin = thresholds.depth_margin
 
     def finished_yardstick(o: Outcome) -> Outcome | None:
         """The seed's yardstick (bp's frozen control of `o`'s seed) when it finished, else None."""
@@ -571,71 +654,94 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
         yard = by_key.get(yard.bind_data(o.config.data_digest).run_key) if yard else None
         return yard if yard is not None and yard.status == "finished" and yard.test_acc is not None else None
 
+    def gate_all(jobs: list[GateJob]) -> list[dict]:
+        """The gate's checks in the workers where training started them, else here: a re-run with
+        nothing to train starts no process to judge its controls (their checks load no rule)."""
+        if not jobs:
+            return []
+        if made:
+            return made[0].map(gate_job, jobs, lambda i, r: None)
+        return [gate_job(replace(j, threads=0)) for j in jobs]
+
+    # -- the evidence gate. First each yardstick once (`evidence.gate_yardstick`: a control's checks,
+    # beating the untrained model by the (d) margin, and its rule computing backprop, Γ = 1 at every
+    # position on the probe batch, the project's own code) and each shallow control (a yardstick
+    # too: it must have trained); then each run's frozen control, against its seed's yardstick.
+    yard_for = {o.config.run_key: finished_yardstick(o) for o in outcomes}   # before any is refused
     yard_refused: dict[str, str | None] = {}
+    first: list[tuple[Outcome, GateJob]] = []
+    for yard in {y.config.run_key: y for y in yard_for.values() if y is not None}.values():
+        kept = _kept_yardstick_check(yard.run_dir, margin)
+        if kept is not None:            # checked before, of this run as it stands, by this code
+            yard_refused[yard.config.run_key] = kept["refused"]
+        else:
+            first.append((yard, GateJob("yardstick", str(yard.run_dir), yard.config.dataset,
+                                        execution.data_dir, threads, margin, yard.config.label)))
+    for o in outcomes:
+        if o.config.control == "shallow" and o.status == "finished":
+            first.append((o, GateJob("shallow", str(o.run_dir), o.config.dataset, execution.data_dir,
+                                     threads, margin, o.config.label)))
+    for (o, job), rec in zip(first, gate_all([job for _, job in first])):
+        why = _gate_failed(rec)
+        if job.kind == "yardstick":
+            yard_refused[o.config.run_key] = why
+            if "refused" in rec:        # a check that was made (not a dead worker's) is kept
+                _keep_yardstick_check(o.run_dir, margin, why)
+        elif why is not None:
+            o.status, o.message = "refused", why
+    for key, why in yard_refused.items():
+        if why is not None:
+            by_key[key].status, by_key[key].message = "refused", why
 
     def checked_yardstick(o: Outcome) -> tuple[Outcome | None, str | None]:
-        """The seed's yardstick as evidence (`evidence.gate_yardstick`): (it, None) when it finished
-        and passed — a control's checks, beating the untrained model by the (d) margin, and its
-        rule computing backprop (Γ = 1 at every position on the probe batch, the project's own
-        code) —, (None, why) when refused (then the seed's (d) cannot clear), (None, None) when
-        there is none. Checked once per yardstick."""
-        yard = finished_yardstick(o)
+        """The seed's yardstick as evidence: (it, None) when it finished and passed the gate,
+        (None, why) when refused (then the seed's (d) cannot clear), (None, None) when there is none."""
+        yard = yard_for.get(o.config.run_key)
         if yard is None:
             return None, None
-        key = yard.config.run_key
-        if key not in yard_refused:
-            kept = _kept_yardstick_check(yard.run_dir, thresholds.depth_margin)
-            if kept is not None:            # checked before, of this run as it stands, by this code
-                yard_refused[key] = kept["refused"]
-            else:
-                try:
-                    run = load_run(yard.run_dir, "cpu")
-                    init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
-                    init_acc = accuracy(init.eval(), data.eval_batches("test", 1000))
-                    evidence.gate_yardstick(yardstick_evidence(run, *data.eval_batch(0), init_acc),
-                                            thresholds.depth_margin)
-                    yard_refused[key] = None
-                except CreditAuditError as err:
-                    yard_refused[key] = str(err)
-                _keep_yardstick_check(yard.run_dir, thresholds.depth_margin, yard_refused[key])
-            if yard_refused[key] is not None:
-                yard.status, yard.message = "refused", yard_refused[key]
-        return (yard, None) if yard_refused[key] is None else (None, yard_refused[key])
+        why = yard_refused[yard.config.run_key]
+        return (yard, None) if why is None else (None, why)
 
-    def admit(o: Outcome, control: Outcome) -> tuple[evidence.Admission | None, str | None]:
-        """The evidence gate on `control` as the frozen control of `o`: (admission, None), or
-        (None, why) when refused — then (d) is not evaluated for `o`'s seed, and the control is
-        marked refused so that no table pairs a seed with it. A refused yardstick leaves the seed's
-        (d) not evaluated too."""
-        key = (o.config.run_key, control.config.run_key)
+    def control_of(o: Outcome) -> Outcome | None:
+        frozen = frozen_of(o.config) if frozen_of else None
+        return by_key.get(frozen.run_key) if frozen else None
+
+    def diagnosed(o: Outcome) -> bool:
+        """A run with no residual block (the shallow control) has no depth to diagnose
+        (`evidence.check_depth`): its accuracy is all the audit reads of it; nor, with
+        `diagnose_controls` off, a frozen control, whose accuracy the gate has admitted or refused."""
+        return o.status in DONE and bool(o.config.blocks) and (diagnose_controls or o.config.control != "frozen")
+
+    # then the frozen control of each run (`admit`): (admission, None), or (None, why) when refused —
+    # then (d) is not evaluated for the run's seed, and the control is marked refused so that no table
+    # pairs a seed with it. A refused yardstick leaves the seed's (d) not evaluated too.
+    gated: dict[str, tuple[evidence.Admission | None, str | None]] = {}
+    pairs: list[tuple[Outcome, Outcome]] = []
+    for o in outcomes:
+        control = control_of(o)
+        if not diagnosed(o) or control is None or control.status not in (*DONE, "refused"):
+            continue
         yard, yard_why = checked_yardstick(o)
         if yard_why is not None:
-            return None, yard_why
+            gated[o.config.run_key] = None, yard_why
+        elif control.status == "refused":      # refused as a yardstick
+            gated[o.config.run_key] = None, control.message
+        else:
+            pairs.append((o, control))
+    checks = gate_all([GateJob("control", str(o.run_dir), o.config.dataset, execution.data_dir, threads, margin,
+                               o.config.label, o.config.to_dict(), str(control.run_dir),
+                               None if checked_yardstick(o)[0] is None else checked_yardstick(o)[0].test_acc)
+                       for o, control in pairs])
+    for (o, control), rec in zip(pairs, checks):
         if control.status == "refused":        # refused for another run it controls (a λ sweep's)
-            return None, control.message
-        if key not in gated:
-            try:
-                ev = control_evidence(o.config, load_run(control.run_dir, "cpu", method=False), data.eval_batch(0)[0])
-                # a control must beat the untrained model by the margin, with or without a yardstick
-                run = load_run(o.run_dir, "cpu", method=False)
-                init = build_model(run.config, tuple(run.shape["input_shape"]), run.shape["n_classes"])
-                ev = replace(ev, init_acc=accuracy(init.eval(), data.eval_batches("test", 1000)))
-                if yard is not None:
-                    ev = replace(ev, yardstick_acc=yard.test_acc)
-                gated[key] = evidence.gate(evidence.Evidence(o.config.label, None, ev,
-                                                             depth_margin=thresholds.depth_margin)), None
-            except CreditAuditError as err:
-                gated[key] = None, str(err)
-                control.status, control.message = "refused", str(err)
-        return gated[key]
-
-    for o in outcomes:          # a shallow control is a yardstick too: it must have trained
-        if o.config.control == "shallow" and o.status == "finished":
-            try:
-                evidence.gate(evidence.Evidence(o.config.label, None, control_evidence(
-                    None, load_run(o.run_dir, "cpu", method=False), data.eval_batch(0)[0])))
-            except CreditAuditError as err:
-                o.status, o.message = "refused", str(err)
+            gated[o.config.run_key] = None, control.message
+            continue
+        why = _gate_failed(rec)
+        if why is None:
+            gated[o.config.run_key] = evidence.Admission(**rec["admission"]), None
+        else:
+            gated[o.config.run_key] = None, why
+            control.status, control.message = "refused", why
 
     test_labels = data.y_test.tolist()
 
@@ -652,14 +758,10 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
 
     diag_jobs, diag_index = [], []
     for i, o in enumerate(outcomes):
-        # a run with no residual block (the shallow control) has no depth to diagnose
-        # (`evidence.check_depth`): its accuracy is all the audit reads of it
-        if o.status not in DONE or not o.config.blocks:
+        if not diagnosed(o):
             continue
-        frozen = frozen_of(o.config) if frozen_of else None
-        control = by_key.get(frozen.run_key) if frozen else None
-        admitted, refused = (admit(o, control) if control is not None and control.status in (*DONE, "refused")
-                             else (None, None))
+        control = control_of(o)
+        admitted, refused = gated.get(o.config.run_key, (None, None))
         diag_jobs.append(DiagnoseJob(o.config.to_dict(), str(o.run_dir), execution.data_dir, str(dev),
                                      threads, asdict(thresholds),
                                      frozen_acc=admitted.frozen_acc if admitted else None,

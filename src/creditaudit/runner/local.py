@@ -35,27 +35,46 @@ def _die_with_parent(parent: int) -> None:
 
 
 class LocalExecutor:
+    """One pool of `workers` spawned processes, made at the first map that needs it and kept for
+    the maps after it (an audit's training, evidence gate and diagnoses start workers once, not
+    once per phase); `close()` ends it. A pool a dying worker broke is replaced at the next map."""
+
     def __init__(self, workers: int = 1):
         self.workers = max(1, workers)
+        self._pool: ProcessPoolExecutor | None = None
 
     def map(self, fn: Callable[[Any], dict], jobs: Sequence[Any],
             on_done: Callable[[int, dict], None]) -> list[dict]:
         with sigterm_interrupts():
             return self._map(fn, jobs, on_done)
 
+    def close(self) -> None:
+        """End the workers (after the jobs they run); a later map starts new ones."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _kill(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+
     def _map(self, fn: Callable[[Any], dict], jobs: Sequence[Any],
              on_done: Callable[[int, dict], None]) -> list[dict]:
         results: list[Any] = [None] * len(jobs)
-        if self.workers <= 1 or len(jobs) <= 1:
+        if self.workers <= 1 or (len(jobs) <= 1 and self._pool is None):
             for i, job in enumerate(jobs):
                 results[i] = fn(job)
                 on_done(i, results[i])
             return results
-        pool = ProcessPoolExecutor(max_workers=min(self.workers, len(jobs)),
-                                   mp_context=get_context("spawn"), initializer=_die_with_parent,
-                                   initargs=(os.getpid(),))
+        if self._pool is None or getattr(self._pool, "_broken", False):
+            self._kill()
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"),
+                                             initializer=_die_with_parent, initargs=(os.getpid(),))
         try:
-            futures = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
+            futures = {self._pool.submit(fn, job): i for i, job in enumerate(jobs)}
             for fut in as_completed(futures):
                 i = futures[fut]
                 try:
@@ -64,9 +83,12 @@ class LocalExecutor:
                     results[i] = worker_died(err)
                 on_done(i, results[i])
         except BaseException:                       # Ctrl-C / SIGTERM: stop every worker now
-            for proc in list(getattr(pool, "_processes", {}).values()):
-                proc.kill()
-            pool.shutdown(wait=False, cancel_futures=True)
+            self._kill()
             raise
-        pool.shutdown(wait=True)
         return results
+
+    def __del__(self):                              # an executor dropped without close()
+        try:
+            self._kill()
+        except Exception:  # noqa: BLE001 — at interpreter exit, modules may be gone
+            pass
