@@ -232,6 +232,7 @@ def test_frozen_control_trains_the_readout_alone_and_the_step_reproduces():
     (lambda: SmallResNet((3, 8, 8), width=4, n_blocks=1, n_classes=10), "mlp or resmlp only"),
     (lambda: PlainMLP(16, 8, n_blocks=1, n_classes=10, dropout=0.1), "dropout"),
     (lambda: PlainMLP(6, 8, n_blocks=1, n_classes=10), "only 6"),
+    (lambda: ResidualMLP(12, 4, 1, 10), "too narrow for 10 classes"),
 ])
 def test_what_it_is_not_written_for_is_refused_in_one_line(model, needle):
     with pytest.raises(CreditAuditError, match=needle) as err:
@@ -243,6 +244,14 @@ def test_an_unknown_sampler_is_refused_in_one_line():
     with pytest.raises(CreditAuditError, match="negatives.*hard, uniform"):
         method_class(RULE)(ResidualMLP(12, 16, 1, 10), MethodSettings(
             epochs=1, trainable_blocks=(0,), options={"negatives": "permuted"}))
+
+
+def test_the_label_code_is_the_first_features_or_signed_when_the_stream_is_narrow():
+    from creditaudit.methods.forward_forward import label_code
+    assert torch.equal(label_code(10, 16), torch.eye(10, 16))
+    narrow = label_code(10, 8)
+    assert torch.equal(narrow[:8], torch.eye(8)) and torch.equal(narrow[8:], -torch.eye(2, 8))
+    assert len({tuple(r.tolist()) for r in narrow}) == 10                     # every label distinct
 
 
 def test_the_half_linear_schedule_is_hintons_epsgain():

@@ -54,7 +54,9 @@ y+1, …, y+C−1 (mod C), so ỹ = y is impossible by construction, not merely 
 On the ResMLP (arch resmlp) a "layer" is the map to a residual position, each trained by the goodness
 of the position it writes:
 
-    h_0^± = embed(x) + s·onehot(label) on the stream's first C features     (the label enters the stream)
+    h_0^± = embed(x) + s·P_label                  (the label enters the stream: P_k = e_k, the stream's
+                                                  first C features; a stream narrower than C gives class
+                                                  k feature k mod D with sign (−1)^⌊k/D⌋, up to 2D classes)
     h_{l+1} = h_l + f_l(h_l)                      block l learns from ℓ at h_{l+1} (its input detached)
     the embedding learns from ℓ at h_0^±          θ = D = the stream width at every position
 
@@ -201,12 +203,23 @@ def check_arch(model, rule: str) -> None:
                                f"{type(model).__name__}: a token stream or a BatchNorm feature map has no "
                                "place for the label nor a checked goodness; use --arch mlp or --arch resmlp")
     refuse_dropout(model, rule, "its positive, negative and neutral passes are three forward passes")
-    room = model.position_shape(0)[0] if isinstance(model, PlainMLP) else math.prod(model.stream_shape)
-    where = "inputs" if isinstance(model, PlainMLP) else "stream features"
-    if room < model.n_classes:
-        raise CreditAuditError(f"method {rule!r} writes the label into the first {model.n_classes} "
-                               f"{where}, but there are only {room}; use data or a width with at least "
-                               f"{model.n_classes}")
+    if isinstance(model, PlainMLP) and model.d_in < model.n_classes:
+        raise CreditAuditError(f"method {rule!r} writes the label into the first {model.n_classes} inputs, "
+                               f"but there are only {model.d_in}; use data with at least {model.n_classes} "
+                               "features per sample")
+    if not isinstance(model, PlainMLP) and 2 * math.prod(model.stream_shape) < model.n_classes:
+        raise CreditAuditError(f"method {rule!r} adds the label to the stream, {math.prod(model.stream_shape)} "
+                               f"features wide: too narrow for {model.n_classes} classes (at most 2 per "
+                               f"feature); use a width of at least {math.ceil(model.n_classes / 2)}")
+
+
+def label_code(n_classes: int, width: int) -> torch.Tensor:
+    """P (C, D): the vector the stream adds for each label. P_k = e_k when D ≥ C (the first C features);
+    else e_{k mod D}·(−1)^⌊k/D⌋, distinct for up to 2D classes."""
+    code = torch.zeros(n_classes, width)
+    k = torch.arange(n_classes)
+    code[k, k % width] = 1.0 - 2.0 * ((k // width) % 2).float()
+    return code
 
 
 class ForwardForward(LocalMethod):
@@ -283,6 +296,8 @@ class ForwardForward(LocalMethod):
         self.credit_seed = int(torch.randint(2 ** 62, (1,), generator=self.gen))
         self._u: torch.Tensor | None = None
         self._sums = torch.zeros(3, device=like.device, dtype=like.dtype)   # Σ ℓ, Σ pair errors, steps
+        if not self.plain:
+            self.code = label_code(model.n_classes, math.prod(model.stream_shape)).to(like.device, like.dtype)
         groups = self.local_param_groups()
         groups[-1] = {"params": self.head_params(), "lr": self.recipe.lr * float(options["readout_lr"]),
                       "weight_decay": self.recipe.weight_decay * READOUT_DECAY_RATIO}
@@ -290,13 +305,12 @@ class ForwardForward(LocalMethod):
 
     # -- the pieces ------------------------------------------------------------------------------
     def present(self, h0: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """h_0 with the label: written over the first C inputs (mlp), added to the stream's first C
-        features (ResMLP)."""
-        onehot = F.one_hot(labels, self.model.n_classes).to(h0.dtype) * LABEL_STRENGTH
+        """h_0 with the label: written over the first C inputs (mlp, ffnew.m:140), s·P_label added to
+        the stream (ResMLP; `label_code`)."""
         if self.plain:
-            return torch.cat([onehot, h0[:, onehot.shape[1]:]], dim=1)                # ffnew.m:140
-        flat = h0.flatten(1)
-        return (flat + F.pad(onehot, (0, flat.shape[1] - onehot.shape[1]))).view_as(h0)
+            onehot = F.one_hot(labels, self.model.n_classes).to(h0.dtype) * LABEL_STRENGTH
+            return torch.cat([onehot, h0[:, onehot.shape[1]:]], dim=1)
+        return h0 + (LABEL_STRENGTH * self.code[labels]).view_as(h0)
 
     def negatives(self, logits: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """ỹ ≠ y by the rule's sampler (`wrong_labels`)."""
