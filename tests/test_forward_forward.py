@@ -259,6 +259,34 @@ def test_the_half_linear_schedule_is_hintons_epsgain():
     assert [HalfLinear(6)(e) for e in range(6)] == pytest.approx([1, 1, 1, 5 / 6, 3 / 6, 1 / 6])
 
 
+def test_resume_after_kill_equals_uninterrupted(tmp_path, monkeypatch):
+    """The half-linear schedule, the peer running means and the sampler's generator resume exactly."""
+    import json
+
+    from creditaudit import store
+    config = RunConfig(method=RULE, dataset="synthetic", arch="mlp", width=16, blocks=2, epochs=3,
+                       batch_size=256, arch_options={"norm": "rms"})
+    whole = train_run(config, tmp_path / "whole", progress=False)
+    real_save = store.save_checkpoint
+
+    def save_then_die(run_dir, epoch, state, meta, config):
+        real_save(run_dir, epoch, state, meta, config)
+        if epoch == 2:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(store, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(config, tmp_path / "killed", progress=False)
+    monkeypatch.setattr(store, "save_checkpoint", real_save)
+    resumed = train_run(config, tmp_path / "killed", progress=False)
+    assert resumed.status["status"] == "finished"
+    a, b = whole.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.dumps(whole.method.extra_state(), default=lambda t: t.tolist()) == \
+        json.dumps(resumed.method.extra_state(), default=lambda t: t.tolist())
+    lrs = [g["lr"] for g in resumed.method.optimizers[0].param_groups]
+    assert lrs == pytest.approx([g["lr"] for g in whole.method.optimizers[0].param_groups])
+
+
 def test_credit_does_not_advance_the_training_draws_and_round_trips():
     torch.manual_seed(0)
     model = PlainMLP(16, 8, n_blocks=2, n_classes=10, norm="rms")

@@ -296,8 +296,9 @@ class ForwardForward(LocalMethod):
         self.credit_seed = int(torch.randint(2 ** 62, (1,), generator=self.gen))
         self._u: torch.Tensor | None = None
         self._sums = torch.zeros(3, device=like.device, dtype=like.dtype)   # Σ ℓ, Σ pair errors, steps
-        if not self.plain:
-            self.code = label_code(model.n_classes, math.prod(model.stream_shape)).to(like.device, like.dtype)
+        # each label's vector: the first C inputs (mlp: I_C, written over them), or P (C, D) added to the stream
+        width = model.n_classes if self.plain else math.prod(model.stream_shape)
+        self.code = LABEL_STRENGTH * label_code(model.n_classes, width).to(like.device, like.dtype)
         groups = self.local_param_groups()
         groups[-1] = {"params": self.head_params(), "lr": self.recipe.lr * float(options["readout_lr"]),
                       "weight_decay": self.recipe.weight_decay * READOUT_DECAY_RATIO}
@@ -308,9 +309,8 @@ class ForwardForward(LocalMethod):
         """h_0 with the label: written over the first C inputs (mlp, ffnew.m:140), s·P_label added to
         the stream (ResMLP; `label_code`)."""
         if self.plain:
-            onehot = F.one_hot(labels, self.model.n_classes).to(h0.dtype) * LABEL_STRENGTH
-            return torch.cat([onehot, h0[:, onehot.shape[1]:]], dim=1)
-        return h0 + (LABEL_STRENGTH * self.code[labels]).view_as(h0)
+            return torch.cat([self.code[labels], h0[:, self.code.shape[0]:]], dim=1)
+        return h0 + self.code[labels].view_as(h0)
 
     def negatives(self, logits: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """ỹ ≠ y by the rule's sampler (`wrong_labels`)."""
