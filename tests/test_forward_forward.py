@@ -305,3 +305,28 @@ def test_credit_does_not_advance_the_training_draws_and_round_trips():
     twin.load_state_dict(saved)
     assert all(torch.equal(m, twin.mean_states[l]) for l, m in method.mean_states.items())
     assert all(torch.equal(a, b) for a, b in zip(first, twin.credit(x, y)))
+
+
+def test_the_plain_mlp_step_with_peer_normalisation_compiles_whole():
+    """The mlp path (peer normalisation's in-place running means and gradient terms) under
+    torch.compile(fullgraph=True) gives the eager step's update; the ResMLP path is in test_compile."""
+    import copy
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = PlainMLP(16, 12, n_blocks=2, n_classes=10, norm="rms").double()
+    twin = copy.deepcopy(model)
+    settings = MethodSettings(epochs=2, seed=0, trainable_blocks=(0, 1), batch_size=16)
+    eager, compiled = method_class(RULE)(model, settings), method_class(RULE)(twin, settings)
+    step = compiled.step_function(backend="eager")
+    g = torch.Generator().manual_seed(1)
+    for i in range(3):
+        x, y = torch.randn(16, 16, generator=g, dtype=torch.float64), torch.randint(0, 10, (16,), generator=g)
+        want = eager.train_step(x, y)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            got = step(x, y)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, b in zip(model.state_dict().values(), twin.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+    for l, m in eager.mean_states.items():
+        torch.testing.assert_close(compiled.mean_states[l], m, rtol=1e-12, atol=1e-12)
+    assert eager.epoch_log() == compiled.epoch_log()
