@@ -318,9 +318,12 @@ def test_state_round_trip(name):
 # 0.211/0.236/0.142 (one weight tangent over ~6.5k weights: a slow, noisy step; shared AdamW
 # 0.47/0.43/0.38), fg-a (Ren et al.'s SGD m0.9 lr 0.05, cosine) 0.919/0.933/0.931, lg-fg-a (the
 # same) 0.950/0.939/0.950.
+# forward-forward (issue 37; Hinton's code as SGD m0.9 lr 1e-3, readout 10×, half-linear) seeds 0/1:
+# 0.856/0.808 (the readout on the FF-trained stream; pairwise errors fall 0.52 → 0.35).
 MIN_ACC = {"bp": 0.85, "fa": 0.8, "ep": 0.85, "dfa": 0.25, "dfa-penalty": 0.25, "sb": 0.75, "cb": 0.7,
            "sign-symmetry": 0.85, "kolen-pollack": 0.9, "node-perturbation": 0.55, "drtp": 0.14,
-           "local-loss": 0.3, "pepita": 0.7, "pc": 0.85, "fg-w": 0.12, "fg-a": 0.85, "lg-fg-a": 0.85}
+           "local-loss": 0.3, "pepita": 0.7, "pc": 0.85, "fg-w": 0.12, "fg-a": 0.85, "lg-fg-a": 0.85,
+           "forward-forward": 0.65}
 GENERIC_MIN_ACC = 0.2   # a method without a measured bar yet must still clear chance (0.1) by far
 
 

@@ -52,6 +52,10 @@ PUBLISHED = {
     "fg-a": (torch.optim.SGD, 0.05, 0.9, False, 1e-4, torch.optim.lr_scheduler.CosineAnnealingLR, [], None, 256),
     "lg-fg-a": (torch.optim.SGD, 0.05, 0.9, False, 1e-4, torch.optim.lr_scheduler.CosineAnnealingLR, [],
                 None, 256),
+    # Hinton's FF code (ffnew.m:12-21, 130-135) as SGD: the layers at lr 0.1·ε = 1e-3, weight decay 1e-3,
+    # the softmax readout at 10× the lr and 3× the decay; ε constant for half the run, then linear to 0
+    "forward-forward": (torch.optim.SGD, (1e-3, 1e-2), 0.9, False, (1e-3, 3e-3),
+                        torch.optim.lr_scheduler.LambdaLR, [], None, 100),
 }
 SHARED = (torch.optim.AdamW, 1e-3, None, None, 0.01, torch.optim.lr_scheduler.CosineAnnealingLR, [], None, 128)
 
@@ -64,12 +68,13 @@ def _built(config: RunConfig):
 def _check(method, expected) -> None:
     opt_cls, lr, momentum, nesterov, wd, sched_cls, milestones, gamma, batch = expected
     wds = wd if isinstance(wd, tuple) else (wd,)
+    lrs = lr if isinstance(lr, tuple) else (lr,)
     seen = set()
     assert method.optimizers and len(method.optimizers) == len(method.schedulers)
     for opt, sched in zip(method.optimizers, method.schedulers):
         assert type(opt) is opt_cls
         for group in opt.param_groups:
-            assert group["lr"] == pytest.approx(lr)
+            assert any(group["lr"] == pytest.approx(r) for r in lrs), group["lr"]
             assert any(group["weight_decay"] == pytest.approx(w) for w in wds), group["weight_decay"]
             seen.add(next(w for w in wds if group["weight_decay"] == pytest.approx(w)))
             if momentum is not None:
@@ -89,7 +94,10 @@ def test_each_rule_builds_the_optimizer_its_paper_names(name):
     _check(_built(config), PUBLISHED.get(name, SHARED))
     assert config.batch_size == PUBLISHED.get(name, SHARED)[-1]
     shared = config.replace(recipe="shared", lr=None, weight_decay=None, batch_size=None)
-    _check(_built(shared), SHARED if name != "kolen-pollack" else SHARED[:4] + ((0.01, 1e-4),) + SHARED[5:])
+    expected = {"kolen-pollack": SHARED[:4] + ((0.01, 1e-4),) + SHARED[5:],
+                # forward-forward's readout keeps its 10× lr and 3× decay under any recipe
+                "forward-forward": SHARED[:1] + ((1e-3, 1e-2), None, None, (0.01, 0.03)) + SHARED[5:]}
+    _check(_built(shared), expected.get(name, SHARED))
     assert (shared.run_key == config.run_key) is (name not in PUBLISHED)
     if METHODS[name].paper:
         assert METHODS[name].recipe == SHARED_RECIPE

@@ -39,7 +39,8 @@ def test_a_paper_setting_resolves_to_its_documented_network_loss_and_recipe(rule
     runs = config.run_configs()
     main = next(c for c in runs if c.method == rule and c.control == "none")
     assert (main.arch, main.width, main.blocks, main.activation) == ("mlp", p.width, p.blocks, p.activation)
-    assert main.arch_options == {"loss": p.loss, "dropout": p.dropout, "init": p.init, "bias": int(p.bias)}
+    assert main.arch_options == {"loss": p.loss, "dropout": p.dropout, "init": p.init, "bias": int(p.bias),
+                                 **({} if p.norm == "none" else {"norm": p.norm})}
     assert main.recipe == p.recipe.settings() and main.epochs == p.epochs and main.dataset == p.dataset
     for key, value in p.options.items():
         assert main.options[key] == value

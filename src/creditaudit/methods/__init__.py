@@ -14,6 +14,7 @@ from .dfa import DFA, DFAPenalty
 from .drtp import DRTP
 from .ep import EP
 from .fa import FA
+from .forward_forward import ForwardForward
 from .forward_gradient import ForwardGradientA, ForwardGradientW, LocalGreedyForwardGradientA
 from .kolen_pollack import KolenPollack
 from .local import LocalMethod, output_error, rms_normalise
@@ -30,7 +31,7 @@ from .signsym import SignSymmetry
 _BUILT_IN: tuple[type[Method], ...] = (BP, FA, DFA, DFAPenalty, EP, StateBridge, CreditBridge,
                                        SignSymmetry, KolenPollack, DRTP, NodePerturbation,
                                        LocalLosses, PEPITA, PredictiveCoding, ForwardGradientW,
-                                       ForwardGradientA, LocalGreedyForwardGradientA)
+                                       ForwardGradientA, LocalGreedyForwardGradientA, ForwardForward)
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in _BUILT_IN}
 REFERENCE_METHOD = BP.name        # the method every other is compared with (Γ = 1 by construction)
 

@@ -216,8 +216,9 @@ class PEPITA(LocalMethod):
         n = x.shape[0]
         for l, block in enumerate(self.model.blocks):
             if self.trainable(l):
-                block.linear.weight.grad = (clean[l + 1] - mod[l + 1]).T @ mod[l] / n
-        self.model.out_head.weight.grad = e_mod.T @ mod[-1] / n
+                # W_l's input is n(h_l^mod): h_l^mod itself unless the mlp length-normalises (norm rms)
+                block.linear.weight.grad = (clean[l + 1] - mod[l + 1]).T @ block.layer_input(mod[l]) / n
+        self.model.out_head.weight.grad = e_mod.T @ self.model.readout_input(mod[-1]) / n
         return self.model.loss(logits, y)
 
     def gradients(self, x, y):

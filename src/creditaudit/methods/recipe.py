@@ -14,6 +14,9 @@ torch's optimiser and LR scheduler from it (`build_optimizer`, `build_scheduler`
     schedule    "cosine": lr_e = lr · (1 + cos(π e / E)) / 2, to 0 over the run's E epochs
                 "step":   lr_e = lr · gamma^(number of milestones ≤ e)
                 "constant"
+                "half-linear": lr_e = lr for the first half of the run, then linearly towards 0:
+                          lr_e = lr · (1 + 2(E − (e + 1)))/E once e + 1 > E/2 (Hinton's FF code,
+                          ffnew.m:130-135, whose epochs count from 1: its last epoch runs at lr/E)
     milestones  the step schedule's decay points as fractions of the run, in (0, 1]. A paper's
                 milestones are given in epochs of its own run of `paper_epochs`; a run of E epochs
                 decays at epoch max(1, floor(E · m / paper_epochs + 1/2)) — the same fraction of
@@ -38,7 +41,7 @@ import torch
 from ..errors import CreditAuditError
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "rmsprop")
-SCHEDULES = ("cosine", "step", "constant")
+SCHEDULES = ("cosine", "step", "constant", "half-linear")
 CHOICES = ("published", "shared")     # --recipe: each rule's own, or SHARED for every rule
 DEFAULT_BATCH_SIZE = 128              # a recipe that fixes no batch size trains with this
 
@@ -142,7 +145,7 @@ class Recipe:
         parts = [optimiser] + ([f"m{self.momentum:g}"] if self.momentum else [])
         mantissa, exponent = f"{self.lr:.2e}".split("e")
         parts.append(f"lr{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}")
-        parts.append({"cosine": "cos", "step": "step", "constant": "const"}[self.schedule])
+        parts.append({"cosine": "cos", "step": "step", "constant": "const", "half-linear": "half-lin"}[self.schedule])
         return " ".join(parts)
 
     def describe(self, epochs: int) -> str:
@@ -156,6 +159,7 @@ class Recipe:
         elif self.betas != (0.9, 0.999):
             name += f" (betas {self.betas[0]:g}, {self.betas[1]:g})"
         schedule = {"cosine": "cosine to 0", "constant": "constant lr",
+                    "half-linear": "constant lr for the first half of the run, then linear to 0",
                     "step": f"lr × {self.gamma:g} at epoch{'s' if len(self.milestones) > 1 else ''} "
                             f"{', '.join(map(str, self.milestone_epochs(epochs)))} of {epochs}"}[self.schedule]
         return (f"{name}, lr {self.lr:g}, weight decay {self.weight_decay:g}, {schedule}, "
@@ -207,4 +211,19 @@ def build_scheduler(recipe: Recipe, opt: torch.optim.Optimizer, epochs: int):
     if recipe.schedule == "step":
         return torch.optim.lr_scheduler.MultiStepLR(opt, milestones=recipe.milestone_epochs(epochs),
                                                     gamma=recipe.gamma)
+    if recipe.schedule == "half-linear":
+        return torch.optim.lr_scheduler.LambdaLR(opt, HalfLinear(max(1, epochs)))
     return torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=0)
+
+
+class HalfLinear:
+    """The "half-linear" factor at epoch e (0-based) of a run of E epochs: Hinton's epsgain at his
+    epoch e + 1 (ffnew.m:130-135), 1 while e + 1 ≤ E/2, then (1 + 2(E − e − 1))/E. A class, not a
+    lambda, so that LambdaLR's state_dict keeps E with the checkpoint."""
+
+    def __init__(self, epochs: int):
+        self.epochs = epochs
+
+    def __call__(self, e: int) -> float:
+        epoch, total = e + 1, self.epochs
+        return 1.0 if epoch <= total / 2 else max(0.0, (1 + 2 * (total - epoch)) / total)

@@ -59,6 +59,7 @@ class PaperSetting:
     dropout: float = 0.0
     init: str = "torch"
     bias: bool = True
+    norm: str = "none"           # the mlp's `norm`: "rms" length-normalises every layer's input
     options: dict[str, Any] = field(default_factory=dict)
     bp_recipe: Recipe | None = None
     deviations: tuple[str, ...] = ()
@@ -71,13 +72,17 @@ class PaperSetting:
         out = "sigmoid + BCE" if self.loss == "bce" else "softmax + CE"
         drop = f", dropout {self.dropout:g}" if self.dropout else ""
         init = "" if self.init == "torch" else f", {self.init} init"
-        return f"{hidden} {self.activation}, {out}{drop}{init}{'' if self.bias else ', no biases'}"
+        norm = "" if self.norm == "none" else ", length-normalised layer inputs"
+        return f"{hidden} {self.activation}, {out}{drop}{init}{'' if self.bias else ', no biases'}{norm}"
 
     def model(self) -> dict[str, Any]:
-        """The audit's [model] table for this setting."""
+        """The audit's [model] table for this setting (`norm` only where it is not the default, so
+        that the settings without it keep their run keys)."""
+        options = {"loss": self.loss, "dropout": self.dropout, "init": self.init, "bias": int(self.bias)}
+        if self.norm != "none":
+            options["norm"] = self.norm
         return {"arch": "mlp", "width": self.width, "blocks": self.blocks, "activation": self.activation,
-                "options": {"loss": self.loss, "dropout": self.dropout, "init": self.init,
-                            "bias": int(self.bias)}}
+                "options": options}
 
     def recipes(self) -> dict[str, dict[str, Any]]:
         """Each audited method's recipe settings: the rule's, and bp's (the rule's unless stated)."""

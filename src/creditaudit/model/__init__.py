@@ -26,7 +26,7 @@ ARCH_OPTIONS: dict[str, dict[str, Any]] = {
     "resmlp": {},
     "vit-mini": {"patch": 4, "heads": 4, "mlp_ratio": 2},
     "resnet-small": {"stem_stride": 0},          # 0: automatic (2 for images ≥ 16 px, else 1)
-    "mlp": {"dropout": 0.0, "loss": "ce", "init": "torch", "bias": 1},
+    "mlp": {"dropout": 0.0, "loss": "ce", "init": "torch", "bias": 1, "norm": "none"},
 }
 
 ARCH_OPTION_HELP: dict[str, dict[str, str]] = {
@@ -39,13 +39,16 @@ ARCH_OPTION_HELP: dict[str, dict[str, str]] = {
     "mlp": {"dropout": "dropout probability on each hidden layer's output in training, in [0, 1)",
             "loss": "output loss: ce (softmax + cross-entropy) or bce (sigmoid + per-class BCE)",
             "init": "weights: torch (nn.Linear's default), he-uniform (U(±√(6/fan_in)), b = 0) or "
-                    "fan-sum-normal (N(0, 1/(fan_in + fan_out)))",
-            "bias": "1: every layer has biases; 0: none"},
+                    "fan-sum-normal (N(0, 1/(fan_in + fan_out))) or fan-in-normal (N(0, 1/fan_in), b = 0)",
+            "bias": "1: every layer has biases; 0: none",
+            "norm": "none, or rms: every layer's input and the readout's length-normalised per sample "
+                    "(h / rms(h): Hinton's Forward-Forward network)"},
 }
 
 # the allowed values of an architecture option that is a word
 ARCH_OPTION_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
-    "mlp": {"loss": ("ce", "bce"), "init": ("torch", "he-uniform", "fan-sum-normal")}}
+    "mlp": {"loss": ("ce", "bce"), "init": ("torch", "he-uniform", "fan-sum-normal", "fan-in-normal"),
+            "norm": ("none", "rms")}}
 # integer architecture options: their inclusive range (others: ≥ 1)
 ARCH_OPTION_RANGES: dict[str, tuple[int, int]] = {"stem_stride": (0, 2 ** 31), "bias": (0, 1)}
 
@@ -111,7 +114,7 @@ def _resnet(input_shape, n_classes, width, blocks, activation, w2_std, opts) -> 
 def _mlp(input_shape, n_classes, width, blocks, activation, w2_std, opts) -> ResidualModel:
     return PlainMLP(math.prod(input_shape), d=width, n_blocks=blocks, n_classes=n_classes,
                     activation=activation, dropout=opts["dropout"], loss=opts["loss"], init=opts["init"],
-                    bias=bool(opts["bias"]))
+                    bias=bool(opts["bias"]), norm=opts["norm"])
 
 
 ARCHITECTURES: dict[str, Callable[..., ResidualModel]] = {

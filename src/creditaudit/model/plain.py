@@ -1,9 +1,13 @@
 """The plain MLP of the rules' own papers: no residual stream, no LayerNorm.
 
     h_0     = x                                     flattened to (N, D_in); no parameters
-    f_l(h)  = dropout(act(W_l · h + b_l))           l = 0 … L-1, W_0: (d, D_in), W_l: (d, d)
+    f_l(h)  = dropout(act(W_l · n(h) + b_l))        l = 0 … L-1, W_0: (d, D_in), W_l: (d, d)
     h_{l+1} = f_l(h_l)                              no skip
-    logits  = out_head(h_L)                         W_out: (C, d)
+    logits  = out_head(n(h_L))                      W_out: (C, d)
+    n(h)    = h                                     norm "none" (the default)
+            = h / (rms(h) + 1e-8)                   norm "rms": every layer's input, and the readout's,
+                                                    length-normalised per sample (Hinton's ffnormrows,
+                                                    the Forward-Forward network)
     loss    = CE(softmax(logits), y)  or  Σ_c BCE(σ(logits_c), onehot(y)_c)   (`loss` option)
 
 So "784-1000-10" is `blocks = 1, width = 1000`, and Nøkland's "7×240 tanh" `blocks = 7, width = 240,
@@ -18,7 +22,8 @@ reads it as it reads a residual model (model/stream.py with `residual = False`):
 
 Initialisation (`init`): "torch", nn.Linear's default W, b ~ U(±1/√fan_in); "he-uniform",
 W ~ U(±√(6/fan_in)) and b = 0 (PEPITA's reference code); "fan-sum-normal", W, b ~ N(0, 1/(fan_in +
-fan_out)) (Akrout et al.'s MNIST code for fa and Kolen–Pollack). `bias = 0` builds every layer
+fan_out)) (Akrout et al.'s MNIST code for fa and Kolen–Pollack); "fan-in-normal", W ~ N(0, 1/fan_in)
+and b = 0 (Hinton's Forward-Forward code, ffnew.m:79-80). `bias = 0` builds every layer
 without biases (PEPITA's reference has none).
 Dropout (Nøkland & Eidnes 2019's MLP uses 0.1 in its MNIST commands) acts in training mode only, on
 each hidden layer's output, never on the input. A plain MLP trains lone: no rule's member axis
@@ -35,7 +40,9 @@ from .resmlp import ACTIVATIONS
 from .stream import LOSSES
 
 
-INITS = ("torch", "he-uniform", "fan-sum-normal")
+INITS = ("torch", "he-uniform", "fan-sum-normal", "fan-in-normal")
+NORMS = ("none", "rms")
+NORM_EPS = 1e-8
 
 
 @torch.no_grad()
@@ -51,16 +58,27 @@ def initialised(layer: nn.Linear, init: str) -> nn.Linear:
         layer.weight.normal_(0.0, std)
         if layer.bias is not None:
             layer.bias.normal_(0.0, std)
+    elif init == "fan-in-normal":
+        layer.weight.normal_(0.0, (1.0 / layer.in_features) ** 0.5)
+        if layer.bias is not None:
+            layer.bias.zero_()
     elif init != "torch":
         raise CreditAuditError(f"mlp: init must be one of {', '.join(INITS)}, got {init!r}")
     return layer
 
 
+def length_normalised(h: torch.Tensor) -> torch.Tensor:
+    """h / (rms(h) + 1e-8) per sample (each row's mean square made 1: Hinton's ffnormrows; its
+    e^−100 guard is 0 in float32, so an all-zero row would give 0/0 there)."""
+    return h / (h.pow(2).mean(-1, keepdim=True).sqrt() + NORM_EPS)
+
+
 class Layer(nn.Module):
-    """One hidden layer f(h) = dropout(act(W·h + b)) (a block of the plain MLP)."""
+    """One hidden layer f(h) = dropout(act(W·n(h) + b)) (a block of the plain MLP); n the length
+    normalisation with norm "rms", else the identity."""
 
     def __init__(self, d_in: int, d_out: int, activation: str, dropout: float, init: str = "torch",
-                 bias: bool = True):
+                 bias: bool = True, norm: bool = False):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise CreditAuditError(
@@ -68,9 +86,14 @@ class Layer(nn.Module):
         self.activation = activation
         self.linear = initialised(nn.Linear(d_in, d_out, bias=bias), init)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.norm = norm
+
+    def layer_input(self, h: torch.Tensor) -> torch.Tensor:
+        """What W sees: n(h)."""
+        return length_normalised(h) if self.norm else h
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.dropout(ACTIVATIONS[self.activation](self.linear(h)))
+        return self.dropout(ACTIVATIONS[self.activation](self.linear(self.layer_input(h))))
 
 
 class PlainMLP(ResidualModel):
@@ -80,17 +103,21 @@ class PlainMLP(ResidualModel):
 
     def __init__(self, d_in: int, d: int = 256, n_blocks: int = 1, n_classes: int = 10,
                  activation: str = "relu", dropout: float = 0.0, loss: str = "ce", init: str = "torch",
-                 bias: bool = True):
+                 bias: bool = True, norm: str = "none"):
         super().__init__()
         check_arguments("mlp", d_in=d_in, d=d, n_blocks=n_blocks, n_classes=n_classes)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
             raise CreditAuditError(f"mlp: dropout must be a number in [0, 1), got {dropout!r}")
         if loss not in LOSSES:
             raise CreditAuditError(f"mlp: loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+        if norm not in NORMS:
+            raise CreditAuditError(f"mlp: norm must be one of {', '.join(NORMS)}, got {norm!r}")
         self.d_in, self.d, self.n_classes = d_in, d, n_classes
         self.loss_name, self.dropout_p = loss, float(dropout)
+        self.norm = norm == "rms"
         self.stream_shape = (d,)
-        self.blocks = nn.ModuleList(Layer(d_in if l == 0 else d, d, activation, dropout, init, bias)
+        self.blocks = nn.ModuleList(Layer(d_in if l == 0 else d, d, activation, dropout, init, bias,
+                                          self.norm)
                                     for l in range(n_blocks))
         # with no hidden layer (the audit's shallow control) the readout reads the input itself:
         # a linear classifier on x
@@ -104,8 +131,12 @@ class PlainMLP(ResidualModel):
         return x.flatten(1)
 
     def readout(self, h_last: torch.Tensor) -> torch.Tensor:
-        """logits = out_head(h_L)."""
-        return self.out_head(h_last)
+        """logits = out_head(n(h_L))."""
+        return self.out_head(self.readout_input(h_last))
+
+    def readout_input(self, h_last: torch.Tensor) -> torch.Tensor:
+        """What W_out sees: n(h_L)."""
+        return length_normalised(h_last) if self.norm else h_last
 
     def embed_parameters(self) -> list[nn.Parameter]:
         return []
