@@ -265,8 +265,7 @@ class _TargetPropagation(LocalMethod):
         self.fb_opt = torch.optim.Adam(self.feedback.parameters(), lr=float(options["lr_fb"]),
                                        betas=(float(options["fb_beta1"]), 0.999),
                                        eps=float(options["fb_eps"]), weight_decay=float(options["fb_wd"]))
-        self.optimizers.append(self.fb_opt)
-        self.schedulers.append(torch.optim.lr_scheduler.ConstantLR(self.fb_opt, factor=1.0, total_iters=0))
+        # kept apart from `self.optimizers` (the recipe's): stepped in `apply_gradients`, saved in `state_dict`
         self.epoch = 0                                    # epochs finished: the pre-training clock
         self._noise: list[dict[int, torch.Tensor]] = []
         self._batch = None
@@ -342,8 +341,13 @@ class _TargetPropagation(LocalMethod):
             self._batch = x
         return self.model.loss(z, y).detach()
 
+    def clear_gradients(self):
+        super().clear_gradients()
+        self.fb_opt.zero_grad(set_to_none=True)
+
     def apply_gradients(self):
-        super().apply_gradients()
+        super().apply_gradients()                # the forward Adam (the recipe)
+        self.fb_opt.step()                       # the feedback Adam
         x, self._batch = self._batch, None
         for k in range(1, 1 + self.fb_extra):    # extra feedback-only updates at the new forward weights
             self.fb_opt.zero_grad(set_to_none=True)
@@ -388,6 +392,13 @@ class _TargetPropagation(LocalMethod):
     def fresh_feedback_credit(self, x, y, gen):
         """The credit under feedback drawn afresh at its initialisation, untrained (Γ's null)."""
         return self._credit_with(x, y, self._draw(self.model, gen))
+
+    def state_dict(self):
+        return {**super().state_dict(), "feedback_optimizer": self.fb_opt.state_dict()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.fb_opt.load_state_dict(state["feedback_optimizer"])
 
     def extra_state(self):
         return {"feedback": dict(self.feedback.state_dict()), "epoch": self.epoch}
