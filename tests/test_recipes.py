@@ -52,6 +52,12 @@ PUBLISHED = {
     "fg-a": (torch.optim.SGD, 0.05, 0.9, False, 1e-4, torch.optim.lr_scheduler.CosineAnnealingLR, [], None, 256),
     "lg-fg-a": (torch.optim.SGD, 0.05, 0.9, False, 1e-4, torch.optim.lr_scheduler.CosineAnnealingLR, [],
                 None, 256),
+    # Meulemans et al.'s MNIST configs: Adam at lr / target_stepsize (normalize_lr), constant, batch 128
+    # (the feedback Adam is the rule's own, outside the recipe)
+    "dtp": (torch.optim.Adam, 6.185037324617764e-05 / 0.21951187497378802, None, None, 0.0,
+            torch.optim.lr_scheduler.ConstantLR, [], None, 128),
+    "ddtp-linear": (torch.optim.Adam, 2.0354415171962153e-05 / 0.06096940412767466, None, None, 0.0,
+                    torch.optim.lr_scheduler.ConstantLR, [], None, 128),
 }
 SHARED = (torch.optim.AdamW, 1e-3, None, None, 0.01, torch.optim.lr_scheduler.CosineAnnealingLR, [], None, 128)
 

@@ -115,9 +115,11 @@ Where it differs from the original:
   * ddtp-linear's feedback maps have no bias: in the reference the bias cancels in the target and
     in the difference reconstruction loss alike (it never receives a gradient);
   * feedback pre-training is counted inside the run's epochs (the reference adds `epochs_fb`
-    epochs before its 100); its default here is the reference's for dtp (0) and 1 epoch for
-    ddtp-linear in the audit's short runs (the reference's 6 in the paper setting, which trains
-    6 + 100 epochs so that 100 train the forward weights);
+    epochs before its 100); its default is 0 for both rules (dtp's config: 0; ddtp-linear's: 6,
+    which its paper setting sets, training 6 + 100 epochs so that 100 train the forward weights).
+    In the audit's 15-epoch runs ddtp-linear's Q_l start untrained (DFA-like random feedback) and
+    learn alongside the forward weights; `--option fb_pretrain=K` spends the first K epochs on them
+    (every rule's step must train from its first epoch in the audit's controls and ladders);
   * `extra_fb_epochs` is replaced by `fb_extra` per-step updates (above); the audit's default is 0
     for both rules (the paper setting of ddtp-linear sets 1, the reference's extra_fb_epochs = 1);
   * the forward Adam's ε is torch's 1e-8 (the configs: 1.017e-8 for dtp, 1.255e-8 for ddtp-linear);
@@ -488,7 +490,7 @@ class DDTPLinear(_TargetPropagation):
                "ĥ_l = h_l + Q_l(ẑ − z), Q_l trained by the difference reconstruction loss")
     option_defaults = {"target_step": 0.06096940412767466, "sigma": 0.0907524824699504,
                        "lr_fb": 0.00016378232822128718, "fb_beta1": 0.999, "fb_eps": 0.0002838378678760835,
-                       "fb_wd": 5.836204840235672e-07, "fb_pretrain": 1, "fb_extra": 0}
+                       "fb_wd": 5.836204840235672e-07, "fb_pretrain": 0, "fb_extra": 0}
     # final_configs/mnist_DDTPlinear.py: Adam lr 2.035e-5 / η = 3.338e-4, no weight decay, constant, batch 128
     recipe = Recipe(optimizer="adam", lr=2.0354415171962153e-05 / 0.06096940412767466, weight_decay=0.0,
                     schedule="constant", batch_size=128,
