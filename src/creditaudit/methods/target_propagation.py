@@ -75,8 +75,8 @@ Credit a_l (what the audit measures): the propagated target's implied update in 
 the direction of increasing loss, comparable with ∂ℓ_i/∂h_l (Γ = cos(a_l, g_l)). Meulemans et al.'s
 theory: with exact inverses and a small η, dtp's a_l is the Gauss–Newton direction J^{-1}-chain of e
 (through the layers' inverse Jacobians), not the gradient's Jᵀ-chain; the two agree when the layers
-are orthogonal (tested), and ddtp-linear trained by its reconstruction loss approaches J⁺ (the
-pseudo-inverse) of the output Jacobian. So Γ < 1 is expected even for perfect feedback: it measures
+are orthogonal (tested), and ddtp-linear's Q_l, trained by its reconstruction loss, approaches a
+pseudo-inverse of the output Jacobian ∂z/∂h_l (one Q_l for all samples: a batch-averaged one). So Γ < 1 is expected even for perfect feedback: it measures
 how far the rule's Gauss–Newton-like target is from the gradient. On the plain MLP a_0 =
 ∂f_0(x)ᵀ a_1 (`local.input_credit`; nothing trains with it).
 
@@ -126,6 +126,8 @@ Where it differs from the original:
     Q z + c); on the plain MLP g_out = act(Q z + c) as the reference;
   * the ResMLP's per-block inverse g_l(h) = h − V act(U LN(h) + b) − c is this tool's choice (the
     reference has no residual network); its init makes an untrained inverse ≈ the identity;
+  * on the ResMLP the embedding is a layer of its own, trained toward ĥ_0 (block 0's inverse, or
+    Q_0, hands the target down to it); the reference's first layer reads the input directly;
   * ddtp-linear's feedback maps have no bias: in the reference the bias cancels in the target and
     in the difference reconstruction loss alike (it never receives a gradient);
   * feedback pre-training is counted inside the run's epochs (the reference adds `epochs_fb`
