@@ -36,7 +36,8 @@ class ExactLayerInverse(nn.Module):
 
     def __init__(self, linear: nn.Linear, tanh: bool = True):
         super().__init__()
-        self.w_inv, self.b, self.tanh = torch.linalg.inv(linear.weight.detach().double()), linear.bias.detach().double(), tanh
+        self.w_inv = torch.linalg.inv(linear.weight.detach().double())
+        self.b, self.tanh = linear.bias.detach().double(), tanh
 
     def forward(self, v):
         a = torch.atanh(v) if self.tanh else v
@@ -50,7 +51,8 @@ def _invertible_mlp(orthogonal: bool, seed: int = 0) -> PlainMLP:
     with torch.no_grad():
         for layer in [b.linear for b in model.blocks] + [model.out_head]:
             w = torch.randn(8, 8, dtype=torch.float64)
-            layer.weight.copy_(torch.linalg.qr(w)[0] if orthogonal else w / math.sqrt(8) + 0.5 * torch.eye(8, dtype=torch.float64))
+            general = w / math.sqrt(8) + 0.5 * torch.eye(8, dtype=torch.float64)     # well conditioned
+            layer.weight.copy_(torch.linalg.qr(w)[0] if orthogonal else general)
             layer.bias.zero_()
     return model
 
@@ -103,7 +105,8 @@ def test_difference_correction_removes_the_reconstruction_error(name, arch):
     """With untrained (imperfect) feedback, ĥ_l = h_l exactly when the output target is the output
     itself; and each dtp step is literally ĥ_l = g_l(ĥ_{l+1}) + h_l − g_l(h_{l+1})."""
     torch.manual_seed(0)
-    model = (PlainMLP(6, 8, 3, 5, activation="tanh") if arch == "mlp" else ResidualMLP(6, 8, 3, 5, w2_std=0.5)).double()
+    model = (PlainMLP(6, 8, 3, 5, activation="tanh") if arch == "mlp"
+             else ResidualMLP(6, 8, 3, 5, w2_std=0.5)).double()
     method = method_class(name)(model, MethodSettings(epochs=1, trainable_blocks=(0, 1, 2)))
     x, y = torch.randn(10, 6, dtype=torch.float64), torch.randint(0, 5, (10,))
     with torch.no_grad():

@@ -76,9 +76,10 @@ the direction of increasing loss, comparable with ∂ℓ_i/∂h_l (Γ = cos(a_l,
 theory: with exact inverses and a small η, dtp's a_l is the Gauss–Newton direction J^{-1}-chain of e
 (through the layers' inverse Jacobians), not the gradient's Jᵀ-chain; the two agree when the layers
 are orthogonal (tested), and ddtp-linear's Q_l, trained by its reconstruction loss, approaches a
-pseudo-inverse of the output Jacobian ∂z/∂h_l (one Q_l for all samples: a batch-averaged one). So Γ < 1 is expected even for perfect feedback: it measures
-how far the rule's Gauss–Newton-like target is from the gradient. On the plain MLP a_0 =
-∂f_0(x)ᵀ a_1 (`local.input_credit`; nothing trains with it).
+pseudo-inverse of the output Jacobian ∂z/∂h_l (one Q_l for all samples: a batch-averaged one).
+So Γ < 1 is expected even for perfect feedback: it measures how far the rule's Gauss–Newton-like
+target is from the gradient. On the plain MLP a_0 = ∂f_0(x)ᵀ a_1 (`local.input_credit`; nothing
+trains with it).
 
 exact_positions: none. h_L's credit travels through the learned inverse of the readout (dtp's g_out,
 ddtp-linear's Q_L), not through the readout's transpose; the readout's own target step is the exact
@@ -205,7 +206,8 @@ class BlockInverse(nn.Module):
         super().__init__()
         self.activation = activation
         bound = 1.0 / math.sqrt(d)
-        self.ln_w, self.ln_b = nn.Parameter(torch.ones(d, dtype=torch.float64)), nn.Parameter(torch.zeros(d, dtype=torch.float64))
+        self.ln_w = nn.Parameter(torch.ones(d, dtype=torch.float64))
+        self.ln_b = nn.Parameter(torch.zeros(d, dtype=torch.float64))
         self.u = nn.Parameter((torch.rand((d, d), generator=gen, dtype=torch.float64) * 2 - 1) * bound)
         self.b = nn.Parameter(torch.zeros(d, dtype=torch.float64))
         self.v = nn.Parameter(_normal((d, d), INVERSE_W2_STD, gen))

@@ -19,8 +19,8 @@ reads it as it reads a residual model (model/stream.py with `residual = False`):
 Initialisation (`init`): "torch", nn.Linear's default W, b ~ U(±1/√fan_in); "he-uniform",
 W ~ U(±√(6/fan_in)) and b = 0 (PEPITA's reference code); "fan-sum-normal", W, b ~ N(0, 1/(fan_in +
 fan_out)) (Akrout et al.'s MNIST code for fa and Kolen–Pollack); "xavier-normal", W ~ N(0, 2/(fan_in +
-fan_out)) and b = 0 (torch's xavier_normal_, Meulemans et al.'s target-propagation code). `bias = 0` builds every layer
-without biases (PEPITA's reference has none).
+fan_out)) and b = 0 (torch's xavier_normal_, Meulemans et al.'s target-propagation code). `bias = 0`
+builds every layer without biases (PEPITA's reference has none).
 Dropout (Nøkland & Eidnes 2019's MLP uses 0.1 in its MNIST commands) acts in training mode only, on
 each hidden layer's output, never on the input. A plain MLP trains lone: no rule's member axis
 (model/members.py) is written for it, so stacking leaves its runs alone.
