@@ -49,7 +49,7 @@ def test_bce_output_error_is_sigmoid_minus_onehot_and_is_the_loss_gradient():
                           torch.sigmoid(z.detach()) - torch.nn.functional.one_hot(y, 4))
 
 
-@pytest.mark.parametrize("init,bias", [("he-uniform", 0), ("fan-sum-normal", 1)])
+@pytest.mark.parametrize("init,bias", [("he-uniform", 0), ("fan-sum-normal", 1), ("xavier-normal", 1)])
 def test_initialisations_draw_what_they_say(init, bias):
     torch.manual_seed(0)
     model = build_model("mlp", (400,), 10, width=300, blocks=1, activation="relu",
@@ -59,6 +59,9 @@ def test_initialisations_draw_what_they_say(init, bias):
         bound = (6 / 400) ** 0.5
         assert w.abs().max() <= bound and w.abs().max() > 0.99 * bound
         assert model.blocks[0].linear.bias is None and model.out_head.bias is None
+    elif init == "xavier-normal":
+        assert w.std().item() == pytest.approx((2 / 700) ** 0.5, rel=0.02)
+        assert torch.equal(model.blocks[0].linear.bias, torch.zeros(300))
     else:
         assert w.std().item() == pytest.approx((1 / 700) ** 0.5, rel=0.02)
         assert model.blocks[0].linear.bias is not None

@@ -56,6 +56,12 @@ PUBLISHED = {
     # the softmax readout at 10× the lr and 3× the decay; ε constant for half the run, then linear to 0
     "forward-forward": (torch.optim.SGD, (1e-3, 1e-2), 0.9, False, (1e-3, 3e-3),
                         torch.optim.lr_scheduler.LambdaLR, [], None, 100),
+    # Meulemans et al.'s MNIST configs: Adam at lr / target_stepsize (normalize_lr), constant, batch 128
+    # (the feedback Adam is the rule's own, outside the recipe)
+    "dtp": (torch.optim.Adam, 6.185037324617764e-05 / 0.21951187497378802, None, None, 0.0,
+            torch.optim.lr_scheduler.ConstantLR, [], None, 128),
+    "ddtp-linear": (torch.optim.Adam, 2.0354415171962153e-05 / 0.06096940412767466, None, None, 0.0,
+                    torch.optim.lr_scheduler.ConstantLR, [], None, 128),
 }
 SHARED = (torch.optim.AdamW, 1e-3, None, None, 0.01, torch.optim.lr_scheduler.CosineAnnealingLR, [], None, 128)
 

@@ -26,12 +26,14 @@ from .recipe import CHOICES as RECIPE_CHOICES
 from .recipe import SHARED as SHARED_RECIPE
 from .recipe import Recipe
 from .signsym import SignSymmetry
+from .target_propagation import DTP, DDTPLinear
 
 # the paper's seven first (`Method.paper`), then the zoo (issue 24)
 _BUILT_IN: tuple[type[Method], ...] = (BP, FA, DFA, DFAPenalty, EP, StateBridge, CreditBridge,
                                        SignSymmetry, KolenPollack, DRTP, NodePerturbation,
                                        LocalLosses, PEPITA, PredictiveCoding, ForwardGradientW,
-                                       ForwardGradientA, LocalGreedyForwardGradientA, ForwardForward)
+                                       ForwardGradientA, LocalGreedyForwardGradientA, ForwardForward,
+                                       DTP, DDTPLinear)
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in _BUILT_IN}
 REFERENCE_METHOD = BP.name        # the method every other is compared with (Γ = 1 by construction)
 

@@ -38,8 +38,9 @@ ARCH_OPTION_HELP: dict[str, dict[str, str]] = {
                                     "(2 when the smaller image side is ≥ 16, else 1)"},
     "mlp": {"dropout": "dropout probability on each hidden layer's output in training, in [0, 1)",
             "loss": "output loss: ce (softmax + cross-entropy) or bce (sigmoid + per-class BCE)",
-            "init": "weights: torch (nn.Linear's default), he-uniform (U(±√(6/fan_in)), b = 0) or "
-                    "fan-sum-normal (N(0, 1/(fan_in + fan_out))) or fan-in-normal (N(0, 1/fan_in), b = 0)",
+            "init": "weights: torch (nn.Linear's default), he-uniform (U(±√(6/fan_in)), b = 0), "
+                    "fan-sum-normal (N(0, 1/(fan_in + fan_out))), fan-in-normal (N(0, 1/fan_in), b = 0) or "
+                    "xavier-normal (N(0, 2/(fan_in + fan_out)), b = 0)",
             "bias": "1: every layer has biases; 0: none",
             "norm": "none, or rms: every layer's input and the readout's length-normalised per sample "
                     "(h / rms(h): Hinton's Forward-Forward network)"},
@@ -47,7 +48,8 @@ ARCH_OPTION_HELP: dict[str, dict[str, str]] = {
 
 # the allowed values of an architecture option that is a word
 ARCH_OPTION_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
-    "mlp": {"loss": ("ce", "bce"), "init": ("torch", "he-uniform", "fan-sum-normal", "fan-in-normal"),
+    "mlp": {"loss": ("ce", "bce"),
+            "init": ("torch", "he-uniform", "fan-sum-normal", "fan-in-normal", "xavier-normal"),
             "norm": ("none", "rms")}}
 # integer architecture options: their inclusive range (others: ≥ 1)
 ARCH_OPTION_RANGES: dict[str, tuple[int, int]] = {"stem_stride": (0, 2 ** 31), "bias": (0, 1)}

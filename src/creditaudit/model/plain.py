@@ -23,8 +23,9 @@ reads it as it reads a residual model (model/stream.py with `residual = False`):
 Initialisation (`init`): "torch", nn.Linear's default W, b ~ U(±1/√fan_in); "he-uniform",
 W ~ U(±√(6/fan_in)) and b = 0 (PEPITA's reference code); "fan-sum-normal", W, b ~ N(0, 1/(fan_in +
 fan_out)) (Akrout et al.'s MNIST code for fa and Kolen–Pollack); "fan-in-normal", W ~ N(0, 1/fan_in)
-and b = 0 (Hinton's Forward-Forward code, ffnew.m:79-80). `bias = 0` builds every layer
-without biases (PEPITA's reference has none).
+and b = 0 (Hinton's Forward-Forward code, ffnew.m:79-80); "xavier-normal", W ~ N(0, 2/(fan_in + fan_out))
+and b = 0 (torch's xavier_normal_, Meulemans et al.'s target-propagation code). `bias = 0` builds
+every layer without biases (PEPITA's reference has none).
 Dropout (Nøkland & Eidnes 2019's MLP uses 0.1 in its MNIST commands) acts in training mode only, on
 each hidden layer's output, never on the input. A plain MLP trains lone: no rule's member axis
 (model/members.py) is written for it, so stacking leaves its runs alone.
@@ -40,7 +41,7 @@ from .resmlp import ACTIVATIONS
 from .stream import LOSSES
 
 
-INITS = ("torch", "he-uniform", "fan-sum-normal", "fan-in-normal")
+INITS = ("torch", "he-uniform", "fan-sum-normal", "fan-in-normal", "xavier-normal")
 NORMS = ("none", "rms")
 NORM_EPS = 1e-8
 
@@ -60,6 +61,10 @@ def initialised(layer: nn.Linear, init: str) -> nn.Linear:
             layer.bias.normal_(0.0, std)
     elif init == "fan-in-normal":
         layer.weight.normal_(0.0, (1.0 / layer.in_features) ** 0.5)
+        if layer.bias is not None:
+            layer.bias.zero_()
+    elif init == "xavier-normal":
+        layer.weight.normal_(0.0, (2.0 / (layer.in_features + layer.out_features)) ** 0.5)
         if layer.bias is not None:
             layer.bias.zero_()
     elif init != "torch":
