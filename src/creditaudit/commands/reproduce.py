@@ -11,14 +11,15 @@ from ..errors import CreditAuditError
 def _listing(width: int) -> str:
     from ..papers import PAPERS
     lines = ["paper settings (creditaudit reproduce RULE):"]
+    name = max(map(len, PAPERS)) + 1            # the rules' column
     for rule, p in PAPERS.items():
         unverified = lambda r: "" if r.verified else " (unverified)"
         bp = f", bp {p.bp.error:.2f} %{unverified(p.bp)}" if p.bp is not None else ""
         number = ("no paper number" if p.reported is None else
                   f"{p.reported.error:.2f} % test error{unverified(p.reported)}{bp}")
         lines.append(textwrap.fill(
-            f"{rule:<14} {p.dataset}, {p.network}, {p.epochs} epochs — {p.citation}: {number}",
-            width, subsequent_indent=" " * 15, break_long_words=False))
+            f"{rule:<{name}}{p.dataset}, {p.network}, {p.epochs} epochs — {p.citation}: {number}",
+            width, subsequent_indent=" " * name, break_long_words=False))
     return "\n".join(lines)
 
 
