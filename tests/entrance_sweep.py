@@ -630,6 +630,7 @@ def cases(w: World) -> list[Case]:
     C += issue34_cases(w)
     C += start_and_code_cases(w)
     C += issue35_cases(w)
+    C += issue37_cases(w)
     return C
 
 
@@ -684,6 +685,41 @@ def issue35_cases(w: World) -> list[Case]:
         toml.write_text('dataset = "digits"\nmethods = ["bp"]\nseeds = [1]\nepochs = 1\n' + table + "\n")
         add(f"audit [recipes] {table!r}", "refusal", cli("audit", "--config", toml, "--out", w.fresh("a"),
                                                           "--quiet", "--device", "cpu"))
+    return C
+
+
+def issue37_cases(w: World) -> list[Case]:
+    """Issue 37: forward gradient, Forward-Forward and target propagation — the architectures they
+    refuse, bad options, a run on each architecture they claim, and `reproduce` on a tiny MNIST folder
+    (made by `issue35_cases`)."""
+    C = []
+    add = lambda name, expect, run, owner="": C.append(Case("i37 " + name, expect, run, owner))
+    rules = ("fg-w", "fg-a", "lg-fg-a", "forward-forward", "dtp", "ddtp-linear")
+    for rule in rules:
+        for arch in ("vit-mini", "resnet-small"):
+            add(f"train {rule} --arch {arch}", "refusal",
+                cli("train", *TINY, "--method", rule, "--arch", arch, "--out", w.fresh("t")))
+        add(f"train {rule} mlp dropout", "refusal",
+            cli("train", *TINY, "--method", rule, "--arch", "mlp", "--arch-option", "dropout=0.2",
+                "--out", w.fresh("t")))
+        for arch in ("resmlp", "mlp"):
+            add(f"train {rule} --arch {arch}", "never-trustworthy",
+                cli("train", *TINY, "--method", rule, "--arch", arch, "--out", w.fresh("t")))
+    for rule, opt in (("forward-forward", "negatives=random"), ("forward-forward", "negatives="),
+                      ("forward-forward", "peer=-1"), ("forward-forward", "peer=nan"),
+                      ("forward-forward", "readout_lr=0"), ("dtp", "lr_fb=-1"), ("dtp", "lr_fb=nan"),
+                      ("dtp", "fb_pretrain=-1"), ("dtp", "fb_pretrain=1.5"), ("ddtp-linear", "fb_extra=-2"),
+                      ("dtp", "sigma=-0.1"), ("fg-w", "nope=1")):
+        add(f"train {rule} --option {opt}", "refusal",
+            cli("train", *TINY, "--method", rule, "--option", opt, "--out", w.fresh("t")))
+    add("train dtp --option fb_pretrain=5 (more than the epochs)", "never-trustworthy",
+        cli("train", *TINY, "--method", "dtp", "--option", "fb_pretrain=5", "--out", w.fresh("t")))
+    add("train forward-forward --option negatives=uniform", "never-trustworthy",
+        cli("train", *TINY, "--method", "forward-forward", "--option", "negatives=uniform", "--out", w.fresh("t")))
+    for rule in ("forward-forward", "dtp", "ddtp-linear", "fg-w"):
+        add(f"reproduce {rule} on a tiny folder, 1 epoch", "never-trustworthy",
+            cli("reproduce", rule, "--epochs", "1", "--seeds", "42", "--data-dir", w.out / "i35-data",
+                "--out", w.fresh("repro"), "--quiet", "--device", "cpu", "--jobs", "1"))
     return C
 
 
