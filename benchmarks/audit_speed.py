@@ -7,7 +7,8 @@ Times, in one invocation and each in a fresh output folder,
      summed per method, with the number of runs;
   2. `python -m creditaudit train --method bp --dataset mnist1d --epochs 15 --quiet --out <tmp>`
      as a whole command (the unit);
-and prints as the last line
+and where its wall time went (`phases`: training, gate + diagnoses, tables, report, from when
+their files were written), and prints as the last line
 
     audit_cost_in_bp_runs=<audit seconds / bp run seconds>
 
@@ -61,6 +62,20 @@ def breakdown(out: Path) -> dict[str, list[float]]:
     return per
 
 
+def phases(out: Path, started: float, ended: float) -> dict[str, float]:
+    """Where the audit's wall time went, from when its files were written (seconds): "start → last
+    run trained" (start-up, data, training: the last status.json), "gate + diagnoses" (to the last
+    diagnosis.json), "tables" (to audit.json), "report" (to the command's end: figures, HTML, the
+    terminal). A phase with nothing new to write (a re-run) reads 0."""
+    runs = list((out / "runs").glob("*/"))
+    last = lambda name: max((f.stat().st_mtime for d in runs for f in [d / name] if f.exists()), default=None)
+    trained = last("status.json") or started
+    diagnosed = max(last("diagnosis.json") or trained, trained)
+    tabled = max((out / "audit.json").stat().st_mtime, diagnosed)
+    return {"start → last run trained": trained - started, "gate + diagnoses": diagnosed - trained,
+            "tables": tabled - diagnosed, "report": ended - tabled}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="+", default=None, help="audit only these methods")
@@ -93,8 +108,9 @@ def main(argv=None) -> None:
                 audit_args += ["--jobs", str(args.jobs)]
             if flag:
                 audit_args.append(flag)
+            started = time.time()
             seconds = run_command(audit_args, ok=(0, 3))  # 3: some method incomplete, still a full audit
-            audits.append((flag, seconds, breakdown(audit_dir)))
+            audits.append((flag, seconds, breakdown(audit_dir), phases(audit_dir, started, time.time())))
 
         bp_args = ["train", "--method", "bp", "--dataset", "mnist1d", "--epochs", str(args.bp_epochs),
                    "--quiet", "--out", str(tmp / "bp")]
@@ -102,7 +118,7 @@ def main(argv=None) -> None:
             bp_args += ["--device", args.device]
         bp_s = run_command(bp_args)
 
-    for flag, audit_s, per in audits:
+    for flag, audit_s, per, parts in audits:
         print(f"audit (quick preset{', methods ' + ' '.join(args.methods) if args.methods else ''}"
               f"{', ' + str(args.epochs) + ' epochs' if args.epochs else ''}{', ' + flag if flag else ''}): "
               f"{audit_s:.1f} s as a whole command")
@@ -110,8 +126,9 @@ def main(argv=None) -> None:
         for method, walls in sorted(per.items(), key=lambda kv: -sum(kv[1])):
             note = "  (stacked: shared times)" if len(walls) > 1 and len(set(walls)) < len(walls) else ""
             print(f"{method:<14}{len(walls):>6}{sum(walls):>18.1f}{sum(walls) / len(walls):>16.1f}{note}")
+        print("phases (from the files' times): " + "; ".join(f"{k} {v:.1f} s" for k, v in parts.items()))
     print(f"bp run ({args.bp_epochs} epochs, mnist1d): {bp_s:.1f} s as a whole command")
-    for flag, audit_s, _ in reversed(audits):
+    for flag, audit_s, _, _ in reversed(audits):
         print(f"audit_cost_in_bp_runs{'_lone' if flag == '--no-stack' and len(audits) > 1 else ''}"
               f"={audit_s / bp_s:.2f}")
 
