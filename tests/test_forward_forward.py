@@ -228,8 +228,8 @@ def test_frozen_control_trains_the_readout_alone_and_the_step_reproduces():
 
 
 @pytest.mark.parametrize("model, needle", [
-    (lambda: ViTMini((3, 8, 8), d=8, n_blocks=1, n_classes=10, heads=2, patch=4), "mlp or resmlp only"),
-    (lambda: SmallResNet((3, 8, 8), width=4, n_blocks=1, n_classes=10), "mlp or resmlp only"),
+    (lambda: ViTMini((3, 8, 8), d=8, n_blocks=1, n_classes=10, heads=2, patch=4), "resmlp or mlp only"),
+    (lambda: SmallResNet((3, 8, 8), width=4, n_blocks=1, n_classes=10), "resmlp or mlp only"),
     (lambda: PlainMLP(16, 8, n_blocks=1, n_classes=10, dropout=0.1), "dropout"),
     (lambda: PlainMLP(6, 8, n_blocks=1, n_classes=10), "only 6"),
     (lambda: ResidualMLP(12, 4, 1, 10), "too narrow for 10 classes"),

@@ -396,6 +396,18 @@ def refuse_dropout(model, rule: str, why: str) -> None:
                                "mask; set the mlp's dropout to 0")
 
 
+def refuse_unless_vector_stream(model, rule: str, why: str, dropout_why: str) -> None:
+    """One line refusing an architecture other than the ResMLP and the plain MLP for a rule written
+    for a per-sample vector stream (`why`: what it would need elsewhere), and dropout (`dropout_why`,
+    `refuse_dropout`)."""
+    from ..model.plain import PlainMLP
+    from ..model.resmlp import ResidualMLP
+    if not isinstance(model, (ResidualMLP, PlainMLP)):
+        raise CreditAuditError(f"method {rule!r} trains on arch resmlp or mlp only, got "
+                               f"{type(model).__name__}: {why}; use --arch resmlp or --arch mlp")
+    refuse_dropout(model, rule, dropout_why)
+
+
 def checked_feedback_pairs(method: Method) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """`method.feedback_pairs()`, each pair checked before cos(W, B) is read from it: a list of
     (name, W, B) with name a string, W a parameter of the method's model (a forward weight: W comes

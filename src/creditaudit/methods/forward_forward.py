@@ -147,9 +147,8 @@ import torch.nn.functional as F
 
 from ..errors import CreditAuditError
 from ..model.plain import PlainMLP
-from ..model.resmlp import ResidualMLP
 from ..seeding import draw_on_host
-from .base import refuse_dropout
+from .base import refuse_unless_vector_stream
 from .local import LocalMethod, input_credit, sample_dot
 from .recipe import Recipe
 from .setting import PaperSetting, Reported
@@ -207,11 +206,9 @@ def wrong_labels(logits: torch.Tensor, y: torch.Tensor, u: torch.Tensor, hard: b
 
 def check_arch(model, rule: str) -> None:
     """One line refusing what forward-forward is not written for (module docstring)."""
-    if not isinstance(model, (ResidualMLP, PlainMLP)):
-        raise CreditAuditError(f"method {rule!r} trains on arch mlp or resmlp only, got "
-                               f"{type(model).__name__}: a token stream or a BatchNorm feature map has no "
-                               "place for the label nor a checked goodness; use --arch mlp or --arch resmlp")
-    refuse_dropout(model, rule, "its positive, negative and neutral passes are three forward passes")
+    refuse_unless_vector_stream(model, rule, "a token stream or a BatchNorm feature map has no place "
+                                "for the label nor a checked goodness",
+                                "its positive, negative and neutral passes are three forward passes")
     if isinstance(model, PlainMLP) and model.d_in < model.n_classes:
         raise CreditAuditError(f"method {rule!r} writes the label into the first {model.n_classes} inputs, "
                                f"but there are only {model.d_in}; use data with at least {model.n_classes} "

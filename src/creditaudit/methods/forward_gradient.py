@@ -125,10 +125,8 @@ import torch
 from torch.func import functional_call, jvp
 
 from ..errors import CreditAuditError
-from ..model.plain import PlainMLP
-from ..model.resmlp import ResidualMLP
 from ..seeding import draw_on_host
-from .base import refuse_dropout
+from .base import refuse_unless_vector_stream
 from .local import LocalMethod, input_credit
 from .local_losses import LocalLosses
 from .recipe import Recipe
@@ -149,11 +147,8 @@ REN_RECIPE = Recipe(
 
 def check_arch(model, rule: str) -> None:
     """One line refusing an architecture the forward-gradient rules are not written for."""
-    if not isinstance(model, (ResidualMLP, PlainMLP)):
-        raise CreditAuditError(f"method {rule!r} trains on arch resmlp or mlp only, got "
-                               f"{type(model).__name__}: its jvp pass is not written for BatchNorm "
-                               "statistics or token streams; use --arch resmlp or --arch mlp")
-    refuse_dropout(model, rule, "the jvp pass recomputes the forward")
+    refuse_unless_vector_stream(model, rule, "its jvp pass is not written for BatchNorm statistics or "
+                                "token streams", "the jvp pass recomputes the forward")
 
 
 # The forward-gradient steps train eagerly (`compilable` False): torch.compile (torch 2.13, fullgraph,

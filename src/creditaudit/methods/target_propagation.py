@@ -156,10 +156,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import CreditAuditError
-from ..model.plain import PlainMLP
-from ..model.resmlp import ACTIVATIONS, ResidualMLP
+from ..model.resmlp import ACTIVATIONS
 from ..seeding import draw_on_host
-from .base import refuse_dropout
+from .base import refuse_unless_vector_stream
 from .local import LocalMethod, input_credit, sample_dot
 from .recipe import Recipe
 from .setting import PaperSetting, Reported
@@ -173,11 +172,8 @@ INVERSE_W2_STD = 0.01   # the ResMLP inverse's output layer, as the model's W2: 
 
 def check_arch(model, rule: str) -> None:
     """One line refusing an architecture the target-propagation rules are not written for."""
-    if not isinstance(model, (ResidualMLP, PlainMLP)):
-        raise CreditAuditError(f"method {rule!r} trains on arch resmlp or mlp only, got "
-                               f"{type(model).__name__}: its inverses are written for a vector stream "
-                               "without BatchNorm; use --arch resmlp or --arch mlp")
-    refuse_dropout(model, rule, "the feedback pass reruns the forward")
+    refuse_unless_vector_stream(model, rule, "its inverses are written for a vector stream without "
+                                "BatchNorm", "the feedback pass reruns the forward")
 
 
 def _normal(shape, std, gen):
