@@ -180,6 +180,20 @@ def _normal(shape, std, gen):
     return torch.randn(shape, generator=gen, dtype=torch.float64) * std
 
 
+
+# what both rules' paper settings share (Meulemans et al.'s MNIST configs): the bp baseline and how the
+# runs here differ from the reference's protocol
+MEULEMANS_BP_RECIPE = Recipe(optimizer="adam", lr=0.0002970474733093798, betas=(0.99, 0.999), weight_decay=0.0,
+                             schedule="constant", batch_size=128,
+                             citation="final_configs/mnist_BP.py (Adam lr 2.97e-4, betas 0.99, 0.999, batch 128)")
+MEULEMANS_BP = Reported(1.98, "the paper's Table 1 (MNIST, BP) as recalled: not read here", seeds=10,
+                        selection="test error at the best validation epoch", verified=False)
+MEULEMANS_DEVIATIONS = (
+    "the reference holds out 5,000 training images for validation (main.py:597) and reports the test "
+    "error at the best validation epoch; the run trains on what the dataset's split gives and reports "
+    "the final epoch's error",
+    "float32 forward passes; the reference runs in float64 (double_precision)")
+
 class LayerInverse(nn.Module):
     """g(v) = act(Q v + c) (act None: linear), v of size d_from → d_to; Q xavier-normal, c = 0
     (dtp_layers.py:109-131). Computes in the dtype of its input (float64 for dtp's differences)."""
@@ -450,19 +464,13 @@ class DTP(_TargetPropagation):
                       schedule="constant", batch_size=128,
                       citation="final_configs/mnist_DTP.py (lr 6.185e-5 / target_stepsize 0.2195, Adam "
                                "betas 0.9, 0.999, batch 128, 100 epochs, epochs_fb 0)"),
-        bp_recipe=Recipe(optimizer="adam", lr=0.0002970474733093798, betas=(0.99, 0.999), weight_decay=0.0,
-                         schedule="constant", batch_size=128,
-                         citation="final_configs/mnist_BP.py (Adam lr 2.97e-4, betas 0.99, 0.999, batch 128)"),
+        bp_recipe=MEULEMANS_BP_RECIPE,
         reported=Reported(2.11, "the paper's Table 1 (MNIST, DTP) as recalled: not read here",
                           seeds=10, selection="test error at the best validation epoch (train.py:317-322; "
                                               "seed_robustness.py acc_test_val_best)", verified=False),
-        bp=Reported(1.98, "the paper's Table 1 (MNIST, BP) as recalled: not read here", seeds=10,
-                    selection="test error at the best validation epoch", verified=False),
+        bp=MEULEMANS_BP,
         deviations=("the paper's Table 1 could not be read here: both numbers are unverified",
-                    "the reference holds out 5,000 training images for validation (main.py:597) and "
-                    "reports the test error at the best validation epoch; the run trains on what the "
-                    "dataset's split gives and reports the final epoch's error",
-                    "float32 forward passes; the reference runs in float64 (double_precision)",
+                    *MEULEMANS_DEVIATIONS,
                     "Adam's ε is torch's 1e-8 (the config: 1.017e-8)",
                     "inputs standardised with the data's own statistics (the reference: 0.1307, 0.3081)"))
 
@@ -522,24 +530,18 @@ class DDTPLinear(_TargetPropagation):
                       citation="final_configs/mnist_DDTPlinear.py (lr 2.035e-5 / target_stepsize 0.0610, "
                                "Adam betas 0.9, 0.999, batch 128, 100 epochs after epochs_fb 6, "
                                "extra_fb_epochs 1)"),
-        bp_recipe=Recipe(optimizer="adam", lr=0.0002970474733093798, betas=(0.99, 0.999), weight_decay=0.0,
-                         schedule="constant", batch_size=128,
-                         citation="final_configs/mnist_BP.py (Adam lr 2.97e-4, betas 0.99, 0.999, batch 128)"),
+        bp_recipe=MEULEMANS_BP_RECIPE,
         reported=Reported(1.85, "the paper's Table 1 (MNIST, DDTP-linear) as recalled: not read here",
                           seeds=10, selection="test error at the best validation epoch (train.py:317-322; "
                                               "seed_robustness.py acc_test_val_best)", verified=False),
-        bp=Reported(1.98, "the paper's Table 1 (MNIST, BP) as recalled: not read here", seeds=10,
-                    selection="test error at the best validation epoch", verified=False),
+        bp=MEULEMANS_BP,
         deviations=("the paper's Table 1 could not be read here: both numbers are unverified",
                     "106 epochs: the first 6 train the feedback weights only (the reference's epochs_fb "
                     "= 6 before its 100), so 100 train the forward weights; bp trains 106; a shorter "
                     "--epochs keeps the 6 feedback-only epochs",
                     "extra_fb_epochs = 1 (a feedback-only pass over the training set after each epoch) "
                     "is replaced by one extra feedback-only update after every step (fb_extra = 1)",
-                    "the reference holds out 5,000 training images for validation (main.py:597) and "
-                    "reports the test error at the best validation epoch; the run trains on what the "
-                    "dataset's split gives and reports the final epoch's error",
-                    "float32 forward passes; the reference runs in float64 (double_precision)",
+                    *MEULEMANS_DEVIATIONS,
                     "Adam's ε is torch's 1e-8 (the config: 1.255e-8)",
                     "inputs standardised with the data's own statistics (the reference: 0.1307, 0.3081)"))
 
