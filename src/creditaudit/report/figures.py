@@ -184,6 +184,20 @@ def _thresholds(audit: dict) -> _Thresholds:
     return _Thresholds(audit.get("thresholds"))
 
 
+# a legend beside the data keeps to one column up to this many entries; more (the zoo's 20 rules, each
+# with its null) go into columns, and the figure grows tall enough for them
+LEGEND_ROWS = 16
+
+
+def _legend_layout(fig: Figure, n_entries: int, height: float) -> int:
+    """The number of columns for a legend of `n_entries` beside the data, after making `fig` at least
+    tall enough for its rows (a long legend would otherwise dwarf the plot it explains)."""
+    ncol = max(1, math.ceil(n_entries / LEGEND_ROWS))
+    rows = math.ceil(n_entries / ncol)
+    fig.set_size_inches(fig.get_size_inches()[0] + 2.2 * (ncol - 1), max(height, 0.26 * rows + 1.0))
+    return ncol
+
+
 def norms_figure(audit: dict) -> Figure:
     """Per-layer median ‖h_l‖ and ‖g_l‖ per method (mean over the seeds' diagnoses), log y."""
     fig = Figure(figsize=(11, 4.2))
@@ -210,7 +224,7 @@ def norms_figure(audit: dict) -> Figure:
     if drawn:   # one legend for both panels, outside the data
         handles, labels = ax_h.get_legend_handles_labels()
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9,
-                   title="method")
+                   title="method", ncol=_legend_layout(fig, len(labels), 4.2))
     floor_lines = [line for line in ax_g.get_lines() if line.get_label().startswith("(b)")]
     if floor_lines:
         ax_g.legend(handles=floor_lines, fontsize=8, loc="lower left")
@@ -275,7 +289,8 @@ def monitor_figure(audit: dict) -> Figure:
     if seen:
         handles, labels = axes[3].get_legend_handles_labels()
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9,
-                   title="method (● = first fire)", title_fontsize=8)
+                   title="method (● = first fire)", title_fontsize=8,
+                   ncol=_legend_layout(fig, len(labels), 7.5))
     else:
         axes[3].text(0.5, 0.5, "no monitor history", ha="center", va="center",
                      transform=axes[3].transAxes)
@@ -321,7 +336,9 @@ def gamma_figure(audit: dict) -> Figure:
         ax.set_title(r"Gradient cosine $\Gamma_l$ and its random-feedback null")
         ax.grid(True, alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        n_entries = len(ax.get_legend_handles_labels()[1])
+        ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.02, 0.5),
+                  ncol=_legend_layout(fig, n_entries, 4.6))
     else:
         _no_data(ax, "no method has Γ")
     fig.tight_layout()
