@@ -703,8 +703,9 @@ def issue37_cases(w: World) -> list[Case]:
             cli("train", *TINY, "--method", rule, "--arch", "mlp", "--arch-option", "dropout=0.2",
                 "--out", w.fresh("t")))
         for arch in ("resmlp", "mlp"):
-            add(f"train {rule} --arch {arch}", "never-trustworthy",
-                cli("train", *TINY, "--method", rule, "--arch", arch, "--out", w.fresh("t")))
+            for control in ([], ["--frozen"], ["--shallow"]):
+                add(f"train {rule} --arch {arch} {' '.join(control)}", "never-trustworthy",
+                    cli("train", *TINY, "--method", rule, "--arch", arch, *control, "--out", w.fresh("t")))
     for rule, opt in (("forward-forward", "negatives=random"), ("forward-forward", "negatives="),
                       ("forward-forward", "peer=-1"), ("forward-forward", "peer=nan"),
                       ("forward-forward", "readout_lr=0"), ("dtp", "lr_fb=-1"), ("dtp", "lr_fb=nan"),

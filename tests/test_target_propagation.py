@@ -201,6 +201,18 @@ def test_rule_trains_and_is_diagnosed(name, arch, tmp_path, digits):
 
 
 @pytest.mark.parametrize("name", RULES)
+def test_the_plain_mlps_shallow_control_has_nothing_to_invert_and_trains(name, tmp_path, digits):
+    """blocks = 0 on the plain MLP is a linear classifier: no inverse, no feedback optimiser; the
+    readout alone steps on ‖z − ẑ‖², i.e. on the output target (a reproduction's shallow control)."""
+    config = RunConfig(method=name, dataset="digits", arch="mlp", width=32, blocks=0, epochs=3,
+                       activation="tanh", options={"fb_pretrain": 0})
+    run = train_run(config, tmp_path / "run", data=digits, progress=False)
+    assert run.status["status"] == "finished" and run.method.fb_opt is None
+    losses = [h["train_loss"] for h in run.history if h["train_loss"] is not None]
+    assert losses[-1] < losses[0], losses       # the readout learns (slowly, at the published lr)
+
+
+@pytest.mark.parametrize("name", RULES)
 def test_step_is_reproducible_and_frozen_blocks_stay(name):
     def steps(trainable, seed=5):
         torch.manual_seed(0)

@@ -292,9 +292,12 @@ class _TargetPropagation(LocalMethod):
         self.first = 0 if model.residual else 1          # the first position that gets a target
         self.feedback = self._draw(model, self.gen)
         self.opt = self.add_optimizer(self.local_param_groups())      # embed, trainable blocks, head
-        self.fb_opt = torch.optim.Adam(self.feedback.parameters(), lr=float(options["lr_fb"]),
-                                       betas=(float(options["fb_beta1"]), 0.999),
-                                       eps=float(options["fb_eps"]), weight_decay=float(options["fb_wd"]))
+        params = list(self.feedback.parameters())
+        # a network with nothing to invert (the plain MLP's shallow control, a linear classifier)
+        # has no feedback weights, and no feedback optimiser: its readout alone steps on ‖z − ẑ‖²
+        self.fb_opt = torch.optim.Adam(params, lr=float(options["lr_fb"]), betas=(float(options["fb_beta1"]), 0.999),
+                                       eps=float(options["fb_eps"]),
+                                       weight_decay=float(options["fb_wd"])) if params else None
         # kept apart from `self.optimizers` (the recipe's): stepped in `apply_gradients`, saved in `state_dict`
         self.epoch = 0                                    # epochs finished: the pre-training clock
         self._noise: list[dict[int, torch.Tensor]] = []
@@ -373,12 +376,15 @@ class _TargetPropagation(LocalMethod):
 
     def clear_gradients(self):
         super().clear_gradients()
-        self.fb_opt.zero_grad(set_to_none=True)
+        if self.fb_opt is not None:
+            self.fb_opt.zero_grad(set_to_none=True)
 
     def apply_gradients(self):
         super().apply_gradients()                # the forward Adam (the recipe)
-        self.fb_opt.step()                       # the feedback Adam
         x, self._batch = self._batch, None
+        if self.fb_opt is None:
+            return
+        self.fb_opt.step()                       # the feedback Adam
         for k in range(1, 1 + self.fb_extra):    # extra feedback-only updates at the new forward weights
             self.fb_opt.zero_grad(set_to_none=True)
             with torch.no_grad():
@@ -424,11 +430,13 @@ class _TargetPropagation(LocalMethod):
         return self._credit_with(x, y, self._draw(self.model, gen))
 
     def state_dict(self):
-        return {**super().state_dict(), "feedback_optimizer": self.fb_opt.state_dict()}
+        return {**super().state_dict(),
+                "feedback_optimizer": {} if self.fb_opt is None else self.fb_opt.state_dict()}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.fb_opt.load_state_dict(state["feedback_optimizer"])
+        if self.fb_opt is not None:
+            self.fb_opt.load_state_dict(state["feedback_optimizer"])
 
     def extra_state(self):
         return {"feedback": dict(self.feedback.state_dict()), "epoch": self.epoch}
