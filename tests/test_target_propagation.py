@@ -201,15 +201,20 @@ def test_rule_trains_and_is_diagnosed(name, arch, tmp_path, digits):
 
 
 @pytest.mark.parametrize("name", RULES)
-def test_the_plain_mlps_shallow_control_has_nothing_to_invert_and_trains(name, tmp_path, digits):
+@pytest.mark.parametrize("pretrain", [0, 1])
+def test_the_plain_mlps_shallow_control_has_nothing_to_invert_and_trains(name, pretrain, tmp_path, digits):
     """blocks = 0 on the plain MLP is a linear classifier: no inverse, no feedback optimiser; the
-    readout alone steps on ‖z − ẑ‖², i.e. on the output target (a reproduction's shallow control)."""
+    readout alone steps on ‖z − ẑ‖², i.e. on the output target (a reproduction's shallow control),
+    and a feedback pre-training epoch has nothing to train."""
     config = RunConfig(method=name, dataset="digits", arch="mlp", width=32, blocks=0, epochs=3,
-                       activation="tanh", options={"fb_pretrain": 0})
+                       activation="tanh", options={"fb_pretrain": pretrain})
     run = train_run(config, tmp_path / "run", data=digits, progress=False)
     assert run.status["status"] == "finished" and run.method.fb_opt is None
     losses = [h["train_loss"] for h in run.history if h["train_loss"] is not None]
     assert losses[-1] < losses[0], losses       # the readout learns (slowly, at the published lr)
+    if pretrain:                                # the pre-training epoch trained nothing: the model at 1 is at 0
+        assert run.history[1]["test_correct"] == run.history[0]["test_correct"]
+        assert run.history[2]["test_correct"] != run.history[0]["test_correct"]
 
 
 @pytest.mark.parametrize("name", RULES)

@@ -368,7 +368,8 @@ class _TargetPropagation(LocalMethod):
                 total = total + sample_dot(fwd.h0, -2 * deltas[0]).mean()
             for l, f in fwd.branches.items():
                 total = total + sample_dot(f, -2 * deltas[l + 1]).mean()
-        total.backward()
+        if total.requires_grad:     # not so while pre-training a network with nothing to invert
+            total.backward()
         self._step_log = rec.detach()
         if self.fb_extra:
             self._batch = x
