@@ -24,6 +24,8 @@ from creditaudit.model.vit import ViTMini
 from creditaudit.protocol import diagnose
 from creditaudit.train import train_run
 
+from rule_steps import check_step_reproducible_and_frozen_blocks_stay
+
 RULE = "forward-forward"
 
 
@@ -208,23 +210,7 @@ def test_trains_end_to_end_and_is_diagnosed(arch, tmp_path, digits):
 
 
 def test_frozen_control_trains_the_readout_alone_and_the_step_reproduces():
-    def steps(trainable, seed=5):
-        torch.manual_seed(0)
-        model = PlainMLP(16, 8, n_blocks=2, n_classes=10, norm="rms")
-        method = method_class(RULE)(model, MethodSettings(epochs=1, seed=seed, trainable_blocks=trainable,
-                                                          batch_size=32))
-        g = torch.Generator().manual_seed(1)
-        for _ in range(3):
-            method.train_step(torch.randn(32, 16, generator=g), torch.randint(0, 10, (32,), generator=g))
-        return model
-    a, b, other = steps((0, 1)), steps((0, 1)), steps((0, 1), seed=6)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
-    assert not all(torch.equal(p, q) for p, q in zip(a.blocks.parameters(), other.blocks.parameters()))
-    torch.manual_seed(0)
-    init = PlainMLP(16, 8, n_blocks=2, n_classes=10, norm="rms")
-    frozen = steps(())
-    assert all(torch.equal(p, q) for p, q in zip(frozen.blocks.parameters(), init.blocks.parameters()))
-    assert not torch.equal(frozen.out_head.weight, init.out_head.weight)
+    check_step_reproducible_and_frozen_blocks_stay(RULE, lambda: PlainMLP(16, 8, n_blocks=2, n_classes=10, norm="rms"))
 
 
 @pytest.mark.parametrize("model, needle", [

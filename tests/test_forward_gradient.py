@@ -19,6 +19,8 @@ from creditaudit.model.vit import ViTMini
 from creditaudit.protocol import diagnose
 from creditaudit.train import train_run
 
+from rule_steps import check_step_reproducible_and_frozen_blocks_stay
+
 RULES = ("fg-w", "fg-a", "lg-fg-a")
 
 
@@ -144,23 +146,7 @@ def test_rule_trains_and_is_diagnosed(name, arch, tmp_path, digits):
 
 @pytest.mark.parametrize("name", RULES)
 def test_step_is_reproducible_and_frozen_blocks_stay(name):
-    def steps(trainable, seed=5):
-        torch.manual_seed(0)
-        model = ResidualMLP(16, 8, 2, 10)
-        method = method_class(name)(model, MethodSettings(epochs=1, seed=seed, trainable_blocks=trainable,
-                                                          batch_size=32))
-        g = torch.Generator().manual_seed(1)
-        for _ in range(3):
-            method.train_step(torch.randn(32, 16, generator=g), torch.randint(0, 10, (32,), generator=g))
-        return model
-    a, b, other = steps((0, 1)), steps((0, 1)), steps((0, 1), seed=6)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
-    assert not all(torch.equal(p, q) for p, q in zip(a.blocks.parameters(), other.blocks.parameters()))
-    torch.manual_seed(0)
-    init = ResidualMLP(16, 8, 2, 10)
-    frozen = steps(())
-    assert all(torch.equal(p, q) for p, q in zip(frozen.blocks.parameters(), init.blocks.parameters()))
-    assert not torch.equal(frozen.out_head.weight, init.out_head.weight)
+    check_step_reproducible_and_frozen_blocks_stay(name, lambda: ResidualMLP(16, 8, 2, 10))
 
 
 @pytest.mark.parametrize("name", RULES)
