@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from creditaudit.data import ArrayDataset
+from creditaudit.errors import CreditAuditError
 from creditaudit.methods import METHODS, MethodSettings, method_class
 from creditaudit.model import ResidualMLP, build_model
 
@@ -161,3 +162,67 @@ def test_the_member_step_compiles_whole_without_recompiling(name, options, devic
     compiled.sync()                   # what the step left for each member's lone Method (ep's log)
     for a, b in zip(eager.methods, compiled.methods):
         assert b.epoch_log() == pytest.approx(a.epoch_log(), rel=1e-12)
+
+
+SENTINEL = 1e6          # a .grad planted on a frozen parameter before a step
+
+
+@pytest.mark.parametrize("arch", ["mlp", "resmlp"])
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_no_gradient_left_on_a_frozen_block_is_added_to(name, arch, device):
+    """A frozen block still requires grad, so a backward pass writes its .grad, which no optimizer
+    clears. Every step starts from .grad None on every parameter (`Method.clear_gradients`): a
+    .grad left from before is never added to. Left alone, it piled up over the run, and under CUDA
+    graphs it was the last replay's output for the next replay to read, which torch refuses: the
+    frozen control of bp failed so on an H100 (2026-11-26)."""
+    torch.manual_seed(0)
+    model = build_model(arch, (12,), 10, width=16, blocks=2, activation="tanh").to(device)
+    try:
+        method = method_class(name)(model, MethodSettings(epochs=3, seed=0, trainable_blocks=()))
+    except CreditAuditError:
+        return                            # the rule refuses this architecture (tests/test_plain_mlp.py)
+    planted = [p for p in model.blocks.parameters()]
+    for p in planted:
+        p.grad = torch.full_like(p, SENTINEL)
+    (x, y), = batches("resmlp", device, torch.float32, k=1)
+    method.train_step(x, y)
+    for p in planted:
+        assert p.grad is None or p.grad.abs().max() < SENTINEL / 2
+    method.clear_gradients()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_stack_clears_the_gradient_of_a_block_no_member_trains(device):
+    """The member stack leaves a block no member trains out of its optimizer; a backward pass still
+    writes that block's .grad, and the next step starts from None there too."""
+    from creditaudit.methods.members import MemberStack
+    methods = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = build_model("resmlp", (12,), 10, width=16, blocks=2).to(device)
+        methods.append(method_class("bp")(model, MethodSettings(epochs=3, seed=seed, trainable_blocks=(1,))))
+    stack = MemberStack(methods)
+    untrained = [p for name, p in stack.net.params.items() if name.startswith("blocks.0.")]
+    assert untrained and not any(p is q for p in untrained for q in stack.params)
+    for p in untrained:
+        p.grad = torch.full_like(p, SENTINEL)
+    (x, y), = batches("resmlp", device, torch.float32, k=1)
+    stack.train_step(torch.stack([x, x.flip(0)]), torch.stack([y, y.flip(0)]))
+    assert all(p.grad is None or p.grad.abs().max() < SENTINEL / 2 for p in untrained)
+
+
+def test_the_frozen_control_trains_compiled_into_cuda_graphs(device):
+    """The frozen control of bp on the plain MLP, compiled as the trainer compiles on a GPU
+    (mode reduce-overhead): on an H100 its step raised "accessing tensor output of CUDAGraphs
+    that has been overwritten" until every step cleared the frozen layers' .grad."""
+    if device.type != "cuda":
+        pytest.skip("needs CUDA: CUDA graphs")
+    from creditaudit.train import step_runner
+    torch.manual_seed(0)
+    model = build_model("mlp", (12,), 10, width=16, blocks=1, activation="sigmoid",
+                        options={"loss": "bce"}).to(device)
+    method = method_class("bp")(model, MethodSettings(epochs=3, seed=0, trainable_blocks=()))
+    step = step_runner(method, "reduce-overhead")
+    for x, y in batches("resmlp", device, torch.float32, k=6):
+        step(x, y)
+    assert torch.isfinite(model.out_head.weight).all()

@@ -208,10 +208,16 @@ class Method(ABC):
         raise NotImplementedError(f"{type(self).__name__} implements neither train_step nor gradients")
 
     def clear_gradients(self) -> None:
-        """Every optimized parameter's .grad back to None, before `gradients` fills them (kept
-        after the step, so a test or a user can read the update's gradient)."""
+        """Every parameter's .grad back to None, before `gradients` fills them (kept after the
+        step, so a test or a user can read the update's gradient): the optimised ones, and the
+        model's others too — a frozen block still requires grad, so a backward pass writes its
+        .grad, which nothing would clear. Left alone, that .grad would pile up over the run, and
+        under CUDA graphs it is an output of the last replay that the next one overwrites, which
+        torch refuses to read (the frozen control's step failed on a GPU)."""
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
+        for p in self.model.parameters():
+            p.grad = None
 
     def apply_gradients(self) -> None:
         """One step of every optimizer on the gradients `gradients` left."""

@@ -135,7 +135,9 @@ class MemberStack:
         return self.methods[0].member_gradients(self, x, y)
 
     def clear_gradients(self) -> None:
-        for p in self.params:
+        """Every stacked tensor's .grad back to None, the optimised ones and those of blocks no
+        member trains (a backward pass writes theirs too; see `Method.clear_gradients`)."""
+        for p in (*self.params, *self.stacked().values()):
             p.grad = None
 
     def prepare_step(self) -> None:
