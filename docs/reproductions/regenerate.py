@@ -8,7 +8,8 @@ the table are written by hand. Run from the repository root:
     python docs/reproductions/regenerate.py --data-dir DATA --epochs pepita=20   # a stated reduced budget
     python docs/reproductions/regenerate.py --page-only                          # the page from the copies
 
-Runs are reused (audits/reproduce/RULE/runs), so an interrupted regeneration resumes.
+Runs are reused (audits/reproduce/RULE/runs), so an interrupted regeneration resumes. On a GPU,
+docs/reproductions/parallel.py runs several rules at once inside a deadline (benchmarks/gpu_session.sh).
 tests/test_reproduce.py checks that the page's table is the rendering of the committed copies.
 """
 from __future__ import annotations

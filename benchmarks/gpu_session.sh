@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine, everything at once (its time is counted, its start is not cheap):
+#   * the test suite with its device-relevant tests on CUDA (CREDITAUDIT_TEST_DEVICE=cuda);
+#   * benchmarks/gpu_throughput.py on the ResMLP, first and alone;
+#   * the paper reproductions at their papers' budgets (docs/reproductions/parallel.py, which cuts a
+#     rule to a stated reduced budget when it cannot finish before the deadline).
+# What it needs beside the checkout: MNIST's IDX files in data/mnist, and the wheels in .whl of the
+# packages the machine lacks (mnist1d). Results land in $OUT (logs, and repro.tgz with each audit).
+#
+#   OUT=/tmp/out bash benchmarks/gpu_session.sh 400        # the reproductions' deadline, seconds
+set -u
+OUT=${OUT:-/tmp/gpu_session}
+DEADLINE=${1:-400}
+RULES=${RULES:-"kolen-pollack dfa fa ep local-loss"}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+t0=$(date +%s)
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, os; print('torch', torch.__version__, torch.cuda.get_device_name(), os.cpu_count(), 'cpus')"
+} | tee "$OUT/machine.txt"
+echo "set-up took $(( $(date +%s) - t0 )) s"
+
+# the benchmark first, alone on the machine, so its timings are not shared with the rest
+timeout 100 python3 benchmarks/gpu_throughput.py --archs resmlp --methods bp fa dfa kolen-pollack ep local-loss \
+    pepita --steps 20 >"$OUT/bench.log" 2>&1; echo "bench exit $?" >>"$OUT/bench.log"
+( CREDITAUDIT_TEST_DEVICE=cuda timeout $(( DEADLINE - 20 )) python3 -m pytest -q -n 4 -p no:cacheprovider \
+    >"$OUT/tests.log" 2>&1; echo "pytest exit $?" >>"$OUT/tests.log" ) &
+python3 docs/reproductions/parallel.py --data-dir data --deadline "$DEADLINE" --probe 75 --jobs 4 \
+    $RULES 2>&1 | tee "$OUT/repro.log"
+wait
+tar czf "$OUT/repro.tgz" audits/reproduce/*/audit.json audits/reproduce/*/audit.md audits/reproduce/logs 2>/dev/null
+echo "--- bench"; tail -n 30 "$OUT/bench.log"
+echo "--- tests"; grep -E "passed|failed|error|pytest exit" "$OUT/tests.log" | tail -n 40
+echo "all took $(( $(date +%s) - t0 )) s"
