@@ -57,7 +57,8 @@ def launch(rule: str, epochs: int | None, args, logs: Path) -> subprocess.Popen:
     log = open(logs / f"{rule}.log", "a")
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
-    return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop(proc: subprocess.Popen) -> None:
