@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine, everything at once (its time is counted, its start is not cheap):
-#   * the test suite with its device-relevant tests on CUDA (CREDITAUDIT_TEST_DEVICE=cuda);
+#   * the test suite on CUDA (CREDITAUDIT_TEST_DEVICE=cuda): the `device`-marked tests first, then the rest;
 #   * benchmarks/gpu_throughput.py on the ResMLP, first and alone;
 #   * the paper reproductions at their papers' budgets (docs/reproductions/parallel.py, which cuts a
 #     rule to a stated reduced budget when it cannot finish before the deadline).
@@ -28,12 +28,17 @@ echo "set-up took $(( $(date +%s) - t0 )) s"
 # the benchmark first, alone on the machine, so its timings are not shared with the rest
 timeout 100 python3 benchmarks/gpu_throughput.py --archs resmlp --methods bp fa dfa kolen-pollack ep local-loss \
     pepita --steps 20 >"$OUT/bench.log" 2>&1; echo "bench exit $?" >>"$OUT/bench.log"
-( CREDITAUDIT_TEST_DEVICE=cuda timeout $(( DEADLINE - 20 )) python3 -m pytest -q -n 4 -p no:cacheprovider \
-    >"$OUT/tests.log" 2>&1; echo "pytest exit $?" >>"$OUT/tests.log" ) &
+# the tests that take the device fixture first (-m device, ~100), then the rest, which reach the GPU
+# through `--device auto`; each with its own log and summary (-rfE)
+( export CREDITAUDIT_TEST_DEVICE=cuda; end=$(( $(date +%s) + DEADLINE - 20 ))
+  timeout $(( DEADLINE - 20 )) python3 -m pytest -q -rfE -n 4 -p no:cacheprovider -m device \
+      >"$OUT/tests-device.log" 2>&1; echo "pytest exit $?" >>"$OUT/tests-device.log"
+  timeout $(( end - $(date +%s) )) python3 -m pytest -q -rfE -n 4 -p no:cacheprovider -m "not device" \
+      >"$OUT/tests.log" 2>&1; echo "pytest exit $?" >>"$OUT/tests.log" ) &
 python3 docs/reproductions/parallel.py --data-dir data --deadline "$DEADLINE" --probe 75 --jobs 4 \
     $RULES 2>&1 | tee "$OUT/repro.log"
 wait
 tar czf "$OUT/repro.tgz" audits/reproduce/*/audit.json audits/reproduce/*/audit.md audits/reproduce/logs 2>/dev/null
 echo "--- bench"; tail -n 30 "$OUT/bench.log"
-echo "--- tests"; grep -E "passed|failed|error|pytest exit" "$OUT/tests.log" | tail -n 40
+echo "--- tests"; grep -hE "^FAILED|^ERROR|passed|failed|pytest exit" "$OUT/tests-device.log" "$OUT/tests.log" | tail -n 40
 echo "all took $(( $(date +%s) - t0 )) s"

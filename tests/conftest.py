@@ -14,6 +14,15 @@ def pytest_addoption(parser):
                      help="device for the device-relevant tests (default: $CREDITAUDIT_TEST_DEVICE or cpu)")
 
 
+def pytest_collection_modifyitems(items):
+    """Every test that takes the `device` fixture is marked `device`, so that on a lent GPU, where
+    time is counted, `CREDITAUDIT_TEST_DEVICE=cuda python -m pytest -m device` runs only the tests
+    the GPU changes (benchmarks/gpu_session.sh)."""
+    for item in items:
+        if "device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.device)
+
+
 @pytest.fixture(scope="session")
 def device(request) -> torch.device:
     """The device the device-relevant tests run on (cpu unless asked)."""
