@@ -155,3 +155,38 @@ def test_reproductions_page_is_the_rendering_of_the_committed_audits():
     table = page.split(begin, 1)[1].split(end, 1)[0]
     rows = {m.group(1) for m in re.finditer(r"^\| ([a-z-]+) \|", table, re.M)} - {"rule"}   # less the head
     assert rows == set(audits)
+
+
+def _parallel():
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "docs" / "reproductions" / "parallel.py"
+    spec = importlib.util.spec_from_file_location("parallel_reproductions", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_parallel_runner_paces_a_rule_by_its_slowest_main_run_without_its_start_up(tmp_path):
+    """docs/reproductions/parallel.py (the lent GPU's reproductions): a rule's pace is its slowest
+    main run's seconds per epoch after the first epoch (which holds the start-up: a long first
+    epoch must not cut the budget), and a rule that cannot finish restarts at what fits."""
+    parallel = _parallel()
+
+    def run(name, walls):
+        folder = tmp_path / "runs" / name
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text("".join(
+            json.dumps({"epoch": e, "wall_time": w}) + "\n" for e, w in enumerate(walls)))
+    run("fa-none-s42-aaa", [0.0, 30.0, 32.0, 34.0, 36.0])          # 30 s of start-up, then 2 s/epoch
+    run("fa-none-s123-bbb", [0.0, 3.0, 6.0, 9.0])                  # 3 s/epoch: the slowest
+    run("fa-frozen-s42-ccc", [0.0, 1.0, 50.0, 99.0])               # a control: not the pace
+    assert parallel.progress(tmp_path, "fa") == (3, 3.0)
+    assert parallel.progress(tmp_path, "dfa") is None               # no run yet
+    run("dfa-none-s42-ddd", [0.0, 5.0])                             # too early to tell
+    assert parallel.progress(tmp_path, "dfa") is None
+
+    audit = parallel.AUDIT_SECONDS
+    assert parallel.plan(10, 2.0, 100, 2, left=1000) == (2 * 2.0 * 90 + audit, None)
+    finish, fit = parallel.plan(10, 2.0, 400, 2, left=300)
+    assert finish > 300 and fit == int((300 - audit - 5) / 4.0 * 0.85)
+    assert parallel.plan(10, 50.0, 400, 2, left=60)[1] == 0        # not one epoch fits

@@ -2,8 +2,9 @@
 lent GPU, where time is counted and every rule's runs fit on the card together.
 
 Each rule runs as its own process group (`reproduce RULE --out audits/reproduce/RULE --jobs J`).
-After `--probe` seconds the script reads how far each rule's slowest run has come (its
-metrics.jsonl, one line per epoch) and projects the rule's finish. A rule that would not finish
+After `--probe` seconds the script reads each rule's slowest main run's pace (its
+metrics.jsonl, one record per epoch, the first epoch's start-up left out) and projects the rule's
+finish. A rule that would not finish
 inside the deadline is stopped and started again at the epochs that fit (a stated reduced budget:
 the audit says so). At the deadline whatever still runs is stopped; a rule's audit.json exists only
 when its audit finished. The last lines are one row per rule: epochs, exit status, wall time.
@@ -17,6 +18,7 @@ docs/reproductions/RULE.json (`--collect` does the copy).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
@@ -31,19 +33,35 @@ AUDIT_SECONDS = 45          # the audit after training: gate, diagnoses, report 
 
 
 def progress(out: Path, rule: str) -> tuple[int, float] | None:
-    """(epochs done, seconds since its first record) of the rule's own main run, or None before
-    it has one: the rule's heaviest run, so its rate is the slowest."""
-    best = None
+    """(epochs done, seconds per epoch) of the rule's slowest main run, from its metrics.jsonl
+    (one record per epoch, each with the run's cumulative training `wall_time`), or None before
+    one has two epochs past its first. The first epoch is left out of the rate: it holds the
+    start-up (data on the device, compiling the step)."""
+    slowest = None
     for run in (out / "runs").glob(f"{rule}-none-s*"):
-        metrics = run / "metrics.jsonl"
-        if not metrics.exists():
+        records = []
+        try:
+            with open(run / "metrics.jsonl") as f:
+                records = [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            continue                       # not started, or a line being written
+        times = {r["epoch"]: r.get("wall_time") for r in records}
+        last = max(times, default=0)
+        if last < 3 or times.get(1) is None or times.get(last) is None:
             continue
-        with open(metrics) as f:
-            lines = sum(1 for _ in f)
-        age = time.time() - (run / "config.json").stat().st_mtime if (run / "config.json").exists() else 0.0
-        if lines > 1 and age > 0:
-            best = (lines - 1, age) if best is None else min(best, (lines - 1, age))
-    return best
+        seen = (last, (times[last] - times[1]) / (last - 1))
+        slowest = seen if slowest is None or seen[1] > slowest[1] else slowest
+    return slowest
+
+
+def plan(done: int, per_epoch: float, epochs: int, waves: int, left: float) -> tuple[float, int | None]:
+    """(seconds the rule still needs, the epochs that fit in `left` seconds when it does not fit,
+    else None): `waves` rounds of its heavy runs at `per_epoch`, then its audit. A restart leaves
+    a margin of 15 % and 5 s; 0 epochs fit when not even one does."""
+    finish = waves * per_epoch * (epochs - done) + AUDIT_SECONDS
+    if finish <= left:
+        return finish, None
+    return finish, max(0, int((left - AUDIT_SECONDS - 5) / (waves * per_epoch) * 0.85))
 
 
 def launch(rule: str, epochs: int | None, args, logs: Path) -> subprocess.Popen:
@@ -120,15 +138,13 @@ def main(argv: list[str]) -> int:
                 seen = progress(ROOT / args.out_root / rule, rule)
                 if seen is None:
                     continue
-                done, age = seen
-                per_epoch = age / done
+                done, per_epoch = seen
                 left = args.deadline - (now - start)
-                finish = heavy_waves * per_epoch * (epochs[rule] - done) + AUDIT_SECONDS
+                finish, fit = plan(done, per_epoch, epochs[rule], heavy_waves, left)
                 probed.add(rule)
-                print(f"{rule}: {done} epochs in {age:.0f} s ({per_epoch:.2f} s/epoch); "
+                print(f"{rule}: {done} epochs, {per_epoch:.2f} s/epoch; "
                       f"projected {finish:.0f} s more, {left:.0f} s left", flush=True)
-                if finish > left:
-                    fit = int((left - AUDIT_SECONDS - 5) / (heavy_waves * per_epoch) * 0.85)
+                if fit is not None:
                     if fit < 1:
                         print(f"{rule}: nothing fits; stopped", flush=True)
                         stop(proc)
