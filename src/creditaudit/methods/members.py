@@ -137,7 +137,7 @@ class MemberStack:
     def clear_gradients(self) -> None:
         """Every stacked tensor's .grad back to None, the optimised ones and those of blocks no
         member trains (a backward pass writes theirs too; see `Method.clear_gradients`)."""
-        for p in (*self.params, *self.stacked().values()):
+        for p in self.stacked().values():             # a superset of the optimised `params`
             p.grad = None
 
     def prepare_step(self) -> None:
