@@ -165,13 +165,11 @@ def test_a_nan_in_one_member_leaves_the_others_bit_identical(tmp_path, f64, meth
     assert got.status["message"] == lone.status["message"]
     assert got.status["epochs_completed"] == lone.status["epochs_completed"] == 1
     assert _history(tmp_path / "hit1") == _history(tmp_path / "clean1")[:2]
-    # a stack of 3 against a stack of 1: equal but for the rounding of batched products whose
-    # kernel depends on the batch count (cb's ⟨c(h), ε⟩, a (n × D)·(D × draws) bmm); bit-equal for the rest
+    # a stack of 3 against a stack of 1: equal up to the rounding of batched products whose kernel
+    # may depend on the batch count (cb's ⟨c(h), ε⟩, a (n × D)·(D × draws) bmm, on this project's
+    # CPU; dfa's too on the lent H100's host, a last-digit difference in epoch 1's Γ): which products
+    # round alike is the BLAS library's choice, so the bound on the whole fingerprint is the test
     assert worst_difference(_fp(got), _fp(lone)) < RTOL
-    if method != "cb":
-        assert _history(tmp_path / "hit1") == _history(tmp_path / "lone")
-        wa, wb = _weights(tmp_path / "hit1"), _weights(tmp_path / "lone")
-        assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert clean[1].run.status["status"] == "finished"
 
 

@@ -15,6 +15,7 @@ from creditaudit.data import load_dataset
 from creditaudit.experiments.sizing import (CONTEXT_BYTES, MARGIN, cpu_sizing, gpu_share, plan_stacks,
                                             probe_step, size_stacks)
 from creditaudit.report.tables import schedule_line
+from creditaudit.train import group_stacks
 
 MiB = 2 ** 20
 
@@ -65,7 +66,7 @@ def test_the_plan_probes_each_stackable_shape_once_and_takes_the_tightest():
 
     sizing = plan_stacks(configs, 1, 2000 * MiB, measure)
     assert sorted(probed) == [16, 64]
-    assert sizing.max_size == size_stacks(100 * MiB, 0, 2000 * MiB, 1, 2).max_size == 2
+    assert sizing.max_size == size_stacks(100 * MiB, 0, 2000 * MiB, 1, 3).max_size == 3   # 3 runs of the base shape
     assert sizing.per_member_bytes == 100 * MiB and "tightest of 2 shapes" in sizing.why
     assert plan_stacks(configs[-1:], 1, 2000 * MiB, measure) is None
 
@@ -76,6 +77,17 @@ def test_the_plan_probes_each_stackable_shape_once_and_takes_the_tightest():
 
     failed = plan_stacks(configs, 1, 2000 * MiB, fails_wide)
     assert failed.max_size == 1 and "probe step of bp failed (RuntimeError: CUDA out of memory)" in failed.why
+
+
+def test_a_shape_with_few_runs_does_not_cap_another_shapes_stacks():
+    """Where memory is ample, the limit is the largest shape's count: the audit's 2 shallow controls
+    (blocks = 0) must not split the 4 runs of the main shape into stacks of 2 (seen on an H100)."""
+    base = RunConfig(method="bp", dataset="synthetic", width=16, blocks=2, epochs=1)
+    configs = [base, base.replace(seed=1), base.replace(trainable_blocks=0),
+               base.replace(seed=1, trainable_blocks=0), base.replace(blocks=0), base.replace(blocks=0, seed=1)]
+    sizing = plan_stacks(configs, 1, 80_000 * MiB, lambda c: (1 * MiB, 0))
+    assert sizing.max_size == 4 and "stacks of at most 4" in sizing.why
+    assert group_stacks(configs, max_size=sizing.max_size) == [[0, 1, 2, 3], [4, 5]]
 
 
 @pytest.mark.parametrize("arch, method, sizes", [

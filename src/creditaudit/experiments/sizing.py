@@ -124,10 +124,13 @@ def plan_stacks(configs: Sequence[RunConfig], workers: int, free: int,
     for c in configs:
         if can_stack(c):
             counts[stack_key(c)] = counts.get(stack_key(c), 0) + 1
+    # one limit serves every shape (group_stacks takes one), so each shape's fit is capped by the
+    # largest shape's count, not its own: a shape with 2 runs must not cap another's stacks at 2
+    most = max(counts.values())
     fits = []
     for key, c in shapes.items():
         try:
-            fits.append(size_stacks(*measure(c), free, workers, counts[key]))
+            fits.append(size_stacks(*measure(c), free, workers, most))
         except Exception as err:  # noqa: BLE001 — a probe that fails (out of memory, a rule's bug) stacks nothing
             what = " ".join(f"{type(err).__name__}: {err}".split())[:200]
             fits.append(StackSizing(1, f"the probe step of {c.method} failed ({what}): no stacks", workers=workers))

@@ -295,16 +295,18 @@ class StateBridge(_Bridge):
 class _Normalised:
     """n = LN(h) over the last dim without affine parameters (exactly F.layer_norm), keeping what
     its VJP needs; `vjp(g)` = (∂n/∂h)ᵀ g = rstd·(g − mean(g) − n·mean(n⊙g)) in one fused kernel.
-    The Jacobian is symmetric, so this is also its JVP. `rows` restricts to a slice of rows (the
-    second-last dim: h may carry a leading member axis)."""
+    The Jacobian is symmetric, so this is also its JVP. `start` restricts it to the rows from
+    `start` on (the second-last dim: h may carry a leading member axis)."""
 
     def __init__(self, h: torch.Tensor, eps: float = 1e-5):
         self.h, self.eps = h, eps
         self.n, self.mean, self.rstd = torch.native_layer_norm(h, h.shape[-1:], None, None, eps)
 
-    def vjp(self, g: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
-        # the kernel reads mean/rstd as contiguous rows: a row slice of (K, M, ·) is not
-        h, mean, rstd = (t[..., rows, :].contiguous() for t in (self.h, self.mean, self.rstd))
+    def vjp(self, g: torch.Tensor, start: int = 0) -> torch.Tensor:
+        # the kernel reads mean/rstd as contiguous rows: a row slice of (K, M, ·) is not. (An int,
+        # not a slice default: torch 2.11's Dynamo cannot wrap a slice constant, and the step
+        # then trains eagerly.)
+        h, mean, rstd = (t[..., start:, :].contiguous() for t in (self.h, self.mean, self.rstd))
         return torch.ops.aten.native_layer_norm_backward(
             g.contiguous(), h, self.h.shape[-1:], mean, rstd, None, None, [True, False, False])[0]
 
@@ -408,7 +410,7 @@ class CreditBridge(_Bridge):
             diff = grad_h[:, n_blocks * n:] - grad_last
             z = grad_last.pow(2).sum((1, 2)).clamp_min(1e-12)                    # (K,)
             loss = diff.pow(2).sum((1, 2)) / z                                    # ∇V(h_L) ≈ ∂ℓ/∂h_L
-            tangent = ln.vjp(diff.mul_((2 / z)[:, None, None]), slice(n_blocks * n, None))  # LN'(h_L)·R
+            tangent = ln.vjp(diff.mul_((2 / z)[:, None, None]), n_blocks * n)     # LN'(h_L)·R
             p_t = torch.bmm(tangent, w_h.transpose(1, 2))                         # P, (K, N, H)
             u_last = u[:, n_blocks]
             curv = torch.exp(-0.5 * u_last * u_last).mul_(_INV_SQRT_2PI) * (2 - u_last * u_last)
