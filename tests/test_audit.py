@@ -333,3 +333,23 @@ def test_seed_statistics_helpers():
     assert deep_mean([9.0, 1.0, "inf"]) == float("inf")       # l = 1 … L, JSON-safe values read back
     assert deep_mean([9.0, 1.0, 3.0]) == 2.0
     assert deep_mean([9.0, None]) is None and deep_mean([9.0]) is None and deep_mean(None) is None
+
+
+def test_the_workers_get_the_shallow_controls_last(tmp_path, monkeypatch):
+    """Training units go to the workers deep runs first and shallow controls (no blocks, the
+    cheapest) last, so the audit's last jobs are short and no worker idles through a deep one."""
+    from creditaudit.experiments import common
+    from creditaudit.runner.local import LocalExecutor
+    order = []
+
+    class Recording(LocalExecutor):
+        def map(self, fn, jobs, on_done):
+            if fn is common.train_any:
+                order.extend(j.config["blocks"] for j in jobs)
+            return super().map(fn, jobs, on_done)
+    monkeypatch.setattr(common, "make_executor", lambda *a, **k: Recording(1))
+    audit(audit_config_from_dict({**TINY, "methods": ["bp", "fa"], "seeds": [1, 2], "jobs": 2,
+                                  "out": str(tmp_path / "a")}), progress=False)
+    assert len(order) == 12 and 0 in order
+    first_shallow = order.index(0)
+    assert all(b > 0 for b in order[:first_shallow]) and all(b == 0 for b in order[first_shallow:])

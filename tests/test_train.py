@@ -407,3 +407,47 @@ def test_the_canonical_control_drops_only_options_that_act_on_trainable_blocks()
         assert canonical_control(main.replace(trainable_blocks=1)) == main.replace(trainable_blocks=1)
     ep = RunConfig(method="ep", options={"beta": 0.5}, trainable_blocks=0)
     assert canonical_control(ep) == ep                                           # β acts on the embedding too
+
+
+@pytest.mark.parametrize("method", ["bp", "fa", "ep"])
+def test_controls_train_without_alignment_probes_and_as_before(tmp_path, synthetic, method, monkeypatch):
+    """A frozen or shallow control records no alignment (nothing reads a control's Γ; its credit
+    runs only to train its embedding), its main run does at epoch 0, every k-th and the last; and
+    skipping the probes changes nothing a control trains: the same weights and accuracy as with a
+    probe at every epoch forced through (probing runs under a forked RNG)."""
+    from creditaudit import train as train_module
+    config = RunConfig(method=method, **SMALL)
+    main = train_run(config, tmp_path / "main", data=synthetic, progress=False)
+    assert all("gamma" in r for r in main.history)                     # 4 epochs: every one probed
+    for control in (config.replace(trainable_blocks=0), config.replace(blocks=0)):
+        run = train_run(control, tmp_path / control.control, data=synthetic, progress=False)
+        assert run.finished and not any("gamma" in r or "weight_alignment" in r for r in run.history)
+        real = train_module._probes_alignment
+        monkeypatch.setattr(train_module, "_probes_alignment", lambda c, e, every: True)
+        probed = train_run(control, tmp_path / f"{control.control}-probed", data=synthetic, progress=False)
+        monkeypatch.setattr(train_module, "_probes_alignment", real)
+        assert _same_weights(run.model, probed.model)
+        assert [r["test_acc"] for r in run.history] == [r["test_acc"] for r in probed.history]
+
+
+def test_bp_forms_no_gradient_for_a_frozen_block_and_trains_as_backward_did(tmp_path, synthetic):
+    """bp takes the gradients of its optimised parameters alone: a frozen block gets none (it was
+    a third of that block's backward), and the trained parameters' gradients are loss.backward()'s."""
+    from creditaudit.methods import MethodSettings, method_class
+    from creditaudit.model import build_model
+    torch.manual_seed(0)
+    x, y = synthetic.x_train[:64], synthetic.y_train[:64]
+    for trainable in ((), (0,), (0, 1)):
+        model = build_model("resmlp", synthetic.input_shape, synthetic.n_classes, width=32, blocks=2).to(x.device)
+        method = method_class("bp")(model, MethodSettings(epochs=1, seed=0, lr=1e-3, trainable_blocks=trainable))
+        method.clear_gradients()
+        method.gradients(x, y)
+        got = {n: p.grad for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        model.loss(model(x), y).backward()
+        for n, p in model.named_parameters():
+            frozen = n.startswith("blocks.") and int(n.split(".")[1]) not in trainable
+            if frozen:
+                assert got[n] is None, n
+            else:
+                assert torch.equal(got[n], p.grad), n

@@ -400,7 +400,8 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
     for k, m in enumerate(members):
         if not m.history:  # epoch 0: the model at init, the reference for every later growth figure
             with _own_rng(m):
-                m.history.append(_record(0, None, m.model, data, eval_x, eval_y, 0.0, {}, m.method))
+                m.history.append(_record(0, None, m.model, data, eval_x, eval_y, 0.0, {},
+                                         m.method if _probes_alignment(m.config, 0, align_every) else None))
             if m.init_weights is not None and weights_digest(m.model) != m.init_weights:
                 raise moved_weights(m.config.method, "before its first step (at epoch 0: in credit, "
                                     "feedback_pairs or the stack's construction)")
@@ -440,7 +441,7 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
             with _own_rng(m):
                 record = _record(epoch, train_loss, m.model, data, eval_x, eval_y, wall,
                                  m.method.epoch_log(),
-                                 m.method if _probes_alignment(epoch, m.config.epochs, align_every) else None)
+                                 m.method if _probes_alignment(m.config, epoch, align_every) else None)
             if not (_finite(train_loss) and all(_finite(v) for v in record["h_norms"])
                     and weights_finite(m.model)):
                 bad = store.json_safe(record)
@@ -474,9 +475,14 @@ def weights_finite(model: torch.nn.Module) -> bool:
     return bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all())
 
 
-def _probes_alignment(epoch: int, epochs: int, every: int | None) -> bool:
-    every = alignment_every(epochs) if every is None else every
-    return epoch == 0 or epoch == epochs or epoch % every == 0
+def _probes_alignment(config: RunConfig, epoch: int, every: int | None) -> bool:
+    """Whether epoch `epoch`'s record probes the alignment: never for a frozen or shallow control
+    (nothing reads a control's Γ: the audit's alignment over training is its main runs', and a
+    control's credit runs only to train its embedding), else at epoch 0, the last and every k-th."""
+    if config.control in ("frozen", "shallow"):
+        return False
+    every = alignment_every(config.epochs) if every is None else every
+    return epoch == 0 or epoch == config.epochs or epoch % every == 0
 
 
 def _alignment(model, method, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:

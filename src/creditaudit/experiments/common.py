@@ -614,7 +614,10 @@ def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution:
 
     results: list[dict | None] = [finished_unit([configs[i] for i in g], [dirs[i] for i in g], len(g) > 1)
                                   for g in groups]
-    todo_units = [j for j, r in enumerate(results) if r is None]
+    # the cheap units last (shallow controls: no blocks), so that the workers' last jobs are short
+    # and none idles long while another finishes a deep run (the tail of a 2-worker audit)
+    todo_units = sorted((j for j, r in enumerate(results) if r is None),
+                        key=lambda j: all(configs[i].blocks == 0 for i in groups[j]))
     try:
         for j, res in enumerate(results):
             if res is not None:

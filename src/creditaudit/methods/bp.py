@@ -11,6 +11,7 @@ schedule to 0, weight decay 0.01), as for every method; no gradient clipping.
 """
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from ..metrics import bp_gradients
@@ -28,12 +29,16 @@ class BP(Method):
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
-        self.opt = self.add_optimizer(self.embed_params() + self.trainable_block_params()
-                                      + self.head_params())
+        params = self.embed_params() + self.trainable_block_params() + self.head_params()
+        self.opt = self.add_optimizer(params)
+        self.params = [p for p in params if p.requires_grad]
 
     def gradients(self, x, y):
+        # the gradients of the optimised parameters alone: a frozen block's weight gradient (which
+        # loss.backward() would also form) is never used, and is a third of its backward's work
         loss = self.model.loss(self.model(x), y)
-        loss.backward()
+        for p, g in zip(self.params, torch.autograd.grad(loss, self.params, allow_unused=True)):
+            p.grad = g                                    # (None where unused, as backward leaves it)
         return loss.detach()
 
     def credit(self, x, y):
