@@ -86,6 +86,9 @@ def test_each_members_alignment_series_is_its_lone_runs(tmp_path, f64, method):
         got = [{k: r.get(k) for k in ALIGNMENT_FIELDS} for r in t.run.history]
         want = [{k: r.get(k) for k in ALIGNMENT_FIELDS} for r in lone.history]
         assert [r["epoch"] for r in t.run.history] == [0, 1, 2, 3]
+        if config.control == "frozen":              # a control probes no alignment, stacked or lone
+            assert got == want == [dict.fromkeys(ALIGNMENT_FIELDS)] * 4, tag
+            continue
         assert all(r["gamma"] is not None and len(r["gamma"]) == config.blocks + 1 for r in got), tag
         assert all((r["weight_alignment"] is not None) == (method == "fa") for r in got), tag
         for g, w in zip(got, want):

@@ -11,7 +11,6 @@ schedule to 0, weight decay 0.01), as for every method; no gradient clipping.
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from ..metrics import bp_gradients
@@ -29,16 +28,20 @@ class BP(Method):
 
     def __init__(self, model, settings):
         super().__init__(model, settings)
-        params = self.embed_params() + self.trainable_block_params() + self.head_params()
-        self.opt = self.add_optimizer(params)
-        self.params = [p for p in params if p.requires_grad]
+        self.opt = self.add_optimizer(self.embed_params() + self.trainable_block_params()
+                                      + self.head_params())
+        # a frozen block's weights need no gradient: backward then skips forming it (a third of
+        # that block's backward; the frozen control's). The error still flows through the block
+        # to the embedding. (requires_grad, not autograd.grad over a list: backward() is what
+        # the compiled step already traces on every torch it compiles on.)
+        for l in range(self.model.n_blocks):
+            if not self.trainable(l):
+                for p in self.block_params(l):
+                    p.requires_grad_(False)
 
     def gradients(self, x, y):
-        # the gradients of the optimised parameters alone: a frozen block's weight gradient (which
-        # loss.backward() would also form) is never used, and is a third of its backward's work
         loss = self.model.loss(self.model(x), y)
-        for p, g in zip(self.params, torch.autograd.grad(loss, self.params, allow_unused=True)):
-            p.grad = g                                    # (None where unused, as backward leaves it)
+        loss.backward()
         return loss.detach()
 
     def credit(self, x, y):
