@@ -451,3 +451,32 @@ def test_bp_forms_no_gradient_for_a_frozen_block_and_trains_as_backward_did(tmp_
                 assert got[n] is None, n
             else:
                 assert torch.equal(got[n], p.grad), n
+
+
+@pytest.mark.parametrize("method", ["bp", "fa"])
+def test_a_stack_forms_no_gradient_for_a_block_no_member_trains(synthetic, method):
+    """A lone run trains as a stack of one: a block that no member trains gets no gradient (its
+    weights require none), while a block one member trains still gets one for every member (the
+    stack masks the frozen member's slice)."""
+    from creditaudit.methods import MethodSettings, method_class
+    from creditaudit.methods.members import MemberStack
+    from creditaudit.model import build_model
+    x, y = synthetic.x_train[:64], synthetic.y_train[:64]
+
+    def stack(*trainable):
+        methods = []
+        for k, blocks in enumerate(trainable):
+            torch.manual_seed(k)
+            model = build_model("resmlp", synthetic.input_shape, synthetic.n_classes, width=32, blocks=2).to(x.device)
+            methods.append(method_class(method)(model, MethodSettings(epochs=1, seed=k, lr=1e-3,
+                                                                      trainable_blocks=blocks)))
+        return MemberStack(methods)
+    for trainable, trained in ((((),), ()), (((), (1,)), (1,)), (((0, 1),), (0, 1))):
+        s = stack(*trainable)
+        s.train_step(torch.stack([x] * len(trainable)), torch.stack([y] * len(trainable)))
+        for name, p in s.net.params.items():
+            if name.startswith("blocks."):
+                l = int(name.split(".")[1])
+                assert p.requires_grad == (l in trained) and (p.grad is not None) == (l in trained), name
+            else:
+                assert p.grad is not None, name

@@ -81,8 +81,9 @@ class MemberStack:
         for name, p in self.net.params.items():
             if name.startswith("blocks."):
                 l = int(name.split(".")[1])
-                if l not in self.trained:
-                    continue                          # no member trains this block: not optimised
+                if l not in self.trained:         # no member trains this block: not optimised, and
+                    p.requires_grad_(False)           # no backward forms its gradient (a frozen control's
+                    continue                          # blocks: a third of their backward)
                 frozen = [k for k, m in enumerate(self.methods) if not m.trainable(l)]
                 if frozen:
                     idx = torch.tensor(frozen, device=device)
