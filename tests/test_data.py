@@ -336,6 +336,25 @@ def test_fashion_mnist_idx_round_trip(tmp_path):
     check_idx_dataset(ds, arrays, 0.2860, 0.3530)
 
 
+@pytest.mark.parametrize("name, folder", [("mnist", "mnist"), ("fashion-mnist", "fashion-mnist")])
+def test_the_01_variant_reads_the_same_files_with_pixels_in_0_1(tmp_path, name, folder):
+    """"<name>-01" is the reference codes' input (torchvision's ToTensor): the same files, each pixel
+    x / 255 and nothing subtracted; its digest differs from the standardised dataset's, so a run on
+    one is never reused for the other."""
+    arrays = write_idx_set(tmp_path / folder, gz=(False, True, False, True), seed=5)
+    unit = load_dataset(f"{name}-01", data_dir=tmp_path)
+    standard = load_dataset(name, data_dir=tmp_path)
+    assert unit.name == f"{name}-01" and "pixels in [0, 1]" in unit.describe()
+    assert unit.mean is None and unit.std is None
+    assert np.array_equal(unit.x_test[:, 0].numpy(), arrays["t10k-images-idx3-ubyte"])
+    assert torch.equal(unit.y_train, standard.y_train)
+    x = unit.prepare(unit.x_test)
+    assert x.dtype == torch.float32 and float(x.min()) >= 0.0 and float(x.max()) <= 1.0
+    torch.testing.assert_close(x.double(), unit.x_test.double() / 255, rtol=0, atol=1e-7)
+    assert not torch.allclose(x, standard.prepare(standard.x_test))
+    assert unit.digest != standard.digest and unit.test_digest != standard.test_digest
+
+
 def test_idx_bad_magic_is_a_clear_error(tmp_path):
     write_idx_set(tmp_path / "mnist", gz=(False,) * 4)
     path = tmp_path / "mnist" / "t10k-labels-idx1-ubyte"

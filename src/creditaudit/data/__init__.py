@@ -13,7 +13,7 @@ from ..errors import CreditAuditError
 from .checks import LabelProbeWarning, check_learnable, warn_if_labels_unpredicted
 from .cifar import load_cifar10, load_cifar100
 from .generated import load_digits, load_mnist1d, load_synthetic
-from .idx import load_fashion_mnist, load_mnist
+from .idx import load_fashion_mnist, load_fashion_mnist_unit, load_mnist, load_mnist_unit
 from .tensors import ArrayDataset, random_crop_flip
 
 DEFAULT_DATA_DIR = Path("data")
@@ -24,7 +24,9 @@ LOADERS = {
     "cifar10": load_cifar10,
     "cifar100": load_cifar100,
     "mnist": load_mnist,
+    "mnist-01": load_mnist_unit,              # the same files, pixels in [0, 1] (not standardised)
     "fashion-mnist": load_fashion_mnist,
+    "fashion-mnist-01": load_fashion_mnist_unit,
 }
 DATASET_NAMES = tuple(LOADERS)     # --help, validation and the docs take the names from here
 

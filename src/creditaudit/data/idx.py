@@ -102,16 +102,34 @@ FASHION_MNIST = IdxSource(
 
 
 def load_mnist(data_dir: Path, download: bool = True) -> ArrayDataset:
-    """MNIST: uint8 images (N, 1, 28, 28), 60 000 / 10 000, 10 classes, no augmentation."""
+    """MNIST: uint8 images (N, 1, 28, 28), 60 000 / 10 000, 10 classes, no augmentation; the
+    network sees pixels standardised with MNIST's mean and std."""
     return _load_idx_dataset(MNIST, Path(data_dir), download)
 
 
+def load_mnist_unit(data_dir: Path, download: bool = True) -> ArrayDataset:
+    """"mnist-01": the same files as "mnist", and the network sees pixels in [0, 1] (x / 255, not
+    standardised), as torchvision's ToTensor gives them and most reference codes train on."""
+    return _load_idx_dataset(MNIST, Path(data_dir), download, standardise=False)
+
+
 def load_fashion_mnist(data_dir: Path, download: bool = True) -> ArrayDataset:
-    """Fashion-MNIST: uint8 images (N, 1, 28, 28), 60 000 / 10 000, 10 classes, no augmentation."""
+    """Fashion-MNIST: uint8 images (N, 1, 28, 28), 60 000 / 10 000, 10 classes, no augmentation;
+    standardised with Fashion-MNIST's mean and std."""
     return _load_idx_dataset(FASHION_MNIST, Path(data_dir), download)
 
 
-def _load_idx_dataset(src: IdxSource, data_dir: Path, download: bool) -> ArrayDataset:
+def load_fashion_mnist_unit(data_dir: Path, download: bool = True) -> ArrayDataset:
+    """"fashion-mnist-01": the Fashion-MNIST files, pixels in [0, 1] (x / 255, not standardised)."""
+    return _load_idx_dataset(FASHION_MNIST, Path(data_dir), download, standardise=False)
+
+
+# the name a dataset read with pixels in [0, 1] goes by: "<name>-01" (its digest differs from the
+# standardised one's, so its runs are other runs)
+UNIT_SUFFIX = "-01"
+
+
+def _load_idx_dataset(src: IdxSource, data_dir: Path, download: bool, standardise: bool = True) -> ArrayDataset:
     candidates = [data_dir / f for f in src.folders]
     folder = next((d for d in candidates if any(_locate(d, f) for f in IDX_FILES)), candidates[0])
     missing = [stem for stem in IDX_FILES if _locate(folder, stem) is None]
@@ -123,6 +141,9 @@ def _load_idx_dataset(src: IdxSource, data_dir: Path, download: bool) -> ArrayDa
     checked = ("official files, md5 checked" if train_checked and test_checked
                else "not the official files' sizes, so not md5-checked")
     as_channel = lambda v: torch.tensor([v], dtype=torch.float32).view(1, 1, 1)
+    if not standardise:        # `prepare` scales uint8 pixels to [0, 1] and, without a mean, stops there
+        return ArrayDataset(src.name + UNIT_SUFFIX, x_train, y_train, x_test, y_test, n_classes=10,
+                            augment=False, source=f"folder {folder}, {checked}, pixels in [0, 1]")
     return ArrayDataset(src.name, x_train, y_train, x_test, y_test, n_classes=10,
                         mean=as_channel(src.mean), std=as_channel(src.std), augment=False,
                         source=f"folder {folder}, {checked}")

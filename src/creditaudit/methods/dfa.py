@@ -122,7 +122,7 @@ class DFA(LocalMethod):
         citation="Nøkland 2016 (NeurIPS)",
         code="anokland/dfa-torch (commit 17dae73): Main.lua:22-43, Models/mlp.lua:24-103, "
              "Models/ErrorFeedback.lua:40-43",
-        dataset="mnist",
+        dataset="mnist-01",                # pixels in [0, 1], as the reference reads them
         width=800,
         blocks=2,
         activation="tanh",
@@ -144,8 +144,7 @@ class DFA(LocalMethod):
                     "from all-zero weights (mlp.lua:83-98), which would make the frozen control a "
                     "constant network",
                     "the paper's Table 1 (its bp column and spreads) could not be read here: no bp "
-                    "number is compared",
-                    "inputs are standardised with MNIST's mean and std; the reference scales them to [0, 1]"))
+                    "number is compared"))
 
     def __init__(self, model, settings):
         super().__init__(model, settings)

@@ -128,7 +128,7 @@ class PEPITA(LocalMethod):
     paper_setting = PaperSetting(
         citation="Dellaferrera & Kreiman 2022 (ICML)",
         code="GiorgiaD/PEPITA (commit 3fe03d8): README.md:34-39, functions.py:54-63, 167-187",
-        dataset="mnist",
+        dataset="mnist-01",                # pixels in [0, 1], as the reference reads them
         width=1024,
         blocks=1,
         activation="relu",
@@ -148,8 +148,7 @@ class PEPITA(LocalMethod):
         deviations=("the paper's table could not be read here: both numbers are unverified",
                     "weights drawn He-uniform without biases as the reference (init he-uniform, bias 0)",
                     "no dropout: the reference drops 10 % of the hidden units with one mask shared by "
-                    "its two passes, which this tool's PEPITA does not implement (it refuses dropout)",
-                    "inputs are standardised with MNIST's mean and std; the reference scales them to [0, 1]"))
+                    "its two passes, which this tool's PEPITA does not implement (it refuses dropout)"))
 
     def __init__(self, model, settings):
         super().__init__(model, settings)

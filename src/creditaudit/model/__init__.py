@@ -18,7 +18,7 @@ from .resnet import BasicBlock, SmallResNet
 from .stream import ResidualStream, as_stream
 from .vit import TransformerBlock, ViTMini
 
-IMAGE_DATASETS = "cifar10, cifar100, mnist, fashion-mnist or digits"
+IMAGE_DATASETS = "cifar10, cifar100, mnist or mnist-01, fashion-mnist or fashion-mnist-01, or digits"
 
 # Architecture-specific knobs and their defaults (the shared ones — width, blocks, activation,
 # w2_std — are build_model's own arguments). The config layer validates against this table.
