@@ -104,6 +104,37 @@ def test_a_raising_user_method_fails_its_run_and_the_audit_completes(tmp_path):
     assert all(r["status"] == "finished" for r in result["runs"] if r["method"] == "bp")
 
 
+def test_a_warning_raised_in_every_worker_is_told_once(tmp_path):
+    """A rule that warns at every step, trained by two worker processes (three runs each): the
+    warning reaches the terminal once for the audit, with its category and where it was raised,
+    not once per worker; another message is another line."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "chatty.py").write_text(textwrap.dedent('''
+        import warnings
+        from creditaudit.methods.bp import BP
+
+        class Chatty(BP):
+            name = "chatty"
+            def train_step(self, x, y):
+                warnings.warn("the chatty rule steps")
+                if not self.settings.trainable_blocks:
+                    warnings.warn("the chatty rule trains no block")
+                return super().train_step(x, y)
+    '''))
+    proc = cli(["audit", "--methods", "chatty:Chatty", "--dataset", "digits", "--seeds", "1", "2",
+                "--epochs", "1", "--out", "audit", "--jobs", "2", "--quiet", "--config", str(_toml(tmp_path))],
+               tmp_path, [pkg])
+    assert proc.returncode in (0, 3), proc.stderr
+    runs = [r for r in json.loads((tmp_path / "audit" / "audit.json").read_text())["runs"]
+            if r["method"] == "chatty:Chatty"]
+    assert len(runs) == 6 and all(r["status"] == "finished" for r in runs)   # main, frozen, shallow × 2
+    lines = proc.stderr.splitlines()
+    steps = [l for l in lines if "UserWarning: the chatty rule steps" in l]
+    assert len(steps) == 1 and "chatty.py:" in steps[0], proc.stderr
+    assert len([l for l in lines if "UserWarning: the chatty rule trains no block" in l]) == 1, proc.stderr
+
+
 def _user_model_package(tmp_path: Path) -> Path:
     pkg = tmp_path / "models"
     pkg.mkdir()

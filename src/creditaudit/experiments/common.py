@@ -10,9 +10,12 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import builtins
+import importlib
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -402,8 +405,47 @@ def finished_unit(configs: Sequence[RunConfig], dirs: Sequence[Path], stacked: b
 
 
 def train_any(job: Job | StackJob) -> dict[str, Any]:
-    """One unit of work: a stack of runs trained as one, or a single run; {"members": [record…]}."""
-    return stack_job(job) if isinstance(job, StackJob) else {"members": [train_job(job)]}
+    """One unit of work: a stack of runs trained as one, or a single run; {"members": [record…]},
+    with "warnings" when training warned: each distinct warning once, as (category, message, file,
+    line), for the driver to show once per call of `run_all` (`_WarningRelay`) instead of once per
+    worker process (a compile fallback on a GPU would otherwise be told by every worker)."""
+    with warnings.catch_warnings(record=True) as caught:     # the filters in force stay as they are
+        result = stack_job(job) if isinstance(job, StackJob) else {"members": [train_job(job)]}
+    told = list(dict.fromkeys(_portable(w) for w in caught))
+    return {**result, "warnings": told} if told else result
+
+
+def _portable(w: warnings.WarningMessage) -> tuple[str, str, str, int]:
+    """A caught warning as plain strings (any executor carries it; the class travels by name)."""
+    return (f"{w.category.__module__}:{w.category.__qualname__}", str(w.message), str(w.filename), int(w.lineno))
+
+
+def _category(name: str) -> type[Warning]:
+    """The warning class named `module:qualname` (`_portable`), or UserWarning when it cannot be
+    imported here (a user's package the driver does not see)."""
+    module, _, qualname = name.partition(":")
+    try:
+        found = builtins if module == "builtins" else importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+        return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
+    except Exception:  # noqa: BLE001 — an unknown class is still a warning worth showing
+        return UserWarning
+
+
+class _WarningRelay:
+    """Shows the warnings the workers caught (`train_any`), each distinct one once: the same
+    category and message raised in several workers, or by several runs, reads as one line."""
+
+    def __init__(self) -> None:
+        self.shown: set[tuple[str, str]] = set()
+
+    def __call__(self, record: dict) -> None:
+        for name, message, filename, lineno in record.get("warnings") or ():
+            if (name, message) in self.shown:
+                continue
+            self.shown.add((name, message))
+            warnings.warn_explicit(message, _category(name), filename, lineno)
 
 
 def stacking_pays(device: torch.device) -> bool:
@@ -605,7 +647,10 @@ def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution:
              for g in groups]
     bar = tqdm(total=len(configs), desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
 
+    relay = _WarningRelay()
+
     def said(j: int, res: dict) -> None:
+        relay(res)
         for i, r in zip(groups[j], res.get("members") or [res] * len(groups[j])):
             bar.update(1)
             bar.set_postfix_str(f"{configs[i].label} {r['status']}")
