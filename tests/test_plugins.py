@@ -105,9 +105,9 @@ def test_a_raising_user_method_fails_its_run_and_the_audit_completes(tmp_path):
 
 
 def test_a_warning_raised_in_every_worker_is_told_once(tmp_path):
-    """A rule that warns at every step, trained by two worker processes (three runs each): the
-    warning reaches the terminal once for the audit, with its category and where it was raised,
-    not once per worker; another message is another line."""
+    """A rule that warns at every step, trained by two worker processes: the warning reaches the
+    terminal once for the audit, with its category and where it was raised, not once per worker or
+    run; another message is another line."""
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "chatty.py").write_text(textwrap.dedent('''
@@ -133,6 +133,7 @@ def test_a_warning_raised_in_every_worker_is_told_once(tmp_path):
     steps = [l for l in lines if "UserWarning: the chatty rule steps" in l]
     assert len(steps) == 1 and "chatty.py:" in steps[0], proc.stderr
     assert len([l for l in lines if "UserWarning: the chatty rule trains no block" in l]) == 1, proc.stderr
+    assert not list((tmp_path / "audit").glob(".warned-*"))      # the workers' shared record is gone
 
 
 def _user_model_package(tmp_path: Path) -> Path:

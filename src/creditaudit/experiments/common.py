@@ -7,18 +7,19 @@ call reuses finished runs and resumes interrupted ones. A run that raises is rec
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import inspect
 import math
 import os
-import builtins
-import importlib
+import shutil
 import statistics
 import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -83,6 +84,7 @@ class Job:
     threads: int
     thresholds: dict = field(default_factory=dict)
     compile_step: bool | None = False         # train_run's compile_step (None: on CUDA only)
+    warn_dir: str | None = None               # the call's shared record of warnings shown (`told_once`)
 
 
 def train_job(job: Job) -> dict[str, Any]:
@@ -346,6 +348,7 @@ class StackJob:
     device: str
     threads: int
     compile_step: bool | None = False
+    warn_dir: str | None = None               # as Job's
 
 
 def stack_job(job: StackJob) -> dict[str, Any]:
@@ -405,47 +408,44 @@ def finished_unit(configs: Sequence[RunConfig], dirs: Sequence[Path], stacked: b
 
 
 def train_any(job: Job | StackJob) -> dict[str, Any]:
-    """One unit of work: a stack of runs trained as one, or a single run; {"members": [record…]},
-    with "warnings" when training warned: each distinct warning once, as (category, message, file,
-    line), for the driver to show once per call of `run_all` (`_WarningRelay`) instead of once per
-    worker process (a compile fallback on a GPU would otherwise be told by every worker)."""
-    with warnings.catch_warnings(record=True) as caught:     # the filters in force stay as they are
-        result = stack_job(job) if isinstance(job, StackJob) else {"members": [train_job(job)]}
-    told = list(dict.fromkeys(_portable(w) for w in caught))
-    return {**result, "warnings": told} if told else result
+    """One unit of work: a stack of runs trained as one, or a single run; {"members": [record…]}.
+    The warnings it raises are shown as they happen, each distinct one once for every worker of
+    the call (`told_once`)."""
+    with told_once(job.warn_dir):
+        return stack_job(job) if isinstance(job, StackJob) else {"members": [train_job(job)]}
 
 
-def _portable(w: warnings.WarningMessage) -> tuple[str, str, str, int]:
-    """A caught warning as plain strings (any executor carries it; the class travels by name)."""
-    return (f"{w.category.__module__}:{w.category.__qualname__}", str(w.message), str(w.filename), int(w.lineno))
+WARNED_PREFIX = ".warned-"     # <out>/.warned-<token>/: which warnings a run_all's workers have shown
 
 
-def _category(name: str) -> type[Warning]:
-    """The warning class named `module:qualname` (`_portable`), or UserWarning when it cannot be
-    imported here (a user's package the driver does not see)."""
-    module, _, qualname = name.partition(":")
+@contextlib.contextmanager
+def told_once(folder: str | None) -> Iterator[None]:
+    """Within: a warning that passes the filters in force is shown, live, by the first process that
+    creates its marker file in `folder` (named by its category and message), and by no other: the
+    audit's workers share the folder, so torch's "compiling the ep step failed …" on a GPU, or a
+    user rule's warning at every step, reads as one line, not one per worker process. Filters,
+    "error" ones included, act as before. A marker that cannot be written shows the warning rather
+    than lose it. None: warnings show as usual."""
+    if folder is None:
+        yield
+        return
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        key = hashlib.sha256(f"{category.__module__}.{category.__qualname__}|{message}".encode()).hexdigest()
+        try:
+            os.close(os.open(os.path.join(folder, key[:32]), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return                                     # another worker (or run) showed it already
+        except OSError:
+            pass
+        previous(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
     try:
-        found = builtins if module == "builtins" else importlib.import_module(module)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-        return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
-    except Exception:  # noqa: BLE001 — an unknown class is still a warning worth showing
-        return UserWarning
-
-
-class _WarningRelay:
-    """Shows the warnings the workers caught (`train_any`), each distinct one once: the same
-    category and message raised in several workers, or by several runs, reads as one line."""
-
-    def __init__(self) -> None:
-        self.shown: set[tuple[str, str]] = set()
-
-    def __call__(self, record: dict) -> None:
-        for name, message, filename, lineno in record.get("warnings") or ():
-            if (name, message) in self.shown:
-                continue
-            self.shown.add((name, message))
-            warnings.warn_explicit(message, _category(name), filename, lineno)
+        yield
+    finally:
+        warnings.showwarning = previous
 
 
 def stacking_pays(device: torch.device) -> bool:
@@ -591,23 +591,42 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     workers serves training, the gate and the diagnoses, and ends with the call.
     """
     made: list = []
+    warned = _warned_folder(Path(root))
     try:
         return _run_all(configs, root, made, execution=execution, thresholds=thresholds, n_eval=n_eval,
                         rho=rho, frozen_of=frozen_of, yardstick_of=yardstick_of, progress=progress,
-                        diagnose_controls=diagnose_controls)
+                        diagnose_controls=diagnose_controls, warned=warned)
     finally:
         for executor in made:
             close = getattr(executor, "close", None)
             if close is not None:
                 close()
+        if warned is not None:
+            shutil.rmtree(warned, ignore_errors=True)
+
+
+def _warned_folder(root: Path) -> str | None:
+    """A fresh <root>/.warned-<token>/ for this call's workers (`told_once`; on a cluster it lies on
+    the shared --out like the runs); one a killed command left behind is removed first. None
+    when it cannot be made: warnings then show as usual."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(WARNED_PREFIX + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        folder = root / f"{WARNED_PREFIX}{os.getpid()}-{time.time_ns()}"
+        folder.mkdir()
+        return str(folder)
+    except OSError:
+        return None
 
 
 def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution: Execution,
              thresholds: Thresholds, n_eval: int, rho: bool,
              frozen_of: Callable[[RunConfig], RunConfig | None] | None,
              yardstick_of: Callable[[RunConfig], RunConfig | None] | None,
-             progress: bool, diagnose_controls: bool) -> list[Outcome]:
-    """`run_all`'s work; `made` holds the executor once a job needed one (`run_all` closes it)."""
+             progress: bool, diagnose_controls: bool, warned: str | None = None) -> list[Outcome]:
+    """`run_all`'s work; `made` holds the executor once a job needed one (`run_all` closes it);
+    `warned`: the folder its training workers share to show each warning once (`told_once`)."""
     # the command line has resolved "auto" by now; a Python caller's unresolved "auto" (the
     # AuditConfig default) runs on the CPU like every library call without inputs
     dev = as_device(None if execution.device == "auto" else execution.device)
@@ -635,7 +654,7 @@ def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution:
         if why:
             print(f"creditaudit: training {c.label} again: {why}", file=sys.stderr)
     train_jobs = [Job(c.to_dict(), str(d), execution.data_dir, str(dev), threads, asdict(thresholds),
-                      execution.compile_step) for c, d in zip(configs, dirs)]
+                      execution.compile_step, warned) for c, d in zip(configs, dirs)]
     use_stack = stacking_pays(dev) if execution.stack is None else execution.stack
     if execution.stack and dev.type == "cpu":            # asked for where it does not pay: say so, once
         print(CPU_STACK_NOTE, file=sys.stderr)
@@ -643,14 +662,11 @@ def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution:
     groups = (group_stacks(configs, max_size=sizing.max_size if sizing else None)
               if use_stack else [[i] for i in range(len(configs))])
     units = [StackJob([configs[i].to_dict() for i in g], [str(dirs[i]) for i in g], execution.data_dir,
-                      str(dev), threads, execution.compile_step) if len(g) > 1 else train_jobs[g[0]]
+                      str(dev), threads, execution.compile_step, warned) if len(g) > 1 else train_jobs[g[0]]
              for g in groups]
     bar = tqdm(total=len(configs), desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
 
-    relay = _WarningRelay()
-
     def said(j: int, res: dict) -> None:
-        relay(res)
         for i, r in zip(groups[j], res.get("members") or [res] * len(groups[j])):
             bar.update(1)
             bar.set_postfix_str(f"{configs[i].label} {r['status']}")
