@@ -79,20 +79,22 @@ def test_unimportable_method_is_one_line(tmp_path):
     assert "nosuchpkg" in one_error_line(proc)
 
 
-def test_a_raising_user_method_fails_its_run_and_the_audit_completes(tmp_path):
+def _audit_bp_subclass(tmp_path: Path, module: str, cls: str, step: str, *args: str):
+    """`creditaudit audit` of a user rule `module:cls`, bp with `train_step(self, x, y)` whose body is
+    `step` (its lines, indented for the method), from a package on PYTHONPATH; the finished process."""
     pkg = tmp_path / "pkg"
     pkg.mkdir()
-    (pkg / "badrule.py").write_text(textwrap.dedent('''
-        from creditaudit.methods.bp import BP
+    body = textwrap.indent(textwrap.dedent(step).strip(), " " * 8)
+    (pkg / f"{module}.py").write_text("import warnings\nfrom creditaudit.methods.bp import BP\n\n\n"
+                                      f"class {cls}(BP):\n    name = {cls.lower()!r}\n\n"
+                                      f"    def train_step(self, x, y):\n{body}\n")
+    return cli(["audit", "--methods", f"{module}:{cls}", *args, "--dataset", "digits", "--out", "audit",
+                "--quiet", "--config", str(_toml(tmp_path))], tmp_path, [pkg])
 
-        class Exploding(BP):
-            name = "exploding"
-            def train_step(self, x, y):
-                raise RuntimeError("my rule has a bug")
-    '''))
-    proc = cli(["audit", "--methods", "badrule:Exploding", "bp", "--dataset", "digits", "--seeds", "42",
-                "--epochs", "2", "--out", "audit", "--jobs", "1", "--quiet", "--config", str(_toml(tmp_path))],
-               tmp_path, [pkg])
+
+def test_a_raising_user_method_fails_its_run_and_the_audit_completes(tmp_path):
+    proc = _audit_bp_subclass(tmp_path, "badrule", "Exploding", 'raise RuntimeError("my rule has a bug")',
+                              "bp", "--seeds", "42", "--epochs", "2", "--jobs", "1")
     assert proc.returncode == 3, proc.stderr                    # a run failed: not a clean audit
     result = json.loads((tmp_path / "audit" / "audit.json").read_text())
     bad = [r for r in result["runs"] if r["method"] == "badrule:Exploding"]
@@ -108,23 +110,12 @@ def test_a_warning_raised_in_every_worker_is_told_once(tmp_path):
     """A rule that warns at every step, trained by two worker processes: the warning reaches the
     terminal once for the audit, with its category and where it was raised, not once per worker or
     run; another message is another line."""
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "chatty.py").write_text(textwrap.dedent('''
-        import warnings
-        from creditaudit.methods.bp import BP
-
-        class Chatty(BP):
-            name = "chatty"
-            def train_step(self, x, y):
-                warnings.warn("the chatty rule steps")
-                if not self.settings.trainable_blocks:
-                    warnings.warn("the chatty rule trains no block")
-                return super().train_step(x, y)
-    '''))
-    proc = cli(["audit", "--methods", "chatty:Chatty", "--dataset", "digits", "--seeds", "1", "2",
-                "--epochs", "1", "--out", "audit", "--jobs", "2", "--quiet", "--config", str(_toml(tmp_path))],
-               tmp_path, [pkg])
+    proc = _audit_bp_subclass(tmp_path, "chatty", "Chatty", '''
+        warnings.warn("the chatty rule steps")
+        if not self.settings.trainable_blocks:
+            warnings.warn("the chatty rule trains no block")
+        return super().train_step(x, y)
+    ''', "--seeds", "1", "2", "--epochs", "1", "--jobs", "2")
     assert proc.returncode in (0, 3), proc.stderr
     runs = [r for r in json.loads((tmp_path / "audit" / "audit.json").read_text())["runs"]
             if r["method"] == "chatty:Chatty"]
