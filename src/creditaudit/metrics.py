@@ -16,6 +16,7 @@ returns plain numbers or small dataclasses. Conventions, from docs/PROTOCOL.md:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass
@@ -222,21 +223,41 @@ def weight_alignment(pairs: Sequence[tuple[str, torch.Tensor, torch.Tensor]]) ->
     return dict(zip([name for name, _, _ in pairs], torch.stack(cos).tolist()))
 
 
+@contextlib.contextmanager
+def predicting(model):
+    """The model as it predicts, within: an nn.Module in eval mode (dropout off, BatchNorm on its
+    running statistics), its own mode restored after; any other callable as it is. A model read
+    back from a checkpoint is built in training mode: a dropout network's accuracy measured so
+    would be a random draw below the one training recorded."""
+    module = model if isinstance(model, torch.nn.Module) else None
+    was_training = module.training if module is not None else False
+    if module is not None:
+        module.eval()
+    try:
+        yield model
+    finally:
+        if module is not None:
+            module.train(was_training)
+
+
 @torch.no_grad()
 def accuracy(model, batches) -> float:
-    """Top-1 accuracy over an iterable of (x, y) batches."""
+    """Top-1 accuracy over an iterable of (x, y) batches, of the model as it predicts (`predicting`)."""
     correct, total = 0, 0
-    for x, y in batches:
-        correct += int((model(x).argmax(-1) == y).sum())
-        total += len(y)
+    with predicting(model):
+        for x, y in batches:
+            correct += int((model(x).argmax(-1) == y).sum())
+            total += len(y)
     return correct / max(total, 1)
 
 
 @torch.no_grad()
 def correctness(model, batches) -> torch.Tensor:
-    """Top-1 correctness per example over an iterable of (x, y) batches, in their order: a bool
-    vector on the CPU whose mean is `accuracy` (what (d)'s variance over the test set needs)."""
-    hits = [(model(x).argmax(-1) == y).to("cpu") for x, y in batches]
+    """Top-1 correctness per example over an iterable of (x, y) batches, in their order, of the model
+    as it predicts (`predicting`): a bool vector on the CPU whose mean is `accuracy` (what (d)'s
+    variance over the test set needs)."""
+    with predicting(model):
+        hits = [(model(x).argmax(-1) == y).to("cpu") for x, y in batches]
     return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)
 
 
