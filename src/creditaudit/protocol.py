@@ -627,11 +627,7 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CreditAuditError(f"diagnose: {name} must be a positive integer, got {value!r}")
     _check_null(method, null)
-    module = model if isinstance(model, torch.nn.Module) else None
-    was_training = module.training if module is not None else False
-    if module is not None:
-        module.eval()                  # per-sample forward: BatchNorm/Dropout in eval mode
-    try:
+    with M.predicting(model):          # per-sample forward: BatchNorm/Dropout in eval mode
         batches = _fed_batches(model, batches)
         n_blocks = as_stream(model).n_blocks
         if rho is not True and rho and max(rho) > n_blocks:
@@ -641,9 +637,6 @@ def diagnose(model, eval_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *
                          monitor_history, null, null_k, null_seed, rho, rho_m, rho_eps, rho_seed,
                          label, diverged, training, list(missing_evidence), depth_unevaluated,
                          weak_control, weak_decided_across_seeds)
-    finally:
-        if module is not None:
-            module.train(was_training)
 
 
 def _flags(values: dict, t: Thresholds, nonfinite: bool, diverged: str | None
