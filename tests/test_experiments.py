@@ -164,7 +164,7 @@ def test_changed_stop_thresholds_retrain(tmp_path):
     assert stopping.stop_thresholds == {k: getattr(Thresholds(), k) for k in STOP_THRESHOLD_KEYS}
     assert RunConfig(stop_when_flagged=2, stop_thresholds={"growth": 10.0}).run_key != stopping.run_key
     toml = tmp_path / "a.toml"
-    for gain, status, epochs in ((0.0, "finished", 2), (1e9, "stopped", 1)):
+    for gain, status, epochs in ((1e-30, "finished", 2), (1e9, "stopped", 1)):
         toml.write_text(f'dataset = "digits"\nmethods = ["bp"]\nseeds = [1]\nepochs = 2\njobs = 1\n'
                         f'controls = []\n[model]\nwidth = 16\nblocks = 1\n[training]\nstop_when_flagged = 1\n'
                         f'[thresholds]\ngain = {gain}\n')

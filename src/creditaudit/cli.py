@@ -15,6 +15,8 @@ import threading
 from . import __version__
 from .commands import audit, diagnose, experiments, lint, reproduce, train, views
 from .commands.exits import EXIT_INTERRUPTED, EXIT_USER_ERROR
+
+EXIT_BROKEN_PIPE = 141      # 128 + SIGPIPE, as a command killed by it exits in a shell
 from .errors import CreditAuditError
 
 
@@ -178,6 +180,10 @@ def _audit_options(p: argparse.ArgumentParser, cat, methods: bool = True) -> Non
                    help="method option, as [options.METHOD] in a config file: KEY=VALUE for every audited "
                         "method that declares KEY, METHOD.KEY=VALUE for one; e.g. --option decay=10 "
                         "(the options: --help's end) (default: none)")
+    p.add_argument("--arch-option", dest="arch_option", type=_option, action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="architecture option of every run, as [model.options] in a config file, e.g. "
+                        "--arch-option loss=bce with --arch mlp (the options: --help's end) (default: none)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: audits/<preset>, or as named below)")
     p.add_argument("--device", help=f"{cat.audit_help('device')} (default: {cat.audit_default('device')})")
     p.add_argument("--no-compile", action="store_true",
@@ -392,7 +398,28 @@ def build_parser(cat=None) -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         s.set_defaults(func=func)
         options(s, cat)
+        _once_only(s)
     return p
+
+
+class _StoreOnce(argparse._StoreAction):
+    """A value option given twice is refused (argparse keeps the last one silently: `--seeds 42
+    --seeds 43` would audit seed 43 alone). Repeatable options (--option) append, and are not this."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given_once", set())
+        if self.dest in given:
+            raise argparse.ArgumentError(self, "given twice; give it once (with every value it takes, "
+                                               "e.g. --seeds 42 123)" if self.nargs == "+" else
+                                         "given twice; give it once")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _once_only(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if type(action) is argparse._StoreAction and action.option_strings:
+            action.__class__ = _StoreOnce
 
 
 class _Parser(argparse.ArgumentParser):
@@ -469,6 +496,11 @@ def main(argv: list[str] | None = None) -> int:
     except CreditAuditError as err:
         print(f"creditaudit: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except BrokenPipeError:       # the reader went away (`| head`): not an error of the path or disk
+        import os
+        with contextlib.suppress(OSError):       # nothing more can reach it, the final flush included
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except OSError as err:        # reading or writing a file: which one the errno says
         import errno
         where = f" {err.filename}" if getattr(err, "filename", None) else ""

@@ -498,6 +498,18 @@ PRESET_NAMES = ("quick", "paper", "zoo")             # the first is the default
 # where the experiments other than `audit` write when no --out is given
 EXPERIMENT_OUT = {"ladder": "audits/ladder", "penalty-sweep": "audits/penalty_sweep",
                   "identity-check": "audits/identity_check"}
+# what a threshold of the config file may be: (low, high, (low included, high included), why); a
+# value outside would make its flag fire on every run or never (the Python API takes any number,
+# which tests use to force a flag)
+THRESHOLD_RANGES = {
+    "growth": (1.0, math.inf, (True, False), "a block amplification ratio; below 1 a shrinking stream fires (a)"),
+    "init_growth": (1.0, math.inf, (True, False), "a growth ratio since initialisation; below 1 an unchanged stream fires (a′)"),
+    "stack_growth": (1.0, math.inf, (True, False), "the ratio ‖h_L‖/‖h_0‖; below 1 an unamplified stream fires (a′)"),
+    "floor": (0.0, 1.0, (False, False), "a gradient norm; 0 turns (b) off, and the paper's is 1e-7"),
+    "gain": (0.0, math.inf, (False, False), "a readout gain ratio; 0 turns (b′) off"),
+    "drift": (0.0, 1.0, (True, False), "a mean inner product of unit vectors, at most 1, so 1 or more never fires"),
+    "depth_margin": (0.0, 1.0, (True, False), "a fraction of accuracy (0.02 = 2 points); 1 or more can never clear"),
+}
 TOP_KEYS = ("preset", "dataset", "data_dir", "methods", "seeds", "epochs", "out", "device", "jobs",
             "controls", "eval_batches", "executor", "address", "max_retries", "stack", "recipe")
 
@@ -584,6 +596,11 @@ def audit_config_from_dict(raw: dict[str, Any], where: str = "the audit config")
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
                 or value < 0:
             raise CreditAuditError(f"threshold {key} in {where} must be a finite number ≥ 0, got {value!r}")
+        low, high, closed, meaning = THRESHOLD_RANGES[key]
+        if not (low < value if not closed[0] else low <= value) or not (value < high if not closed[1]
+                                                                         else value <= high):
+            span = f"{'[' if closed[0] else '('}{low:g}, {high:g}{']' if closed[1] else ')'}"
+            raise CreditAuditError(f"threshold {key} in {where} must lie in {span}, got {value!r}: {meaning}")
     lam = raw.get("training", {}).get(PENALTY_OPTION)
     if lam is not None and (isinstance(lam, bool) or not isinstance(lam, (int, float))
                             or not math.isfinite(lam) or lam < 0):

@@ -443,14 +443,44 @@ def control_evidence(config: RunConfig | None, control: Run, x: torch.Tensor | N
 RUN_FOLDER_FILES = ("run.json", "config.json", "diagnosis.json", "status.json", "metrics.jsonl")
 
 
-def refuse_run_folder(out: Path, what: str = "the audit") -> None:
-    """Folders mean one thing: an audit never writes into a run folder (a Monitor's or the
-    trainer's), or `check RUN` would answer with the audit instead of the run. One line."""
+# the record each experiment seals into its folder, and what the folder then is
+EXPERIMENT_RECORDS = {"audit.json": "an audit", "ladder.json": "a ladder", "penalty_sweep.json": "a penalty sweep",
+                      "identity_check.json": "an identity check"}
+
+
+def refuse_run_folder(out: Path, what: str = "the audit", own: str = "audit.json") -> None:
+    """Folders mean one thing: an experiment never writes into a run folder (a Monitor's or the
+    trainer's), or `check RUN` would answer with the experiment instead of the run; nor into the
+    folder of another kind of experiment (its record `own` names its own kind), whose runs it would
+    re-diagnose under its own settings, replacing what that experiment computed. One line."""
     out = Path(out)
     found = next((name for name in RUN_FOLDER_FILES if (out / name).exists()), None)
     if found is not None:
         raise CreditAuditError(f"{out} is a run folder (it holds {found}); {what} writes a folder of its "
                                "own — give out= (--out) a new folder, not a run's")
+    other = next((name for name in EXPERIMENT_RECORDS if name != own and (out / name).exists()), None)
+    if other is not None:
+        raise CreditAuditError(f"{out} is {EXPERIMENT_RECORDS[other]}'s folder (it holds {other}); {what} "
+                               "writes a folder of its own — give out= (--out) a new folder")
+
+
+def refuse_foreign_folder_for_run(out: Path) -> None:
+    """A run writes a folder of its own: never into an experiment's folder (`check` on it would then
+    judge the stray run instead of the sealed experiment), nor among a folder's other files. Empty,
+    new, or a run's own folder (resumed) pass. One line."""
+    out = Path(out)
+    if not out.is_dir() or any((out / name).exists() for name in RUN_FOLDER_FILES):
+        return
+    record = next((name for name in EXPERIMENT_RECORDS if (out / name).exists()), None)
+    if record is not None or (out / "runs").is_dir():
+        kind = EXPERIMENT_RECORDS[record] if record else "an experiment"
+        raise CreditAuditError(f"{out} is {kind}'s folder (it holds {record or 'runs/'}); a run writes a "
+                               "folder of its own — give --out a new folder")
+    others = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+    if others:
+        raise CreditAuditError(f"{out} already holds other files ({', '.join(others[:3])}"
+                               f"{', …' if len(others) > 3 else ''}) and no run; a run writes a folder of its "
+                               "own — give --out a new or empty folder, or a run's folder to resume it")
 
 
 def run_identity(run_dir: Path) -> str | None:

@@ -27,6 +27,12 @@ def _audit_raw(args) -> dict:
         raw["methods"] = [m for item in args.methods for m in item.replace(",", " ").split()]
     if args.seeds:
         raw["seeds"] = args.seeds
+    for section, flags in (("model", ("arch", "width", "blocks", "arch_option")), ("training", ("lr",))):
+        given = [f for f in flags if getattr(args, f, None) not in (None, [])]
+        if given and not isinstance(raw.get(section, {}), dict):    # a flag merges into the table
+            where = args.config or "the audit settings"
+            raise CreditAuditError(f"[{section}] in {where} must be a table, got {raw[section]!r}; write it "
+                                   f"as a [{section}] table (or remove it and give --{given[0].replace('_', '-')})")
     if getattr(args, "arch", None):
         raw.setdefault("model", {})["arch"] = args.arch
     if args.blocks is not None and args.blocks < 1:
@@ -35,6 +41,14 @@ def _audit_raw(args) -> dict:
     for section, key in (("model", "width"), ("model", "blocks"), ("training", "lr")):
         if getattr(args, key) is not None:      # as [model] width / blocks and [training] lr say it
             raw[section] = {**raw.get(section, {}), key: getattr(args, key)}
+    if getattr(args, "arch_option", None):      # as [model.options] says it; a key given twice refused
+        from .running import given_once
+        model = raw.setdefault("model", {})
+        options = model.get("options", {})
+        if not isinstance(options, dict):
+            raise CreditAuditError(f"options in [model] of {args.config} must be a table of architecture "
+                                   f"options ([model.options]), got {options!r}")
+        model["options"] = {**options, **given_once(args.arch_option, "--arch-option")}
     from ..runs import resolve_device
     raw["device"] = str(resolve_device(raw.get("device", "auto")))   # "auto" is decided here, once
     return raw
@@ -49,7 +63,8 @@ def _what_ran(args, config) -> str:
     else:                 # without a file the preset is always named (quick by default)
         base = str(preset)
     given = [f"--{key.replace('_', '-')}" for key in ("methods", "seeds", "epochs", "dataset", "arch",
-                                                      "width", "blocks", "lr", "option", "eval_batches")
+                                                      "width", "blocks", "lr", "option", "arch_option",
+                                                      "eval_batches")
              if getattr(args, key, None)]
     return " + ".join([base, *([", ".join(given)] if given else [])])
 

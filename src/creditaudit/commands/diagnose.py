@@ -19,19 +19,42 @@ def _load_for_diagnosis(args):
     if not args.run_dir:
         raise CreditAuditError(f"give a run folder: creditaudit {args.command} RUN_DIR (a folder "
                                "written by `creditaudit train`)")
+    _refuse_model_only(args, f"a run folder holds its own weights, data and settings")
     run = load_run(args.run_dir, resolve_device(args.device))
+    if run.config.blocks == 0:
+        raise CreditAuditError(f"{args.run_dir} is a shallow control ({run.config.label}: no blocks), so it has "
+                               "no depth to diagnose; diagnose the run it controls, or `creditaudit check` "
+                               "the audit that trained it")
     control = None
     if getattr(args, "frozen_control", None):
         if Path(args.frozen_control).is_file():
             raise CreditAuditError(f"--frozen-control {args.frozen_control} is a file; for a run folder "
                                    "give the control's run folder (`creditaudit train ... --frozen --out "
                                    "DIR`), a weights file only with --model")
+        if run.config.control != "none" or not run.config.trainable_block_ids:
+            raise CreditAuditError(f"{args.run_dir} is itself a control ({run.config.label}): (d) compares a "
+                                   "run whose blocks trained with its control — diagnose the main run with "
+                                   f"--frozen-control {args.run_dir}, or this one without --frozen-control")
         control = load_run(args.frozen_control, "cpu")
     data = load_dataset(run.config.dataset, args.data_dir, next(run.model.parameters()).device,
                         label_probe=not args.no_label_probe)
     batches = eval_batches(data, args.eval_batches)
     _check_credit(run, *batches[0])
     return run, batches, control, data
+
+
+_MODEL_ONLY = ("weights", "init_weights", "yardstick", "dataset")
+
+
+def _refuse_model_only(args, why: str, also: tuple[str, ...] = ()) -> None:
+    """Options that only --model reads are refused where they would be ignored (a run folder, a
+    diagnosed folder): a --weights or --dataset that silently changes nothing misleads."""
+    given = getattr(args, "_given_once", set())
+    named = [name for name in (*_MODEL_ONLY, *also) if name in given]
+    if named:
+        flag = "--" + named[0].replace("_", "-")
+        raise CreditAuditError(f"{flag} applies with --model only (a model trained elsewhere); {why} — "
+                               f"drop {flag}")
 
 
 def _check_credit(run, x, y) -> None:
@@ -109,7 +132,11 @@ def cmd_diagnose(args) -> int:
     else:
         report = _diagnosis(args)
     print(report.to_json(indent=2) if args.json else report)
-    if args.run_dir:                  # saved beside the run, so `creditaudit check RUN_DIR` reads it
+    if args.run_dir and _keeps_judged_depth(Path(args.run_dir), report):
+        print(f"creditaudit: note: kept {Path(args.run_dir) / 'diagnosis.json'}, which judged (d) against "
+              "the run's frozen control; this diagnosis had no control — give --frozen-control CONTROL "
+              "to replace it", file=sys.stderr)
+    elif args.run_dir:                # saved beside the run, so `creditaudit check RUN_DIR` reads it
         from ..runs import write_diagnosis
         try:
             write_diagnosis(Path(args.run_dir), report.to_dict())
@@ -117,6 +144,21 @@ def cmd_diagnose(args) -> int:
             print(f"creditaudit: note: could not save {Path(args.run_dir) / 'diagnosis.json'} "
                   f"({err.strerror or err}); the diagnosis above stands", file=sys.stderr)
     return 0
+
+
+def _keeps_judged_depth(run_dir: Path, report) -> bool:
+    """Whether the run's saved diagnosis judged (d) against a frozen control while `report` has
+    none: it is kept (nothing already computed is lost; `check RUN` keeps answering with it)."""
+    from ..runs import diagnosis_binding
+    from ..store import read_sealed_json
+    if report.depth is not None or not (run_dir / "diagnosis.json").exists():
+        return False
+    try:
+        saved = read_sealed_json(run_dir / "diagnosis.json", "diagnosis")
+        current = saved.get("run_binding") == diagnosis_binding(run_dir)
+    except (CreditAuditError, OSError, AttributeError):
+        return False                   # a broken one is replaced, as before
+    return current and isinstance(saved.get("depth"), dict)    # so is one of the run before a retrain
 
 
 def cmd_calibrate(args) -> int:
@@ -134,6 +176,9 @@ def cmd_check(args) -> int:
     if args.model:
         lines, code, payload = check_report(_diagnosis(args).to_dict())
     elif args.path:
+        _refuse_model_only(args, f"check reads the diagnosis saved in {args.path} (to diagnose a run against "
+                           "its control: creditaudit diagnose RUN --frozen-control CONTROL)",
+                           also=("frozen_control", "eval_batches", "init_weights"))
         lines, code, payload = check_path(Path(args.path))
     else:
         raise CreditAuditError("give an audit or run folder, or --model PKG.MODULE:FACTORY --weights FILE")

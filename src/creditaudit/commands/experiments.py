@@ -19,6 +19,8 @@ def cmd_ladder(args) -> int:
     from ..verdict import Thresholds
     config = experiment_config(args)
     out = Path(args.out or EXPERIMENT_OUT["ladder"])
+    from ..runs import refuse_run_folder
+    refuse_run_folder(out, "the ladder", own="ladder.json")
     bases = [config.base_config(m, s) for m in config.methods for s in config.seeds]
     with locked_out(out):
         _refuse_other_result(out / "ladder.json", {"base": [c.to_dict() for c in bases]})
@@ -39,12 +41,16 @@ def cmd_penalty(args) -> int:
     from ..report.figures import penalty_figure
     from ..report.tables import penalty_table
     from ..verdict import Thresholds
-    from ..methods import resolve_method_name
+    from ..methods import method_class, resolve_method_name
     sweeps = sweep_defaults()
     method = resolve_method_name(args.method) if args.method else next(iter(sweeps))
     if args.lambdas and len(set(args.lambdas)) != len(args.lambdas):
         dupes = sorted({f"{v:g}" for v in args.lambdas if args.lambdas.count(v) > 1})
         raise CreditAuditError(f"--lambdas lists {', '.join(dupes)} more than once; list each λ once")
+    from ..methods import methods_with_option
+    if method not in sweeps and PENALTY_OPTION not in method_class(method).option_defaults:
+        raise CreditAuditError(f"method {method!r} has no penalty option ({PENALTY_OPTION}) to sweep; "
+                               f"choose one of {', '.join(methods_with_option(PENALTY_OPTION))}")
     if method not in sweeps and not args.lambdas:
         raise CreditAuditError(f"method {method!r} declares no λ sweep; give --lambdas, or choose one "
                                f"of {', '.join(sweeps)}")
@@ -55,6 +61,8 @@ def cmd_penalty(args) -> int:
                                f"values as --lambdas instead")
     config = experiment_config(args, [method])
     out = Path(args.out or EXPERIMENT_OUT["penalty-sweep"])
+    from ..runs import refuse_run_folder
+    refuse_run_folder(out, "the penalty sweep", own="penalty_sweep.json")
     bases = [config.base_config(method, s) for s in config.seeds]
     with locked_out(out):
         _refuse_other_result(out / "penalty_sweep.json", {"base": [c.to_dict() for c in bases],
@@ -95,6 +103,8 @@ def cmd_identity(args) -> int:
     config = RunConfig(dataset=args.dataset, arch=args.arch, width=args.width, blocks=args.blocks,
                        activation=args.activation, w2_std=args.w2_std)
     out = Path(args.out)
+    from ..runs import refuse_run_folder
+    refuse_run_folder(out, "the identity check", own="identity_check.json")
     result = identity_check_experiment(config, args.seeds, out, data_dir=args.data_dir,
                                        device=resolve_device(args.device))
     identity_figure(result, out / "identity_check.png")

@@ -32,7 +32,7 @@ def _run_config(args):
 
 def cmd_train(args) -> int:
     from ..data import load_dataset
-    from ..runs import resolve_device
+    from ..runs import refuse_foreign_folder_for_run, resolve_device
     from ..train import train_run
     from ..verdict import Thresholds, first_fire_epochs, stop_rule
     config = _run_config(args)
@@ -44,6 +44,7 @@ def cmd_train(args) -> int:
     config = config.bind_data(data.digest)      # the default folder's key names the data too
     out = Path(args.out or f"runs/{config.method.replace(':', '_')}-{config.dataset}-s{config.seed}-{config.run_key}")
     device = resolve_device(args.device)      # a bad device is refused before any folder is made
+    refuse_foreign_folder_for_run(out)
     tensorboard = None
     try:
         with locked_out(out, stub="config.json"):   # a second `train` here is refused, as for audits

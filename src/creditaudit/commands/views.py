@@ -8,6 +8,16 @@ from ..errors import CreditAuditError
 from .running import write_report_together
 
 
+def _audit_folder(path: str) -> Path:
+    """The audit folder a view reads and writes into: the folder itself, or its audit.json's folder."""
+    path = Path(path)
+    if path.is_file():
+        if path.name == "audit.json":
+            return path.parent
+        raise CreditAuditError(f"{path} is a file; give the audit's folder (the one holding audit.json)")
+    return path
+
+
 def cmd_thresholds(args) -> int:
     from ..experiments import read_audit
     from ..report.figures import sensitivity_figure
@@ -15,7 +25,7 @@ def cmd_thresholds(args) -> int:
     from ..store import write_sealed_json
     from ..sensitivity import threshold_sensitivity
     from ..verdict import Thresholds
-    audit_dir = Path(args.audit_dir)
+    audit_dir = _audit_folder(args.audit_dir)
     result = read_audit(audit_dir)
     reports = [r["report"] for r in result.get("runs") or [] if r.get("report") and r.get("control") == "none"]
     if not reports:
@@ -32,7 +42,7 @@ def cmd_thresholds(args) -> int:
 def cmd_report(args) -> int:
     from ..experiments import read_audit
     from ..report import compact_table, write_report
-    audit_dir = Path(args.audit_dir)
+    audit_dir = _audit_folder(args.audit_dir)
     result = read_audit(audit_dir)
     files = write_report_together(write_report, result, audit_dir)
     print(compact_table(result, width=max(60, shutil.get_terminal_size((120, 24)).columns), out=str(audit_dir)))

@@ -64,7 +64,9 @@ on that line only; `# creditaudit: ignore` silences every code on that line.
 from __future__ import annotations
 
 import ast
+import io
 import os
+import tokenize
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -109,11 +111,18 @@ def _lint_file(path: Path) -> list[Finding]:
         data = path.read_bytes()
     except OSError as err:
         return _unparsable(shown, 1, 1, f"cannot read the file: {err.strerror or err}")
+    try:           # as Python reads it: UTF-8 (a leading byte-order mark tolerated) unless a PEP 263
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)   # coding line says otherwise
+    except SyntaxError as err:     # an unknown codec named, or bytes that are not UTF-8 (below)
+        if "unknown encoding" in str(err.msg):
+            return _unparsable(shown, 1, 1, f"its coding line names no encoding Python knows ({err.msg})")
+        encoding = "utf-8-sig"
     try:
-        source = data.decode("utf-8-sig")  # utf-8, tolerating a leading byte-order mark
+        source = data.decode(encoding)
     except UnicodeDecodeError as err:
         line = data[:err.start].count(b"\n") + 1
-        return _unparsable(shown, line, 1, f"not valid UTF-8 (byte {err.start} of the file)")
+        name = "UTF-8" if encoding.startswith("utf-8") else encoding
+        return _unparsable(shown, line, 1, f"not valid {name} (byte {err.start} of the file)")
     return lint_source(source, shown)
 
 
@@ -132,6 +141,9 @@ def _files(paths: Iterable) -> list[Path]:
     """Every file to check, after making sure each given path exists (fail before any output)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    if any(str(p) == "" for p in paths):
+        raise CreditAuditError("lint: an empty path was given; pass Python files or folders, "
+                               "e.g. `creditaudit lint train.py src/`")
     roots = [Path(p) for p in paths]
     if not roots:
         raise CreditAuditError("lint: no paths given; pass Python files or folders, "
@@ -145,7 +157,12 @@ def _files(paths: Iterable) -> list[Path]:
                                    "Python file or a folder of .py files")
     files: dict[Path, None] = {}  # ordered and without duplicates
     for root in roots:
-        files.update(dict.fromkeys(_python_files(root)))
+        found = list(_python_files(root))
+        if not found:      # a mistyped path must not pass a CI gate as "no findings in 0 files"
+            raise CreditAuditError(f"lint: {str(root)!r} holds no .py file (hidden folders and "
+                                   f"{', '.join(sorted(_SKIP_DIRS))} are skipped); pass the folder of "
+                                   "your Python code")
+        files.update(dict.fromkeys(found))
     return list(files)
 
 

@@ -1,0 +1,237 @@
+"""A bad-input sweep's findings, by class: a config table that is not a table beside a flag that
+merges into it, folders that mean another thing (a run into an experiment's folder, one experiment
+into another's), options that only --model reads given where they would be ignored, a control
+diagnosed against itself, a (d)-judged diagnosis replaced by one without a control, a value option
+given twice, thresholds that make a flag meaningless, `lint` paths holding no Python, a view given
+audit.json itself, a closed pipe. Each test fails on the code before it."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from creditaudit.cli import main as cli_main
+
+TINY = ["--dataset", "digits", "--width", "16", "--blocks", "1", "--quiet", "--epochs", "1"]
+AUDIT = [*TINY, "--methods", "bp", "--seeds", "42", "--jobs", "1"]
+
+
+def refused(argv, capsys, match: str) -> str:
+    import re
+    code = cli_main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("creditaudit: error:"), (code, err)
+    assert re.search(match, lines[0]), lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory) -> Path:
+    """A tiny audit (bp, one seed, digits, 1 epoch): its folder, runs and controls diagnosed."""
+    out = tmp_path_factory.mktemp("audit") / "a"
+    assert cli_main(["audit", *AUDIT, "--out", str(out)]) in (0, 1, 3)
+    return out
+
+
+def run_of(audit: Path, kind: str) -> Path:
+    return next(audit.glob(f"runs/bp-{kind}-s42-*"))
+
+
+# -- a config table that is not one, beside a flag that merges into it --------------------------
+@pytest.mark.parametrize("table, flag", [("model = 3", ["--width", "16"]), ("model = 3", ["--blocks", "1"]),
+                                         ("model = 3", ["--arch", "resmlp"]),
+                                         ("model = 3", ["--arch-option", "loss=bce"]),
+                                         ("[[model]]\nwidth = 3", ["--width", "16"]),
+                                         ("training = 3", ["--lr", "0.01"])])
+@pytest.mark.parametrize("command", ["audit", "ladder"])
+def test_a_config_section_that_is_not_a_table_is_refused_beside_its_flag(tmp_path, capsys, table, flag, command):
+    toml = tmp_path / "c.toml"
+    toml.write_text(f'dataset = "digits"\nmethods = ["bp"]\nseeds = [42]\nepochs = 1\n{table}\n')
+    section = "training" if "training" in table else "model"
+    refused([command, "--config", toml, *flag, "--out", tmp_path / "o"], capsys,
+            rf"\[{section}\] in .* must be a table")
+    assert not (tmp_path / "o").exists()
+
+
+# -- folders mean one thing -----------------------------------------------------------------------
+def test_a_run_is_refused_in_an_experiments_folder_or_among_other_files(audited, tmp_path, capsys):
+    before = (audited / "audit.json").read_bytes()
+    refused(["train", *TINY, "--out", audited], capsys, r"is an audit's folder \(it holds audit.json\)")
+    assert not (audited / "config.json").exists() and (audited / "audit.json").read_bytes() == before
+    busy = tmp_path / "busy"
+    (busy / "runs").mkdir(parents=True)          # an experiment under way has runs/ before its record
+    refused(["train", *TINY, "--out", busy], capsys, r"it holds runs/\)")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("mine")
+    refused(["train", *TINY, "--out", notes], capsys, r"already holds other files \(notes.txt\) and no run")
+    assert sorted(p.name for p in notes.iterdir()) == ["notes.txt"]
+    # an empty folder is a new run's, and a run's own folder resumes (here: finds it finished)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for _ in range(2):
+        assert cli_main(["train", *TINY, "--out", str(empty)]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("command, extra", [("ladder", ["--methods", "bp", "--seeds", "42", "--jobs", "1"]),
+                                            ("penalty-sweep", ["--seeds", "42", "--jobs", "1"]),
+                                            ("identity-check", ["--seeds", "42"])])
+def test_an_experiment_is_refused_in_another_experiments_folder(audited, capsys, command, extra):
+    judged = (run_of(audited, "none") / "diagnosis.json").read_bytes()
+    common = TINY[:6] if command == "identity-check" else TINY      # it trains nothing: no --epochs
+    refused([command, *common, *extra, "--out", audited], capsys, r"is an audit's folder \(it holds audit.json\)")
+    assert (run_of(audited, "none") / "diagnosis.json").read_bytes() == judged
+
+
+def test_an_audit_is_refused_in_a_ladders_folder(tmp_path, capsys):
+    folder = tmp_path / "l"
+    folder.mkdir()
+    (folder / "ladder.json").write_text("{}")
+    refused(["audit", *AUDIT, "--out", folder], capsys, r"is a ladder's folder \(it holds ladder.json\)")
+
+
+# -- options only --model reads, where they would be ignored ---------------------------------------
+@pytest.mark.parametrize("option", [["--weights", "w.safetensors"], ["--init-weights", "w.safetensors"],
+                                    ["--yardstick", "w.safetensors"], ["--dataset", "mnist"]])
+def test_diagnose_refuses_model_only_options_with_a_run_folder(audited, capsys, option):
+    refused(["diagnose", run_of(audited, "none"), *option], capsys,
+            rf"{option[0]} applies with --model only")
+
+
+@pytest.mark.parametrize("option", [["--frozen-control", "/nowhere"], ["--weights", "w.safetensors"],
+                                    ["--dataset", "mnist"], ["--eval-batches", "3"]])
+def test_check_refuses_options_it_would_ignore_on_a_folder(audited, capsys, option):
+    refused(["check", run_of(audited, "none"), *option], capsys,
+            rf"{option[0]} applies with --model only \(a model trained elsewhere\); check reads the "
+            r"diagnosis saved")
+
+
+def test_a_control_is_not_diagnosed_against_a_control(audited, capsys):
+    frozen = run_of(audited, "frozen")
+    refused(["diagnose", frozen, "--frozen-control", frozen], capsys, r"is itself a control \(bp/frozen/s42\)")
+    refused(["diagnose", run_of(audited, "shallow")], capsys, r"is a shallow control .* no depth to diagnose")
+
+
+def test_a_diagnosis_that_judged_d_is_kept_over_one_without_a_control(audited, tmp_path, capsys):
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(run_of(audited, "none"), run)
+    saved = json.loads((run / "diagnosis.json").read_text())
+    assert isinstance(saved["depth"], dict)           # the audit judged (d) against the control
+    assert cli_main(["check", str(run)]) in (0, 1, 3)
+    verdict = capsys.readouterr().out
+    assert cli_main(["diagnose", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert "kept" in err and "give --frozen-control CONTROL to replace it" in err
+    assert json.loads((run / "diagnosis.json").read_text()) == saved
+    assert cli_main(["check", str(run)]) in (0, 1, 3)
+    assert capsys.readouterr().out == verdict
+    # with the control, the diagnosis is replaced as before
+    assert cli_main(["diagnose", str(run), "--frozen-control", str(run_of(audited, "frozen"))]) == 0
+    assert isinstance(json.loads((run / "diagnosis.json").read_text())["depth"], dict)
+
+
+# -- a value option given twice ---------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["audit", "--seeds", "42", "--seeds", "43"],
+                                  ["audit", "--dataset", "digits", "--dataset", "mnist1d"],
+                                  ["audit", "--methods", "bp", "--methods", "fa"],
+                                  ["train", "--epochs", "2", "--epochs", "3"],
+                                  ["train", "--out", "a", "--out", "b"],
+                                  ["reproduce", "fa", "--seeds", "1", "--seeds", "2"]])
+def test_a_value_option_given_twice_is_refused(capsys, argv):
+    refused(argv, capsys, rf"argument {argv[-2]}: given twice; give it once")
+
+
+def test_repeatable_options_still_repeat(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert cli_main(["train", *TINY, "--method", "ep", "--option", "beta=0.5", "--option", "steps=3",
+                     "--out", str(out)]) == 0
+    options = json.loads((out / "config.json").read_text())["options"]
+    assert (options["beta"], options["steps"]) == (0.5, 3)
+
+
+# -- thresholds a flag cannot mean anything under -----------------------------------------------------
+@pytest.mark.parametrize("key, value", [("growth", 0), ("growth", 0.5), ("init_growth", 0.9), ("stack_growth", 0),
+                                        ("floor", 0), ("floor", 1), ("gain", 0), ("drift", 1), ("drift", 5),
+                                        ("depth_margin", 1), ("depth_margin", 5)])
+def test_a_threshold_outside_its_meaningful_range_is_refused(tmp_path, capsys, key, value):
+    toml = tmp_path / "c.toml"
+    toml.write_text(f'dataset = "digits"\nmethods = ["bp"]\nseeds = [42]\nepochs = 1\n[thresholds]\n{key} = {value}\n')
+    refused(["audit", "--config", toml, "--out", tmp_path / "o"], capsys, rf"threshold {key} in .* must lie in")
+
+
+def test_thresholds_inside_their_ranges_are_accepted():
+    from creditaudit.config import THRESHOLD_KEYS, THRESHOLD_RANGES, audit_config_from_dict
+    assert set(THRESHOLD_RANGES) == set(THRESHOLD_KEYS)
+    edge = {"growth": 1, "init_growth": 1, "stack_growth": 1e6, "floor": 1e-30, "gain": 1e9, "drift": 0,
+            "depth_margin": 0}
+    config = audit_config_from_dict({"dataset": "digits", "methods": ["bp"], "epochs": 1, "thresholds": edge},
+                                    where="t")
+    assert config.thresholds == edge
+
+
+# -- audit's --arch-option, as [model.options] says it ----------------------------------------------
+def test_audit_arch_option_names_the_runs_the_config_table_names(tmp_path):
+    from creditaudit.cli import build_parser
+    from creditaudit.commands.audit import _audit_raw
+    from creditaudit.config import audit_config_from_dict
+    args = build_parser().parse_args(["audit", *AUDIT, "--arch", "mlp", "--arch-option", "loss=bce"])
+    flags = audit_config_from_dict(_audit_raw(args), where="flags")
+    toml = tmp_path / "c.toml"
+    toml.write_text('dataset = "digits"\nmethods = ["bp"]\nseeds = [42]\nepochs = 1\njobs = 1\n'
+                    '[model]\narch = "mlp"\nwidth = 16\nblocks = 1\n[model.options]\nloss = "bce"\n')
+    table = audit_config_from_dict(_audit_raw(build_parser().parse_args(["audit", "--config", str(toml)])),
+                                   where=str(toml))
+    keys = lambda c: sorted(r.run_key for r in c.run_configs())
+    assert keys(flags) == keys(table)
+    assert {r.arch_options["loss"] for r in flags.run_configs()} == {"bce"}
+    with pytest.raises(Exception, match=r"--arch-option loss is given twice"):
+        _audit_raw(build_parser().parse_args(["audit", "--arch-option", "loss=bce", "--arch-option", "loss=ce"]))
+
+
+# -- lint paths that hold no Python, and a file's declared encoding ---------------------------------
+def test_lint_refuses_paths_without_python_and_reads_a_declared_encoding(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused(["lint", empty], capsys, r"holds no \.py file")
+    refused(["lint", ""], capsys, r"an empty path was given")
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b'# -*- coding: latin-1 -*-\nname = "caf\xe9"\n')
+    assert cli_main(["lint", str(latin)]) == 0
+    assert "no findings in 1 file" in capsys.readouterr().out
+    for body, message in ((b'name = "caf\xe9"\n', "not valid UTF-8 (byte 11"),
+                          (b"# coding: nope\nx = 1\n", "names no encoding Python knows")):
+        latin.write_bytes(body)
+        assert cli_main(["lint", str(latin)]) == 1
+        assert message in capsys.readouterr().out
+
+
+# -- views given audit.json, or another file ---------------------------------------------------------
+def test_a_view_given_audit_json_reads_its_folder(audited, tmp_path, capsys):
+    assert cli_main(["thresholds", str(audited / "audit.json")]) == 0
+    assert (audited / "thresholds.json").exists()
+    capsys.readouterr()
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    for view in ("thresholds", "report"):
+        refused([view, other], capsys, r"is a file; give the audit's folder")
+
+
+# -- a closed pipe -----------------------------------------------------------------------------------
+def test_a_reader_that_closes_the_pipe_is_not_a_user_error(audited):
+    """`creditaudit report AUDIT | head -1`: the shell's convention (141), nothing on stderr."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "creditaudit", "report", str(audited)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()            # the reader is gone before the first line (`head -0`; the whole
+    err = proc.stderr.read().decode()       # report of a tiny audit would fit in the pipe's buffer)
+    assert proc.wait(timeout=120) == 141 and "error" not in err, err
+
+
+def test_penalty_sweep_names_the_methods_that_have_a_penalty(capsys):
+    refused(["penalty-sweep", "--method", "bp", "--lambdas", "0", "0.1"], capsys,
+            r"method 'bp' has no penalty option \(lam\) to sweep; choose one of dfa-penalty")
