@@ -235,3 +235,14 @@ def test_a_reader_that_closes_the_pipe_is_not_a_user_error(audited):
 def test_penalty_sweep_names_the_methods_that_have_a_penalty(capsys):
     refused(["penalty-sweep", "--method", "bp", "--lambdas", "0", "0.1"], capsys,
             r"method 'bp' has no penalty option \(lam\) to sweep; choose one of dfa-penalty")
+
+
+def test_a_user_rule_spec_that_misses_is_named_for_what_misses(tmp_path, capsys, monkeypatch):
+    (tmp_path / "myrules_ok.py").write_text("x = 1\n")
+    (tmp_path / "myrules_syntax.py").write_text("def broken(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec, match in (("myrules_ok:Nope", r"module 'myrules_ok' \(.*myrules_ok.py\) has no 'Nope'"),
+                        ("myrules_syntax:X", r"'myrules_syntax' .* is not valid Python .*myrules_syntax.py:1\); fix"),
+                        (":X", r"method ':X' names no module; give PKG.MODULE:CLASS"),
+                        ("myrules_ok:", r"method 'myrules_ok:' names no class")):
+        refused(["train", *TINY, "--method", spec, "--out", tmp_path / "o"], capsys, match)

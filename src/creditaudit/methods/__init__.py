@@ -67,12 +67,21 @@ def resolve_method_name(name: str) -> str:
 
 def _user_method(spec: str) -> type[Method]:
     module_name, _, class_name = spec.partition(":")
+    if not module_name or not class_name:
+        raise CreditAuditError(f"method {spec!r} names no {'module' if not module_name else 'class'}; give "
+                               "PKG.MODULE:CLASS, e.g. --method myrules.local:MyRule")
     try:
         module = importlib.import_module(module_name)
+    except SyntaxError as err:       # the module is found, but is not valid Python: PYTHONPATH is not it
+        raise CreditAuditError(f"{module_name!r} for method {spec!r} is not valid Python ({err.msg}, "
+                               f"{err.filename}:{err.lineno}); fix the file") from None
     except Exception as err:  # noqa: BLE001 — any import failure of user code is the user's to fix
         raise CreditAuditError(f"cannot import {module_name!r} for method {spec!r} "
                                f"({type(err).__name__}: {err}); put its package on PYTHONPATH") from None
     cls = getattr(module, class_name, None)
+    if cls is None:
+        raise CreditAuditError(f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no {class_name!r} "
+                               f"for method {spec!r}; check the class name after the colon")
     if not (isinstance(cls, type) and issubclass(cls, Method)):
         raise CreditAuditError(f"{spec!r} is not a creditaudit Method subclass; subclass "
                                "creditaudit.methods.Method (docs/ADD_A_METHOD.md)")
