@@ -362,6 +362,7 @@ def test_a_copied_or_stale_diagnosis_is_refused_by_check(runs, tmp_path, capsys)
     run, other = tmp_path / "run", tmp_path / "other"
     shutil.copytree(runs / "run", run)
     shutil.copytree(runs / "other", other)
+    (run / "diagnosis.json").unlink(missing_ok=True)     # one judged against a control would be kept
     assert quiet(["diagnose", run, *base]) == 0
     assert cli(["check", run], capsys)[0] == 3            # its own diagnosis: incomplete (no control)
     shutil.copy(run / "diagnosis.json", other / "diagnosis.json")

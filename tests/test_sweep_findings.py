@@ -135,15 +135,22 @@ def test_a_diagnosis_that_judged_d_is_kept_over_one_without_a_control(audited, t
     assert isinstance(json.loads((run / "diagnosis.json").read_text())["depth"], dict)
 
 
-# -- a value option given twice ---------------------------------------------------------------------
+# -- a list option given twice ----------------------------------------------------------------------
 @pytest.mark.parametrize("argv", [["audit", "--seeds", "42", "--seeds", "43"],
-                                  ["audit", "--dataset", "digits", "--dataset", "mnist1d"],
                                   ["audit", "--methods", "bp", "--methods", "fa"],
-                                  ["train", "--epochs", "2", "--epochs", "3"],
-                                  ["train", "--out", "a", "--out", "b"],
+                                  ["ladder", "--seeds", "1", "--seeds", "2"],
+                                  ["penalty-sweep", "--lambdas", "0.5", "--lambdas", "0.1"],
                                   ["reproduce", "fa", "--seeds", "1", "--seeds", "2"]])
-def test_a_value_option_given_twice_is_refused(capsys, argv):
-    refused(argv, capsys, rf"argument {argv[-2]}: given twice; give it once")
+def test_a_list_option_given_twice_is_refused(capsys, argv):
+    refused(argv, capsys, rf"argument {argv[-2]}: given twice; give it once, with every value "
+                          rf"\(e.g. {argv[-2]} {argv[-3]} {argv[-1]}\)")
+
+
+def test_a_single_value_given_twice_keeps_the_last(tmp_path, capsys):
+    """The command line's convention (an alias's option overridden by a later one)."""
+    out = tmp_path / "r"
+    assert cli_main(["train", *TINY, "--seed", "1", "--seed", "7", "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["seed"] == 7
 
 
 def test_repeatable_options_still_repeat(tmp_path, capsys):

@@ -403,15 +403,18 @@ def build_parser(cat=None) -> argparse.ArgumentParser:
 
 
 class _StoreOnce(argparse._StoreAction):
-    """A value option given twice is refused (argparse keeps the last one silently: `--seeds 42
-    --seeds 43` would audit seed 43 alone). Repeatable options (--option) append, and are not this."""
+    """Records which options were given (`_given_once`, read where an option would be ignored), and
+    refuses a list option given twice: argparse keeps the last list silently, so `--seeds 42 --seeds
+    43` would audit seed 43 alone where the lists look meant to add up. A single value given twice
+    keeps the command line's convention, the last one wins (`alias ca='creditaudit audit --jobs 2'`,
+    then `ca --jobs 1`); repeatable options (--option) append, and are not this."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = namespace.__dict__.setdefault("_given_once", set())
-        if self.dest in given:
-            raise argparse.ArgumentError(self, "given twice; give it once (with every value it takes, "
-                                               "e.g. --seeds 42 123)" if self.nargs == "+" else
-                                         "given twice; give it once")
+        if self.dest in given and self.nargs == "+":
+            raise argparse.ArgumentError(self, "given twice; give it once, with every value (e.g. "
+                                               f"{option_string} {' '.join(map(str, getattr(namespace, self.dest)))} "
+                                               f"{' '.join(map(str, values))})")
         given.add(self.dest)
         super().__call__(parser, namespace, values, option_string)
 

@@ -30,9 +30,7 @@ def _audit_raw(args) -> dict:
     for section, flags in (("model", ("arch", "width", "blocks", "arch_option")), ("training", ("lr",))):
         given = [f for f in flags if getattr(args, f, None) not in (None, [])]
         if given and not isinstance(raw.get(section, {}), dict):    # a flag merges into the table
-            where = args.config or "the audit settings"
-            raise CreditAuditError(f"[{section}] in {where} must be a table, got {raw[section]!r}; write it "
-                                   f"as a [{section}] table (or remove it and give --{given[0].replace('_', '-')})")
+            _not_a_table(section, raw[section], given[0], where=args.config or "the audit settings")
     if getattr(args, "arch", None):
         raw.setdefault("model", {})["arch"] = args.arch
     if args.blocks is not None and args.blocks < 1:
@@ -52,6 +50,11 @@ def _audit_raw(args) -> dict:
     from ..runs import resolve_device
     raw["device"] = str(resolve_device(raw.get("device", "auto")))   # "auto" is decided here, once
     return raw
+
+
+def _not_a_table(section: str, value, flag: str, where: str) -> None:
+    raise CreditAuditError(f"[{section}] in {where} must be a table, got {value!r}; write it as a "
+                           f"[{section}] table (or remove it and give --{flag.replace('_', '-')})")
 
 
 def _what_ran(args, config) -> str:

@@ -132,7 +132,8 @@ def cmd_diagnose(args) -> int:
     else:
         report = _diagnosis(args)
     print(report.to_json(indent=2) if args.json else report)
-    if args.run_dir and _keeps_judged_depth(Path(args.run_dir), report):
+    if args.run_dir and not args.model and not is_user_loop_run(args.run_dir) \
+            and _keeps_judged_depth(Path(args.run_dir), report):
         print(f"creditaudit: note: kept {Path(args.run_dir) / 'diagnosis.json'}, which judged (d) against "
               "the run's frozen control; this diagnosis had no control — give --frozen-control CONTROL "
               "to replace it", file=sys.stderr)
