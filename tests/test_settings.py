@@ -117,6 +117,8 @@ def _audit_rows(entry: str, methods: bool = True) -> dict[str, Row]:
         "--width": Row(["--width", "8"], lambda c: {x.width for x in cfgs(c)}, {8}),
         "--blocks": Row(["--blocks", "2"], lambda c: {x.blocks for x in cfgs(c) if x.control != "shallow"}, {2}),
         "--lr": Row(["--lr", "0.5"], lambda c: {x.lr for x in cfgs(c)}, {0.5}),
+        "--arch-option": Row(["--arch", "mlp", "--arch-option", "loss=bce"],
+                             lambda c: {x.arch_options.get("loss") for x in cfgs(c)}, {"bce"}),
     }
     if methods:
         rows["--option"] = Row(["--option", "beta=0.5"],
