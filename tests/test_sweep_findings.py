@@ -13,19 +13,10 @@ from pathlib import Path
 import pytest
 
 from creditaudit.cli import main as cli_main
+from test_bad_inputs import refused      # exit 2, one line "creditaudit: error: …" matching
 
 TINY = ["--dataset", "digits", "--width", "16", "--blocks", "1", "--quiet", "--epochs", "1"]
 AUDIT = [*TINY, "--methods", "bp", "--seeds", "42", "--jobs", "1"]
-
-
-def refused(argv, capsys, match: str) -> str:
-    import re
-    code = cli_main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("creditaudit: error:"), (code, err)
-    assert re.search(match, lines[0]), lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
