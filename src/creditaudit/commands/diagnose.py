@@ -19,7 +19,7 @@ def _load_for_diagnosis(args):
     if not args.run_dir:
         raise CreditAuditError(f"give a run folder: creditaudit {args.command} RUN_DIR (a folder "
                                "written by `creditaudit train`)")
-    _refuse_model_only(args, f"a run folder holds its own weights, data and settings")
+    _refuse_model_only(args, "a run folder holds its own weights, data and settings")
     run = load_run(args.run_dir, resolve_device(args.device))
     if run.config.blocks == 0:
         raise CreditAuditError(f"{args.run_dir} is a shallow control ({run.config.label}: no blocks), so it has "
