@@ -398,19 +398,19 @@ def build_parser(cat=None) -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         s.set_defaults(func=func)
         options(s, cat)
-        _once_only(s)
+        _record_given(s)
     return p
 
 
-class _StoreOnce(argparse._StoreAction):
-    """Records which options were given (`_given_once`, read where an option would be ignored), and
+class _StoreRecorded(argparse._StoreAction):
+    """Records which options were given (`_given_options`, read where an option would be ignored), and
     refuses a list option given twice: argparse keeps the last list silently, so `--seeds 42 --seeds
     43` would audit seed 43 alone where the lists look meant to add up. A single value given twice
     keeps the command line's convention, the last one wins (`alias ca='creditaudit audit --jobs 2'`,
     then `ca --jobs 1`); repeatable options (--option) append, and are not this."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        given = namespace.__dict__.setdefault("_given_once", set())
+        given = namespace.__dict__.setdefault("_given_options", set())
         if self.dest in given and self.nargs == "+":
             raise argparse.ArgumentError(self, "given twice; give it once, with every value (e.g. "
                                                f"{option_string} {' '.join(map(str, getattr(namespace, self.dest)))} "
@@ -419,10 +419,10 @@ class _StoreOnce(argparse._StoreAction):
         super().__call__(parser, namespace, values, option_string)
 
 
-def _once_only(parser: argparse.ArgumentParser) -> None:
+def _record_given(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if type(action) is argparse._StoreAction and action.option_strings:
-            action.__class__ = _StoreOnce
+            action.__class__ = _StoreRecorded
 
 
 class _Parser(argparse.ArgumentParser):

@@ -49,7 +49,7 @@ _MODEL_ONLY = ("weights", "init_weights", "yardstick", "dataset")
 def _refuse_model_only(args, why: str, also: tuple[str, ...] = ()) -> None:
     """Options that only --model reads are refused where they would be ignored (a run folder, a
     diagnosed folder): a --weights or --dataset that silently changes nothing misleads."""
-    given = getattr(args, "_given_once", set())
+    given = getattr(args, "_given_options", set())
     named = [name for name in (*_MODEL_ONLY, *also) if name in given]
     if named:
         flag = "--" + named[0].replace("_", "-")
