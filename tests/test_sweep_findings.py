@@ -244,3 +244,51 @@ def test_a_user_rule_spec_that_misses_is_named_for_what_misses(tmp_path, capsys,
                         (":X", r"method ':X' names no module; give PKG.MODULE:CLASS"),
                         ("myrules_ok:", r"method 'myrules_ok:' names no class")):
         refused(["train", *TINY, "--method", spec, "--out", tmp_path / "o"], capsys, match)
+
+
+# -- a model setting the architecture does not read ------------------------------------------------
+@pytest.mark.parametrize("arch, flag, value, dataset", [("mlp", "--w2-std", "0.1", "digits"),
+                                                         ("resnet-small", "--activation", "tanh", "digits")])
+def test_a_model_setting_the_architecture_does_not_read_is_refused(tmp_path, capsys, arch, flag, value, dataset):
+    """Kept, it changed the run key (a retrain) and the record while the network stayed the same."""
+    refused(["train", "--method", "bp", "--dataset", dataset, "--arch", arch, "--width", "8", "--blocks", "1",
+             "--epochs", "1", "--quiet", flag, value, "--out", tmp_path / "r"], capsys,
+            rf"{arch} does not read {flag[2:].replace('-', '_')} .*remove {flag}")
+    assert not (tmp_path / "r").exists()
+    toml = tmp_path / "c.toml"
+    toml.write_text(f'dataset = "digits"\nmethods = ["bp"]\nseeds = [42]\nepochs = 1\n'
+                    f'[model]\narch = "{arch}"\nwidth = 8\nblocks = 1\n{flag[2:].replace("-", "_")} = '
+                    f'{value if flag == "--w2-std" else repr(value)}\n')
+    refused(["audit", "--config", toml, "--out", tmp_path / "a"], capsys, rf"{arch} does not read")
+    from creditaudit.config import RunConfig
+    RunConfig(method="bp", arch=arch, w2_std=0.01, activation="gelu")   # the defaults pass
+
+
+def test_a_train_diverged_in_the_terminal_reads_as_a_fired_a(tmp_path, capsys):
+    """The verdict reads a diverged run as (a) EXPLODED; the terminal said "(a) never"."""
+    assert cli_main(["train", *TINY, "--lr", "1e9", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "diverged after 0/1 epochs" in out and "(a) epoch 1 (diverged)" in out, out
+
+
+# -- the data folder ---------------------------------------------------------------------------------
+def test_a_folder_where_an_idx_file_belongs_is_named_not_downloaded(tmp_path, capsys, monkeypatch):
+    from creditaudit.data import idx
+    root = tmp_path / "data"
+    (root / "mnist" / "train-images-idx3-ubyte.gz").mkdir(parents=True)
+    monkeypatch.setattr(idx, "fetch", lambda *a: pytest.fail("no download is tried"))
+    refused(["train", *TINY[2:], "--dataset", "mnist", "--data-dir", root, "--out", tmp_path / "r"], capsys,
+            r"train-images-idx3-ubyte.gz is a folder, not MNIST's IDX file; move it away")
+
+
+def test_an_unwritable_data_folder_is_named_not_its_temporary_file(tmp_path, capsys, monkeypatch):
+    import tempfile
+    from creditaudit.data import idx
+
+    def no_write(*a, **k):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "data/mnist/.train-images.xyz.download"))
+    monkeypatch.setattr(tempfile, "mkstemp", no_write)
+    (tmp_path / "data" / "mnist").mkdir(parents=True)
+    line = refused(["train", *TINY[2:], "--dataset", "mnist", "--data-dir", tmp_path / "data",
+                    "--out", tmp_path / "r"], capsys, r"mnist cannot be written \(Permission denied\); point --data-dir")
+    assert ".download" not in line

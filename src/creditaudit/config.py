@@ -145,6 +145,7 @@ class RunConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
                 raise CreditAuditError(f"{name} must be a finite number ≥ 0, got {value!r}")
+        self._refuse_unread_model_settings()
         if isinstance(self.clip, bool) or not isinstance(self.clip, (int, float)) \
                 or not math.isfinite(self.clip) or self.clip <= 0:
             raise CreditAuditError(f"clip must be a finite number > 0, got {self.clip!r}")
@@ -175,6 +176,19 @@ class RunConfig:
             raise CreditAuditError(f"data_digest must be a sha256 hex digest, got {self.data_digest!r}")
         if not isinstance(self.code_version, str):
             raise CreditAuditError(f"code_version must be a string, got {self.code_version!r}")
+
+    def _refuse_unread_model_settings(self) -> None:
+        """A model setting the architecture does not read is refused: kept, it would change the run
+        key (a retrain) and the record while the network stays the same one."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        unread = {"resnet-small": ("activation", "its blocks are ReLU BasicBlocks"),
+                  "mlp": ("w2_std", "the plain MLP has no residual branch to start near identity")}
+        if self.arch in unread:
+            name, why = unread[self.arch]
+            if getattr(self, name) != defaults[name]:
+                raise CreditAuditError(
+                    f"{self.arch} does not read {name} ({why}), got {name} = {getattr(self, name)!r}; "
+                    f"remove --{name.replace('_', '-')} (or {name} in [model])")
 
     def _resolve_recipe(self, method_cls) -> None:
         """`recipe` "published" / "shared" → the resolved recipe's settings (a dict; the run key

@@ -72,8 +72,12 @@ def cmd_train(args) -> int:
     print(f"  test acc {num(last['test_acc'], '.4f')} | median ‖h_L‖ {num(last['h_norms'][-1], '.3g')} | "
           f"‖g_L‖ {num(last['g_norms'][-1], '.3g')} | readout gain {num(last['gain'], '.3g')} | "
           f"max block growth {num(last['max_growth'], '.3g')} | {run.status['wall_time']:.1f} s")
+    if run.status["status"] == "diverged" and fired.get("a") is None:
+        # the verdict reads a diverged run as (a) EXPLODED (verdict.py): the terminal says the same
+        fired["a"] = f"epoch {run.epochs_completed + 1} (diverged)"
     print("  monitor first fired: " + ", ".join(
-        f"({k.replace('_prime', '′')}) {'never' if v is None else f'epoch {v}'}" for k, v in fired.items()))
+        f"({k.replace('_prime', '′')}) {'never' if v is None else v if isinstance(v, str) else f'epoch {v}'}"
+        for k, v in fired.items()))
     print(f"  data: {data.describe()}")
     print(f"  run folder: {out}")
     return 0

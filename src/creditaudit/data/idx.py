@@ -132,6 +132,11 @@ UNIT_SUFFIX = "-01"
 def _load_idx_dataset(src: IdxSource, data_dir: Path, download: bool, standardise: bool = True) -> ArrayDataset:
     candidates = [data_dir / f for f in src.folders]
     folder = next((d for d in candidates if any(_locate(d, f) for f in IDX_FILES)), candidates[0])
+    for stem in IDX_FILES:       # a folder where a file belongs is the user's to move, not a download
+        blocked = [p for p in (folder / stem, folder / f"{stem}.gz") if p.exists() and not p.is_file()]
+        if blocked and _locate(folder, stem) is None:
+            raise CreditAuditError(f"{blocked[0]} is a folder, not {src.title}'s IDX file; move it "
+                                   f"away and put the file {stem}[.gz] there, or point --data-dir elsewhere")
     missing = [stem for stem in IDX_FILES if _locate(folder, stem) is None]
     if missing and not download:
         raise CreditAuditError(_missing_message(src, folder, missing, candidates))
@@ -173,9 +178,14 @@ def download_idx_file(src: IdxSource, folder: Path, stem: str) -> Path:
     dest, expected, failures = folder / f"{stem}.gz", src.gz_md5[stem], []
     for base in src.mirrors:
         url = f"{base}{stem}.gz"
-        print(f"downloading {url} to {folder} ...", file=sys.stderr)
-        fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{stem}.", suffix=".download")
+        try:
+            fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{stem}.", suffix=".download")
+        except OSError as exc:
+            raise CreditAuditError(f"{src.title}'s {stem} is missing and {folder} cannot be written "
+                                   f"({exc.strerror or exc}); point --data-dir at a folder you can "
+                                   f"write, or put the files there (see docs/USAGE.md, Datasets)") from exc
         os.close(fd)
+        print(f"downloading {url} to {folder} ...", file=sys.stderr)
         tmp = Path(tmp_name)
         try:
             digest = fetch(url, tmp)
