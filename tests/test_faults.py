@@ -275,12 +275,11 @@ def test_out_path_blocked_by_a_file(where, capsys, tmp_path):
     blocker = tmp_path / "blocker"
     blocker.write_text("not a folder\n")
     run_out = blocker / "run" if where == "parent" else blocker
-    line = one_error_line(*cli(["train", *TINY, "--epochs", 2, "--out", run_out], capsys)[::2],
-                          "cannot write")
+    says = "cannot write" if where == "parent" else "is a file, not a folder"
+    line = one_error_line(*cli(["train", *TINY, "--epochs", 2, "--out", run_out], capsys)[::2], says)
     assert str(run_out) in line
     aud_out = blocker / "aud" if where == "parent" else blocker
-    line = one_error_line(*cli(audit_args(audit_toml(tmp_path / "a.toml"), aud_out), capsys)[::2],
-                          "cannot write")
+    line = one_error_line(*cli(audit_args(audit_toml(tmp_path / "a.toml"), aud_out), capsys)[::2], says)
     assert str(aud_out) in line
     assert blocker.read_text() == "not a folder\n"
 

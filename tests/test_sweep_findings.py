@@ -292,3 +292,71 @@ def test_an_unwritable_data_folder_is_named_not_its_temporary_file(tmp_path, cap
     line = refused(["train", *TINY[2:], "--dataset", "mnist", "--data-dir", tmp_path / "data",
                     "--out", tmp_path / "r"], capsys, r"mnist cannot be written \(Permission denied\); point --data-dir")
     assert ".download" not in line
+
+
+# -- a device that names an index the machine does not have ------------------------------------------
+def test_a_device_index_the_machine_lacks_is_refused(tmp_path, capsys, monkeypatch):
+    refused(["train", *TINY, "--device", "cpu:1", "--out", tmp_path / "r"], capsys,
+            r"device 'cpu:1': the CPU has no index; use cpu")
+    assert not (tmp_path / "r").exists()
+    import torch
+    from creditaudit.errors import CreditAuditError
+    from creditaudit.runs import as_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(CreditAuditError, match=r"'cuda:3' asked for, but this machine has 1 CUDA GPU\(s\): cuda:0 … cuda:0"):
+        as_device("cuda:3")
+    assert as_device("cuda:0") == torch.device("cuda:0") and as_device("cpu") == torch.device("cpu")
+
+
+# -- --out naming a file ------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", [["train", *TINY], ["audit", *AUDIT], ["identity-check", "--dataset", "digits", "--width", "16", "--blocks", "1", "--seeds", "42"]])
+def test_out_naming_a_file_is_refused_and_the_file_is_kept(tmp_path, capsys, command):
+    out = tmp_path / "notes.txt"
+    out.write_text("mine")
+    refused([*command, "--out", out], capsys, r"notes.txt is a file, not a folder; give --out a new folder")
+    assert out.read_text() == "mine"
+
+
+# -- --clip given to a rule that clips nothing -----------------------------------------------------------
+def _stepped(name: str, clip: float, options: dict):
+    import torch
+    from creditaudit.methods import MethodSettings, method_class
+    from creditaudit.model import ResidualMLP
+    torch.manual_seed(0)
+    model = ResidualMLP(16, d=16, n_blocks=2, n_classes=10)
+    method = method_class(name)(model, MethodSettings(epochs=1, seed=5, batch_size=32, clip=clip,
+                                                      trainable_blocks=(0, 1), options=options))
+    g = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        method.train_step(4 * torch.randn(32, 16, generator=g), torch.randint(0, 10, (32,), generator=g))
+    return [p.detach().clone() for p in model.blocks.parameters()]
+
+
+def _built_in():
+    from creditaudit.methods import METHODS
+    return [(name, {}) for name in sorted(METHODS)] + [("pepita", {"rule": "backprop"})]
+
+
+@pytest.mark.parametrize("name, options", _built_in())
+def test_what_a_rule_declares_of_the_clip_is_what_its_step_does(name, options):
+    """The declaration the run key and `train --clip` rely on (`Method.clips`), checked on each
+    built-in rule's step: a rule that declares it clips nothing trains bit-identical blocks under a
+    clip of 1e-8 and 1e8; one that clips trains other blocks."""
+    import torch
+    from creditaudit.methods import method_class
+    tight, loose = _stepped(name, 1e-8, options), _stepped(name, 1e8, options)
+    same = all(torch.equal(a, b) for a, b in zip(tight, loose))
+    cls = method_class(name)
+    assert same == (not cls.clips(cls.resolve_options(options))), (name, options)
+
+
+def test_clip_on_a_rule_that_clips_nothing_is_refused_and_leaves_its_key(tmp_path, capsys):
+    from creditaudit.config import RunConfig
+    refused(["train", *TINY, "--method", "bp", "--clip", "0.5", "--out", tmp_path / "r"], capsys,
+            r"bp clips nothing, so --clip would change nothing; drop it \(the rules that clip per block: .*dfa")
+    assert not (tmp_path / "r").exists()
+    assert RunConfig(method="bp", clip=0.5).run_key == RunConfig(method="bp").run_key   # an audit's shared clip
+    assert RunConfig(method="dfa", clip=0.5).run_key != RunConfig(method="dfa").run_key
+    assert RunConfig(method="pepita", clip=0.5).run_key == RunConfig(method="pepita").run_key
+    assert RunConfig(method="pepita", clip=0.5, options={"rule": "backprop"}).clip == 0.5

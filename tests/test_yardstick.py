@@ -334,6 +334,9 @@ def test_one_seed_with_nothing_to_pool_is_incomplete_and_the_terminal_says_why(t
     row = read_audit(tmp_path / "a")["methods"][0]
     assert row["depth"]["outcome"] == "undetermined" and row["verdicts"]["project"]["outcome"] == "incomplete"
     assert code == 3 and "no seed spread" in out and "add a seed" in out
+    # the reason is printed once: no note beside the 'missing' line saying it again
+    reasons = out.split("\nbp: ")[1].split("\n\n")[0]
+    assert reasons.count("add a seed") == 1 and "rests on one seed" not in reasons, reasons
 
 
 def test_audit_own_runs_checks_controls_against_a_yardstick_the_user_gives(tmp_path, digits):

@@ -93,7 +93,8 @@ class RunConfig:
     activation: str = field(default="gelu", metadata=_help("block activation (resmlp)"))
     w2_std: float = field(default=0.01, metadata=_help("init std of each block's last layer"))
     clip: float = field(default=1.0, metadata=_help(
-        "gradient-norm clip per block for the methods that clip (the local-credit methods)"))
+        "gradient-norm clip per block for the rules that clip (the local-credit ones); a rule that "
+        "clips nothing ignores it (train refuses it there)"))
     trainable_blocks: int | None = None
     stop_when_flagged: int | None = None
     stop_thresholds: dict[str, float] = field(default_factory=dict)
@@ -157,6 +158,9 @@ class RunConfig:
         object.__setattr__(self, "options", {
             k: float(v) if isinstance(cls.option_defaults[k], float) else v
             for k, v in sorted(cls.resolve_options(self.options).items())})
+        if not cls.clips(self.options):     # a rule that clips nothing is one run whatever the clip
+            object.__setattr__(self, "clip", float(next(f.default for f in dataclasses.fields(self)
+                                                        if f.name == "clip")))
         unknown = sorted(set(self.arch_options) - set(ARCH_OPTIONS[self.arch]))
         if unknown:
             raise CreditAuditError(f"architecture {self.arch!r} has no option(s) {', '.join(unknown)}; "

@@ -530,13 +530,12 @@ class DepthDecision:
                 f"around the +{100 * self.margin:g}-point margin")
 
     def caveat(self) -> str | None:
-        """What one seed can and cannot say (None with two seeds or more)."""
-        if self.n != 1 or self.control is None:
+        """What one seed can and cannot say (None with two seeds or more, and with one seed whose
+        spread is unmeasured: that (d) is then undetermined, and `explain`/`short` already say why
+        and to add a seed, so the reason is printed once)."""
+        if self.n != 1 or self.control is None or self.unpooled:
             return None
         g = self.gaps[0]
-        if self.unpooled:
-            return (f"(d) rests on one seed ({g.label}) and no method sharing its recipe has two, "
-                    "so the seed-to-seed spread is unmeasured and (d) is not decided; add a seed")
         return (f"(d) rests on one seed ({g.label}); its seed-to-seed spread is borrowed from the "
                 f"audit's other methods under the same recipe ({self.control.noise.df} df), which "
                 "assumes this method varies across seeds as much as they do")

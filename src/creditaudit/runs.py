@@ -63,9 +63,15 @@ def as_device(device: str | torch.device | None, default: torch.device | None = 
         raise CreditAuditError(f"unknown device {device!r}; use cpu, cuda, cuda:N or auto") from None
     if dev.type not in ("cpu", "cuda"):   # meta, xla, …: no tensor there can be read back or trained
         raise CreditAuditError(f"device {device!r} cannot train or measure; use cpu, cuda, cuda:N or auto")
+    if dev.type == "cpu" and dev.index is not None:     # torch takes cpu:1, then mixes it with cpu
+        raise CreditAuditError(f"device {device!r}: the CPU has no index; use cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise CreditAuditError(f"device {device!r} asked for, but this machine has no CUDA GPU; "
                                "use --device cpu (or auto)")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise CreditAuditError(f"device {device!r} asked for, but this machine has "
+                               f"{torch.cuda.device_count()} CUDA GPU(s): cuda:0 … "
+                               f"cuda:{torch.cuda.device_count() - 1}")
     return dev
 
 
@@ -448,12 +454,20 @@ EXPERIMENT_RECORDS = {"audit.json": "an audit", "ladder.json": "a ladder", "pena
                       "identity_check.json": "an identity check"}
 
 
+def refuse_a_file_as_folder(out: Path) -> None:
+    """--out names the folder a command writes: an existing file there is refused in one line (the
+    operating system's own message was "File exists")."""
+    if out.exists() and not out.is_dir():
+        raise CreditAuditError(f"{out} is a file, not a folder; give --out a new folder (or an existing one)")
+
+
 def refuse_run_folder(out: Path, what: str = "the audit", own: str = "audit.json") -> None:
     """Folders mean one thing: an experiment never writes into a run folder (a Monitor's or the
     trainer's), or `check RUN` would answer with the experiment instead of the run; nor into the
     folder of another kind of experiment (its record `own` names its own kind), whose runs it would
     re-diagnose under its own settings, replacing what that experiment computed. One line."""
     out = Path(out)
+    refuse_a_file_as_folder(out)
     found = next((name for name in RUN_FOLDER_FILES if (out / name).exists()), None)
     if found is not None:
         raise CreditAuditError(f"{out} is a run folder (it holds {found}); {what} writes a folder of its "
@@ -469,6 +483,7 @@ def refuse_foreign_folder_for_run(out: Path) -> None:
     judge the stray run instead of the sealed experiment), nor among a folder's other files. Empty,
     new, or a run's own folder (resumed) pass. One line."""
     out = Path(out)
+    refuse_a_file_as_folder(out)
     if not out.is_dir() or any((out / name).exists() for name in RUN_FOLDER_FILES):
         return
     record = next((name for name in EXPERIMENT_RECORDS if (out / name).exists()), None)

@@ -30,12 +30,23 @@ def _run_config(args):
                      arch_options=given_once(args.arch_option, "--arch-option"), precision=args.precision)
 
 
+def _refuse_unread_clip(args, config) -> None:
+    """`--clip` given to a rule whose step clips nothing would change nothing: refused in one line."""
+    from ..methods import METHODS, method_class
+    cls = method_class(config.method)
+    if "clip" in getattr(args, "_given_options", set()) and not cls.clips(config.options):
+        clipping = ", ".join(n for n, c in METHODS.items() if method_class(n).reads_clip)
+        raise CreditAuditError(f"{config.method} clips nothing, so --clip would change nothing; drop it "
+                               f"(the rules that clip per block: {clipping}; pepita under its rule=backprop)")
+
+
 def cmd_train(args) -> int:
     from ..data import load_dataset
     from ..runs import refuse_foreign_folder_for_run, resolve_device
     from ..train import train_run
     from ..verdict import Thresholds, first_fire_epochs, stop_rule
     config = _run_config(args)
+    _refuse_unread_clip(args, config)
     if args.tensorboard is not None:          # refused now, not after the training it would log
         from ..trackers import check_log_dir
         check_log_dir(args.tensorboard)

@@ -107,6 +107,16 @@ class Method(ABC):
     # declared. A subclass does not inherit it (the registry, creditaudit.papers, reads the class's
     # own). `creditaudit reproduce RULE` trains it
     paper_setting: ClassVar["PaperSetting | None"] = None
+    # whether the rule's step reads settings.clip. A rule that does not (bp, fa, ep, pc, …) runs the
+    # same whatever the clip: its run key ignores it (RunConfig) and `train --clip` is refused. A
+    # user's rule may read it, so the default is True
+    reads_clip: ClassVar[bool] = True
+
+    @classmethod
+    def clips(cls, options: dict[str, Any]) -> bool:
+        """Whether the step reads settings.clip under these resolved options (`reads_clip`, unless
+        the rule says per option: PEPITA clips under its "backprop" rule only)."""
+        return cls.reads_clip
 
     @classmethod
     def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:

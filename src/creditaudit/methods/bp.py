@@ -22,6 +22,7 @@ from .base import Method
 
 
 class BP(Method):
+    reads_clip = False                  # its step clips nothing (settings.clip)
     name = "bp"
     paper = True
     member_archs = (ResidualMLP, ViTMini, SmallResNet)

@@ -303,6 +303,7 @@ class Relaxed:
 
 
 class EP(Method):
+    reads_clip = False                  # its step clips nothing (settings.clip)
     name = "ep"
     paper = True
     member_archs = (ResidualMLP, ViTMini, SmallResNet)

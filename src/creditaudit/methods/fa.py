@@ -265,6 +265,7 @@ def draw_feedback(model, gen: torch.Generator) -> list[dict[str, torch.Tensor]]:
 
 
 class FA(Method):
+    reads_clip = False                  # its step clips nothing (settings.clip)
     name = "fa"
     paper = True
     random_feedback = True

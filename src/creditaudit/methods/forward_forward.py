@@ -229,6 +229,7 @@ def label_code(n_classes: int, width: int) -> torch.Tensor:
 
 
 class ForwardForward(LocalMethod):
+    reads_clip = False                  # its step clips nothing (settings.clip)
     name = "forward-forward"
     summary = ("Forward-Forward (Hinton 2022): each layer separates positive (true label in the input) "
                "from negative (a wrong label) data by its goodness Σh² − D; a softmax readout predicts")

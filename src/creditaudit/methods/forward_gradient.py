@@ -334,6 +334,7 @@ class LocalGreedyForwardGradientA(_ActivityTangents, LocalLosses):
 
 class ForwardGradientW(LocalMethod):
     """fg-w: g_θ = (∂J/∂θ·v)·v, one jvp of the loss with a tangent v over the trainable weights."""
+    reads_clip = False                  # its step clips nothing (settings.clip)
 
     name = "fg-w"
     summary = ("forward gradient, weight perturbation (Baydin et al. 2022): g_θ = (∇J·v) v from one jvp "

@@ -124,6 +124,10 @@ class PEPITA(LocalMethod):
                            "backprop: a ResMLP block's W1 by backprop through W2 inside the block (not PEPITA)"}
     trainable_only_options = {"rule": "pepita"}     # the rule acts only on trainable blocks
 
+    @classmethod
+    def clips(cls, options):
+        return options.get("rule", cls.option_defaults["rule"]) == "backprop"   # "pepita": no clip
+
     # the paper's own setting, for `creditaudit reproduce` (methods/setting.py)
     paper_setting = PaperSetting(
         citation="Dellaferrera & Kreiman 2022 (ICML)",

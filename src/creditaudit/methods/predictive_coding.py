@@ -113,6 +113,7 @@ from .setting import PaperSetting, Reported
 
 
 class PredictiveCoding(Method):
+    reads_clip = False                  # its step clips nothing (settings.clip)
     name = "pc"
     summary = "predictive coding (Whittington & Bogacz 2017): inference relaxes the states, then the weights step at them (the default); option incremental = 1 gives iPC"
     recipe = no_published_recipe(

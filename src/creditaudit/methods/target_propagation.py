@@ -264,6 +264,7 @@ def draw_direct_feedback(model, gen: torch.Generator) -> nn.ParameterDict:
 
 class _TargetPropagation(LocalMethod):
     """What dtp and ddtp-linear share: output target, local losses, feedback training, credit."""
+    reads_clip = False                  # its step clips nothing (settings.clip)
 
     random_feedback = True
     option_ranges = {"target_step": (1e-6, 1e3), "sigma": (1e-4, 10.0), "lr_fb": (0.0, 1.0),
