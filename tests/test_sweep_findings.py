@@ -360,3 +360,17 @@ def test_clip_on_a_rule_that_clips_nothing_is_refused_and_leaves_its_key(tmp_pat
     assert RunConfig(method="dfa", clip=0.5).run_key != RunConfig(method="dfa").run_key
     assert RunConfig(method="pepita", clip=0.5).run_key == RunConfig(method="pepita").run_key
     assert RunConfig(method="pepita", clip=0.5, options={"rule": "backprop"}).clip == 0.5
+
+
+# -- a network that does not fit in memory ------------------------------------------------------------
+def test_a_run_that_cannot_allocate_says_to_make_it_smaller(tmp_path, capsys, monkeypatch):
+    """`--width 100000` asks 40 GB for one block: the advice is the size, not "fix the method"."""
+    from creditaudit import train as trainer
+
+    def too_big(*a, **k):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 40000000000 bytes")
+    monkeypatch.setattr(trainer, "train_run", too_big)
+    assert cli_main(["train", *TINY, "--out", str(tmp_path / "r")]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not fit in memory at these settings: lower --width, --blocks or --batch-size" in err[0]
+    assert "fix the method" not in err[0] and (tmp_path / "r" / "error.txt").exists()

@@ -65,9 +65,13 @@ def train_or_record(train_run, config, out: Path, **train_kwargs):
         raise
     except Exception as err:  # noqa: BLE001 — the run failed; its traceback goes to error.txt
         record = failure_record(out, err, time.perf_counter() - t0)
-        print(f"creditaudit: the run {config.label} failed: {record['message']}; fix the method or "
-              "settings it names, then run the same command again (finished epochs are kept)",
-              file=sys.stderr)
+        memory = isinstance(err, MemoryError) or any(
+            s in str(err).lower() for s in ("can't allocate memory", "out of memory"))
+        fix = ("the network or a batch does not fit in memory at these settings: lower --width, "
+               "--blocks or --batch-size" if memory else
+               "fix the method or settings it names, then run the same command again")
+        print(f"creditaudit: the run {config.label} failed: {record['message']}; {fix} "
+              "(finished epochs are kept)", file=sys.stderr)
         return None
 
 
