@@ -165,7 +165,8 @@ ROWS.update({("train", k): v for k, v in {
     "--blocks": Row(["--blocks", "2"], lambda c: train_config(c).blocks, 2),
     "--activation": Row(["--activation", "relu"], lambda c: train_config(c).activation, "relu"),
     "--w2-std": Row(["--w2-std", "0.5"], lambda c: train_config(c).w2_std, 0.5),
-    "--clip": Row(["--clip", "0.25"], lambda c: train_config(c).clip, 0.25),
+    "--clip": Row(["--clip", "0.25"], lambda c: train_config(c).clip, 0.25,
+                  base=["--quiet", "--method", "dfa"]),        # bp clips nothing: refused there
     "--lam": Row(["--lam", "0.5"], lambda c: train_config(c).options["lam"], 0.5,
                  base=["--quiet", "--method", "dfa-penalty"]),
     "--frozen": Row(["--frozen"], lambda c: train_config(c).control, "frozen"),
@@ -484,9 +485,12 @@ def test_clip_travels_from_toml_to_the_step_and_back_from_the_run_folder(tmp_pat
     audit = audit_config_from_dict({"dataset": "digits", "methods": ["dfa"], "seeds": [1],
                                     "training": {"clip": 1e-3}, "model": {"width": 16, "blocks": 2}})
     configs = audit.run_configs()
-    assert {c.clip for c in configs} == {1e-3}
+    # dfa's runs clip; the yardstick's (bp's frozen control) clips nothing and keeps the default,
+    # so its key is the one of any audit's yardstick
+    assert {c.clip for c in configs if c.method == "dfa"} == {1e-3}
+    assert {c.clip for c in configs if c.method == "bp"} == {1.0}
     data = load_dataset("digits")
-    config = configs[0]
+    config = next(c for c in configs if c.method == "dfa")
     model = build_model(config, data.input_shape, data.n_classes)
     method = build_method(config, model)
     assert method.settings.clip == 1e-3
