@@ -134,6 +134,14 @@ def test_list_names_every_paper_setting_with_its_number(capsys):
             assert f"{p.reported.error:.2f} %" in printed
 
 
+def test_list_with_a_rule_shows_that_rule_s_setting_alone(capsys):
+    """`reproduce dfa --list` listed every setting, the rule given silently ignored."""
+    assert main(["reproduce", "dfa", "--list"]) == 0
+    entries = [l for l in capsys.readouterr().out.splitlines()[1:] if l and not l.startswith(" ")]
+    assert len(entries) == 1 and entries[0].startswith("dfa ") and "Nøkland" in entries[0]
+    assert main(["reproduce", "nope", "--list"]) == 2
+
+
 def test_reproduce_without_a_rule_or_with_a_bad_one_says_so_in_one_line(capsys):
     assert main(["reproduce"]) == 2
     assert "name a rule to reproduce" in capsys.readouterr().err

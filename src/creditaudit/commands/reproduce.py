@@ -8,11 +8,14 @@ import textwrap
 from ..errors import CreditAuditError
 
 
-def _listing(width: int) -> str:
+def _listing(width: int, only: str | None = None) -> str:
+    """Every paper setting, one entry each (`only`: that rule's alone)."""
     from ..papers import PAPERS
     lines = ["paper settings (creditaudit reproduce RULE):"]
     name = max(map(len, PAPERS)) + 1            # the rules' column
     for rule, p in PAPERS.items():
+        if only is not None and rule != only:
+            continue
         unverified = lambda r: "" if r.verified else " (unverified)"
         bp = f", bp {p.bp.error:.2f} %{unverified(p.bp)}" if p.bp is not None else ""
         number = ("no paper number" if p.reported is None else
@@ -68,8 +71,8 @@ def cmd_reproduce(args) -> int:
     from ..report.reproduction import reproduction_terminal
     from .audit import run_audit
     width = max(60, shutil.get_terminal_size((120, 24)).columns)
-    if args.list:
-        print(_listing(width))
+    if args.list:     # with a rule: that rule's setting alone (an unknown one is refused as below)
+        print(_listing(width, paper_of(resolve_method_name(args.rule)).rule if args.rule else None))
         return 0
     if not args.rule:
         from ..papers import PAPERS
