@@ -159,8 +159,7 @@ class RunConfig:
             k: float(v) if isinstance(cls.option_defaults[k], float) else v
             for k, v in sorted(cls.resolve_options(self.options).items())})
         if not cls.clips(self.options):     # a rule that clips nothing is one run whatever the clip
-            object.__setattr__(self, "clip", float(next(f.default for f in dataclasses.fields(self)
-                                                        if f.name == "clip")))
+            object.__setattr__(self, "clip", float(default(RunConfig, "clip")))
         unknown = sorted(set(self.arch_options) - set(ARCH_OPTIONS[self.arch]))
         if unknown:
             raise CreditAuditError(f"architecture {self.arch!r} has no option(s) {', '.join(unknown)}; "
@@ -184,12 +183,11 @@ class RunConfig:
     def _refuse_unread_model_settings(self) -> None:
         """A model setting the architecture does not read is refused: kept, it would change the run
         key (a retrain) and the record while the network stays the same one."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
         unread = {"resnet-small": ("activation", "its blocks are ReLU BasicBlocks"),
                   "mlp": ("w2_std", "the plain MLP has no residual branch to start near identity")}
         if self.arch in unread:
             name, why = unread[self.arch]
-            if getattr(self, name) != defaults[name]:
+            if getattr(self, name) != default(RunConfig, name):
                 raise CreditAuditError(
                     f"{self.arch} does not read {name} ({why}), got {name} = {getattr(self, name)!r}; "
                     f"remove --{name.replace('_', '-')} (or {name} in [model])")

@@ -35,7 +35,7 @@ def _refuse_unread_clip(args, config) -> None:
     from ..methods import METHODS, method_class
     cls = method_class(config.method)
     if "clip" in getattr(args, "_given_options", set()) and not cls.clips(config.options):
-        clipping = ", ".join(n for n, c in METHODS.items() if method_class(n).reads_clip)
+        clipping = ", ".join(n for n, c in METHODS.items() if c.reads_clip)
         raise CreditAuditError(f"{config.method} clips nothing, so --clip would change nothing; drop it "
                                f"(the rules that clip per block, under some option at least: {clipping})")
 

@@ -32,9 +32,8 @@ def _open_lock(out: Path) -> int:
         except FileNotFoundError:
             continue
         except OSError as err:
-            if out.exists() and not out.is_dir():
-                raise CreditAuditError(f"{out} is a file, not a folder; give --out a new folder "
-                                       "(or an existing one)") from None
+            from ..runs import refuse_a_file_as_folder     # the error path only: runs imports torch
+            refuse_a_file_as_folder(out)
             raise CreditAuditError(f"cannot write to {out} ({err.strerror or err}); choose a "
                                    "writable --out") from None
         try:
