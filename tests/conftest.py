@@ -64,3 +64,12 @@ def no_internet(monkeypatch):
         return real(url, *args, **kwargs)
 
     monkeypatch.setattr(urllib.request, "urlopen", local_only)
+
+
+@pytest.fixture
+def every_epoch(monkeypatch):
+    """A checkpoint after every epoch (`train.CHECKPOINT_ENV` = 0), in this process and the ones
+    it starts: for the tests that stop a run right after epoch k's checkpoint. By default a run
+    writes one every `train.CHECKPOINT_SECONDS`, which the tests' runs never reach before they end."""
+    from creditaudit.train import CHECKPOINT_ENV
+    monkeypatch.setenv(CHECKPOINT_ENV, "0")

@@ -35,7 +35,6 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 TINY = ["--dataset", "digits", "--width", "16", "--blocks", "2", "--seed", "42", "--method", "bp",
         "--quiet", "--threads", "1", "--device", "cpu"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 INT64_OVER = str(2 ** 63)
 
 
@@ -57,7 +56,9 @@ def quiet_cli(argv) -> int:
 
 
 def spawn(argv, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "creditaudit", *map(str, argv)], env=ENV,
+    # the environment as the test stands (its `every_epoch` fixture included), one thread
+    return subprocess.Popen([sys.executable, "-m", "creditaudit", *map(str, argv)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -285,7 +286,7 @@ def test_out_path_blocked_by_a_file(where, capsys, tmp_path):
 
 
 # -- 4. a full disk (RLIMIT_FSIZE) mid-training ----------------------------------------------------
-def test_full_disk_during_train_keeps_the_last_checkpoint_and_resumes(capsys, tmp_path):
+def test_full_disk_during_train_keeps_the_last_checkpoint_and_resumes(capsys, tmp_path, every_epoch):
     argv = ["train", *TINY, "--epochs", 3]
     assert cli([*argv, "--out", tmp_path / "whole"], capsys)[0] == 0     # the uninterrupted reference
     # epoch 0 (no optimizer moments yet) fits under the limit; epoch 1's tensors file does not
@@ -295,7 +296,7 @@ def test_full_disk_during_train_keeps_the_last_checkpoint_and_resumes(capsys, tm
     _, err = proc.communicate(timeout=300)
     line = one_error_line(proc.returncode, err, "cannot write to", "run the same command again")
     kept = re.search(r"checkpoint of epoch (\d+) is kept", line)
-    assert kept or "nothing was trained yet" in line, line
+    assert kept or "no checkpoint is kept yet" in line, line
     if kept:
         meta, _ = store.load_checkpoint(out)                 # the kept checkpoint is intact
         assert meta["epoch"] == int(kept.group(1)) < 3
@@ -306,7 +307,7 @@ def test_full_disk_during_train_keeps_the_last_checkpoint_and_resumes(capsys, tm
     assert _history(out) == _history(tmp_path / "whole")    # exactly the uninterrupted run
 
 
-def test_full_disk_during_audit_records_the_failed_run_and_rerun_completes(capsys, tmp_path):
+def test_full_disk_during_audit_records_the_failed_run_and_rerun_completes(capsys, tmp_path, every_epoch):
     # width 128: the main run's epoch-1 checkpoint (~0.9 MB) passes the limit, its epoch-0 one,
     # the controls' checkpoints and the report files (≤ 0.3 MB) do not
     config = tmp_path / "a.toml"

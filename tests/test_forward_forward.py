@@ -245,7 +245,7 @@ def test_the_half_linear_schedule_is_hintons_epsgain():
     assert [HalfLinear(6)(e) for e in range(6)] == pytest.approx([1, 1, 1, 5 / 6, 3 / 6, 1 / 6])
 
 
-def test_resume_after_kill_equals_uninterrupted(tmp_path, monkeypatch):
+def test_resume_after_kill_equals_uninterrupted(tmp_path, monkeypatch, every_epoch):
     """The half-linear schedule, the peer running means and the sampler's generator resume exactly."""
     import json
 

@@ -265,7 +265,7 @@ def test_ep_acceptance_and_tol_flags_are_per_member(f64, options):
 
 
 @pytest.mark.parametrize("method", STAGE2)
-def test_a_killed_stack_resumes_each_member_as_its_lone_run(tmp_path, f64, method, monkeypatch):
+def test_a_killed_stack_resumes_each_member_as_its_lone_run(tmp_path, f64, method, monkeypatch, every_epoch):
     """Killed after two members saved epoch 1: those two resume as one stack from their
     checkpoints (auxiliary nets, their AdamW state and the method's generator included), the
     third from epoch 0 alone; each ends as main's lone run did (the full fingerprint)."""

@@ -170,7 +170,7 @@ def test_a_nan_in_one_member_leaves_the_others_bit_identical(tmp_path, f64, doub
 
 
 def test_a_killed_resnet_stack_resumes_each_member_as_its_lone_run(tmp_path, f64, double, lone_step,
-                                                                   monkeypatch):
+                                                                   monkeypatch, every_epoch):
     """Killed after two members saved epoch 1: those two resume as one stack from their
     checkpoints (BatchNorm running statistics and AdamW state included), the third from epoch 0
     alone; each ends as its lone run does (the full fingerprint)."""

@@ -24,6 +24,7 @@ from creditaudit.experiments import audit  # noqa: E402
 from creditaudit.experiments.common import Job, train_job  # noqa: E402
 from creditaudit.runner import make_executor  # noqa: E402
 from creditaudit.runner.ray import RayExecutor  # noqa: E402
+from creditaudit.train import CHECKPOINT_ENV  # noqa: E402
 
 HELPERS = "ca_ray_helpers"          # a user package the Ray workers import from PYTHONPATH
 BAD_METHOD = f"{HELPERS}.mod:BadMethod"
@@ -93,7 +94,8 @@ def ray_instance(tmp_path_factory):
     sys.path.insert(0, str(root))                       # the driver validates the user's method
     pythonpath = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+             runtime_env={"env_vars": {"PYTHONPATH": pythonpath,
+                                       CHECKPOINT_ENV: "0"}})    # the kill test waits for epoch 3's
     yield root
     ray.shutdown()
     sys.path.remove(str(root))

@@ -147,7 +147,7 @@ def test_the_run_records_its_resolved_recipe(tmp_path, synthetic):
     assert type(lone.optimizers[0]) is torch.optim.SGD and lone.optimizers[0].param_groups[0]["lr"] == 0.5
 
 
-def test_a_resumed_sgd_step_decay_run_equals_an_uninterrupted_one(tmp_path, synthetic, monkeypatch):
+def test_a_resumed_sgd_step_decay_run_equals_an_uninterrupted_one(tmp_path, synthetic, monkeypatch, every_epoch):
     """SGD momentum buffers and MultiStepLR state travel through the (unpickled, safetensors +
     JSON) checkpoint: a run killed after epoch 2 of 4 (its lr decays after epochs 2 and 4)
     and resumed ends with exactly the weights and optimizer state of an uninterrupted one."""

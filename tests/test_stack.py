@@ -144,7 +144,7 @@ def test_stacked_folder_is_reused_and_finished_members_skipped(tmp_path, f64):
     assert [r["trained"] for r in again] == [False, False]
 
 
-def test_members_with_later_checkpoints_resume(tmp_path, f64, monkeypatch):
+def test_members_with_later_checkpoints_resume(tmp_path, f64, monkeypatch, every_epoch):
     """A stack killed after its members saved epoch 1 resumes each member from its own last
     checkpoint (members at one epoch stacked again) and ends exactly like a lone run."""
     configs = _members("bp")[:3]

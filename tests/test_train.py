@@ -54,7 +54,7 @@ def test_same_seed_twice_gives_identical_metrics_and_weights(tmp_path, synthetic
     assert _metrics_without_time(c.history) != _metrics_without_time(a.history)
 
 
-def test_resume_after_kill_equals_uninterrupted(tmp_path, synthetic, monkeypatch):
+def test_resume_after_kill_equals_uninterrupted(tmp_path, synthetic, monkeypatch, every_epoch):
     config = RunConfig(**SMALL)
     whole = train_run(config, tmp_path / "whole", data=synthetic, progress=False)
 
@@ -79,7 +79,7 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path, synthetic, monkeypatch
     assert [json.loads(l)["epoch"] for l in lines] == [0, 1, 2, 3, 4]
 
 
-def test_sigkill_mid_run_then_resume_matches(tmp_path):
+def test_sigkill_mid_run_then_resume_matches(tmp_path, every_epoch):
     # Every phase runs as its own process with one intra-op thread: float reductions depend on
     # the thread count, and the claim is "same machine, same settings → same bits".
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -480,3 +480,87 @@ def test_a_stack_forms_no_gradient_for_a_block_no_member_trains(synthetic, metho
                 assert p.requires_grad == (l in trained) and (p.grad is not None) == (l in trained), name
             else:
                 assert p.grad is not None, name
+
+
+# -- checkpoints every CHECKPOINT_SECONDS ------------------------------------------------------------
+def _counting_saves(monkeypatch):
+    saved = []
+    real_save = store.save_checkpoint
+
+    def counting(run_dir, epoch, state, meta, config):
+        saved.append(epoch)
+        real_save(run_dir, epoch, state, meta, config)
+    monkeypatch.setattr(store, "save_checkpoint", counting)
+    return saved
+
+
+def test_a_run_shorter_than_the_interval_writes_one_checkpoint_at_its_end(tmp_path, synthetic, monkeypatch):
+    from creditaudit.train import CHECKPOINT_ENV
+    monkeypatch.delenv(CHECKPOINT_ENV, raising=False)
+    saved = _counting_saves(monkeypatch)
+    run = train_run(RunConfig(**SMALL), tmp_path / "r", data=synthetic, progress=False)
+    assert saved == [4]                 # epochs 0–3 stayed in memory: 4 epochs take far under 10 s
+    assert run.status["status"] == "finished" and store.load_checkpoint(tmp_path / "r")[0]["epoch"] == 4
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [0, 1, 2, 3, 4]
+
+
+def test_the_interval_comes_from_the_environment(tmp_path, synthetic, monkeypatch, every_epoch):
+    saved = _counting_saves(monkeypatch)
+    train_run(RunConfig(**SMALL), tmp_path / "r", data=synthetic, progress=False)
+    assert saved == [0, 1, 2, 3, 4]     # 0: after every epoch
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "nan", "inf"])
+def test_a_bad_interval_is_refused_before_training(tmp_path, synthetic, monkeypatch, value):
+    from creditaudit.train import CHECKPOINT_ENV
+    monkeypatch.setenv(CHECKPOINT_ENV, value)
+    with pytest.raises(CreditAuditError, match=f"{CHECKPOINT_ENV}=.* is not a number of seconds"):
+        train_run(RunConfig(**SMALL), tmp_path / "r", data=synthetic, progress=False)
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_interrupted_run_writes_its_last_epoch_and_resumes_to_the_same_bits(tmp_path, synthetic,
+                                                                              monkeypatch):
+    """Ctrl-C in the middle of epoch 3, no checkpoint written yet (the interval is not reached):
+    the state after epoch 2, kept in memory, is written on the way out, and the resumed run ends
+    with the uninterrupted run's weights and metrics."""
+    from creditaudit.methods.members import MemberStack
+    from creditaudit.train import CHECKPOINT_ENV
+    monkeypatch.delenv(CHECKPOINT_ENV, raising=False)
+    config = RunConfig(**SMALL)
+    whole = train_run(config, tmp_path / "whole", data=synthetic, progress=False)
+    per_epoch = -(-len(synthetic.y_train) // config.batch_size)
+    real_step, steps = MemberStack.train_step, []
+
+    def step_then_stop(self, x, y):
+        steps.append(1)
+        if len(steps) == 2 * per_epoch + 2:         # epoch 3's second batch
+            raise KeyboardInterrupt
+        return real_step(self, x, y)
+    monkeypatch.setattr(MemberStack, "train_step", step_then_stop)
+    saved = _counting_saves(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(config, tmp_path / "killed", data=synthetic, progress=False)
+    assert saved == [2]
+    assert store.load_checkpoint(tmp_path / "killed")[0]["epoch"] == 2
+    assert not (tmp_path / "killed" / "status.json").exists()
+    lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [0, 1, 2]
+    monkeypatch.setattr(MemberStack, "train_step", real_step)
+    resumed = train_run(config, tmp_path / "killed", data=synthetic, progress=False)
+    assert _metrics_without_time(resumed.history) == _metrics_without_time(whole.history)
+    assert _same_weights(resumed.model, whole.model)
+
+
+def test_a_failed_first_write_does_not_say_nothing_was_trained(tmp_path, synthetic, monkeypatch):
+    from creditaudit.train import CHECKPOINT_ENV
+    monkeypatch.delenv(CHECKPOINT_ENV, raising=False)
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(store, "save_checkpoint", full)
+    with pytest.raises(CreditAuditError) as err:
+        train_run(RunConfig(**SMALL), tmp_path / "r", data=synthetic, progress=False)
+    assert "No space left on device" in str(err.value)
+    assert "no checkpoint is kept yet" in str(err.value) and "nothing was trained" not in str(err.value)

@@ -103,7 +103,7 @@ def test_sparse_fa_replaces_the_feedback_wholesale(userrules, digits, tmp_path):
             assert 0.1 < (b != 0).double().mean().item() < 0.4
 
 
-def test_credit_dropout_resumes_bit_identically(userrules, digits, tmp_path, monkeypatch):
+def test_credit_dropout_resumes_bit_identically(userrules, digits, tmp_path, monkeypatch, every_epoch):
     """Per-step draws from self.gen: a run killed after epoch 1 and resumed equals the run trained
     straight through, every metric and weight; and the draws do change the training."""
     spec = "userrules.credit_dropout:CreditDropoutDFA"

@@ -295,7 +295,7 @@ def test_the_yardstick_check_measures_the_credit_of_the_rule(tmp_path, digits):
         evidence.gate_yardstick(replace(ev, init_acc=run.test_acc), 0.02)
 
 
-def test_the_test_digest_survives_stacking_and_resume(tmp_path, digits, monkeypatch):
+def test_the_test_digest_survives_stacking_and_resume(tmp_path, digits, monkeypatch, every_epoch):
     """Run folders: every record and the status carry the digest of the test set the accuracy was
     measured on (data.test_digest), for stacked members, a member resumed from its checkpoint, and
     a lone run alike; another test set has another digest."""

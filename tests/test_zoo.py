@@ -415,7 +415,7 @@ def _metrics_without_time(history):
 
 
 @pytest.mark.parametrize("name, options", VARIANTS)
-def test_resume_after_kill_equals_uninterrupted(name, options, tmp_path, monkeypatch):
+def test_resume_after_kill_equals_uninterrupted(name, options, tmp_path, monkeypatch, every_epoch):
     from creditaudit.train import train_run
     config = RunConfig(method=name, options=options, dataset="synthetic", width=8, blocks=2,
                        epochs=2, batch_size=256)            # 2000 samples: 7 batches + one of 208

@@ -427,7 +427,7 @@ def synthetic():
 
 @pytest.mark.parametrize("name, options", [("local-loss", {"sim": 0.99}), ("pepita", {}), ("pc", {"steps": 3}),
                                            ("pc", {"steps": 2, "incremental": 1})])
-def test_resume_after_kill_equals_the_uninterrupted_run(name, options, tmp_path, synthetic, monkeypatch):
+def test_resume_after_kill_equals_the_uninterrupted_run(name, options, tmp_path, synthetic, monkeypatch, every_epoch):
     """The killed run trains its first epochs afresh from the seed, the rest after resuming: its
     whole metrics history and final weights equal the uninterrupted run's, so one seed gives one run."""
     config = RunConfig(method=name, options=options, dataset="synthetic", width=16, blocks=2, epochs=3,

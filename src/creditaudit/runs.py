@@ -1,8 +1,9 @@
 """Run folders: the one place that builds a run's model and method and reads a run folder back.
 
     RUN/config.json        the resolved RunConfig
-    RUN/checkpoint.json    + checkpoint-eNNNN.safetensors: the last completed epoch (store.py)
-    RUN/metrics.jsonl      one line per completed epoch (epoch 0 = at initialisation)
+    RUN/checkpoint.json    + checkpoint-eNNNN.safetensors: the last checkpointed epoch (store.py;
+                           train.CHECKPOINT_SECONDS says when)
+    RUN/metrics.jsonl      one line per checkpointed epoch (epoch 0 = at initialisation)
     RUN/status.json        how training ended: finished / stopped / diverged, epochs completed
     RUN/error.txt          the traceback of a run that raised
     RUN/method_origin.json for a user's rule (PKG.MODULE:CLASS): its module, file and sys.path entry,

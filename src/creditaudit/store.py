@@ -1,7 +1,7 @@
 """The run store: one folder per run, every file written atomically.
 
     RUN/config.json                 the resolved RunConfig
-    RUN/metrics.jsonl               one JSON line per completed epoch (epoch 0 = at init)
+    RUN/metrics.jsonl               one JSON line per checkpointed epoch (epoch 0 = at init)
     RUN/checkpoint.json             metadata: format tag, epoch, status, the non-tensor state
     RUN/checkpoint-eNNNN.safetensors  every tensor (weights, optimizer moments, feedback matrices,
                                     RNG states) of that epoch's checkpoint
@@ -27,6 +27,7 @@ import json
 import math
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -173,13 +174,29 @@ def _sha256(path: Path) -> str:
 
 
 # -- checkpoints ------------------------------------------------------------------------------
-def save_checkpoint(run_dir: Path, epoch: int, state: dict[str, Any], meta: dict[str, Any],
+@dataclass(frozen=True)
+class FlatState:
+    """Nested state already split by `flatten_state`: its JSON skeleton and host copies of its
+    tensors. A copy of the state as it was when taken: the trainer keeps one per epoch it does
+    not write yet (`train.CHECKPOINT_SECONDS`), so that the state later written is that epoch's."""
+
+    skeleton: Any
+    tensors: dict[str, torch.Tensor]
+
+    @classmethod
+    def of(cls, state: Any) -> "FlatState":
+        tensors: dict[str, torch.Tensor] = {}
+        return cls(flatten_state(state, tensors), tensors)
+
+
+def save_checkpoint(run_dir: Path, epoch: int, state: dict[str, Any] | FlatState, meta: dict[str, Any],
                     config: dict[str, Any]) -> None:
-    """Save nested `state` (tensors + plain values) for `epoch`; `meta` is extra JSON (data shape,
-    label); `config` is the run's config, sealed into the checkpoint with everything else."""
+    """Save nested `state` (tensors + plain values, or a `FlatState` taken earlier) for `epoch`;
+    `meta` is extra JSON (data shape, label); `config` is the run's config, sealed into the
+    checkpoint with everything else."""
     run_dir = Path(run_dir)
-    tensors: dict[str, torch.Tensor] = {}
-    skeleton = flatten_state(state, tensors)
+    flat = state if isinstance(state, FlatState) else FlatState.of(state)
+    skeleton, tensors = flat.skeleton, flat.tensors
     name = f"checkpoint-e{epoch:04d}.safetensors"
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".{name}.", suffix=".tmp")
     os.close(fd)

@@ -21,9 +21,12 @@ masked (members share no arithmetic: AdamW is elementwise, means and norms are p
 `wall_time` is the stack's elapsed time, shared by its members.
 
 An early-stop rule, when wanted, is handed in (`verdict.stop_rule`). A killed run resumes from
-its last completed epoch and ends with exactly the weights and metrics of an uninterrupted run
-(CPU, same thread count; on CUDA up to kernel nondeterminism); resumed members at one checkpoint
-epoch stack again.
+its last checkpoint and ends with exactly the weights and metrics of an uninterrupted run (CPU,
+same thread count; on CUDA up to kernel nondeterminism); resumed members at one checkpoint epoch
+stack again. A checkpoint is written once `CHECKPOINT_SECONDS` of training have passed since the
+last one, and when the run ends (`_checkpoint`); an epoch not yet written is kept as a host copy
+and written if training stops before the next write (Ctrl-C, a failing step, divergence), so a
+kill the process cannot catch loses at most those seconds.
 
 Where and how fast: a run trains on the device it is given, else where its data are, else the CPU
 (never "auto": the command line resolves that). A step touches the host never: the epoch's order
@@ -40,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -64,6 +68,31 @@ from .runs import (Run, as_device, build_method, build_model, data_shape, existi
 from .seeding import derived_generator
 
 StopRule = Callable[[Sequence[dict]], "str | None"]
+
+# Seconds of training between two checkpoints of a run. Writing one (the tensors, their digest,
+# the sealed history, fsyncs) took ~55 ms on a 2-core CPU: after every 0.5-s epoch of the quick
+# audit's runs, 6–10 % of their training, and of the whole audit ~25 of 285 s. An epoch that
+# takes longer than this is written as before, every one. CHECKPOINT_ENV overrides it (0: after
+# every epoch, as the resume tests need).
+CHECKPOINT_SECONDS = 10.0
+CHECKPOINT_ENV = "CREDITAUDIT_CHECKPOINT_SECONDS"
+
+
+def checkpoint_seconds() -> float:
+    """The seconds of training between a run's checkpoints: CHECKPOINT_ENV when set, else
+    CHECKPOINT_SECONDS."""
+    raw = os.environ.get(CHECKPOINT_ENV, "").strip()
+    if not raw:
+        return CHECKPOINT_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise CreditAuditError(f"{CHECKPOINT_ENV}={raw!r} is not a number of seconds: set it to one ≥ 0 "
+                               f"(0: a checkpoint after every epoch), or unset it for "
+                               f"{CHECKPOINT_SECONDS:g}")
+    return value
 
 
 _HOST_MEMORY_KEPT = False
@@ -252,6 +281,9 @@ class _Member:
     history: list[dict] = field(default_factory=list)
     run: Run | None = None                 # set once the member's folder is finished
     init_weights: str | None = None        # digest of the seed's initial weights (`weights_digest`)
+    written: int | None = None             # the epoch of its last checkpoint on disk (None: none yet)
+    written_at: float = field(default_factory=time.perf_counter)   # when it was written (or started)
+    pending: tuple[int, store.FlatState, int] | None = None   # (epoch, state, len(history)) not yet written
 
 
 def train_runs(configs: Sequence[RunConfig], outs: Sequence[str | Path], *,
@@ -268,6 +300,7 @@ def train_runs(configs: Sequence[RunConfig], outs: Sequence[str | Path], *,
     folder is what a lone run writes. Finished folders are returned as they are. Raises what
     `train_run` raises. on_epoch(i, history): after each recorded epoch of member i."""
     configs, outs = list(configs), [Path(o) for o in outs]
+    every = checkpoint_seconds()
     if align_every is not None and (isinstance(align_every, bool) or not isinstance(align_every, int)
                                     or align_every < 1):
         raise CreditAuditError(f"align_every must be a positive number of epochs, got {align_every!r}")
@@ -299,7 +332,7 @@ def train_runs(configs: Sequence[RunConfig], outs: Sequence[str | Path], *,
     for group in by_epoch.values():
         _train_stack([members[i] for i in group], data, dev, progress, stop_rule, compile_step,
                      None if on_epoch is None else (lambda j, h, group=group: on_epoch(group[j], h)),
-                     align_every)
+                     align_every, every)
         for i in group:
             results[i] = Trained(members[i].run, len(group), True)
     return results                                       # type: ignore[return-value]
@@ -320,7 +353,7 @@ def _start_member(config: RunConfig, out: Path, data: ArrayDataset, dev: torch.d
         run = load_run(out, dev)
         data_gen.set_state(run.state["data_gen"])
         return _Member(config, out, run.model, run.method, data_gen, run.state["torch_rng"], run.history,
-                       init_weights=run.init_weights)
+                       init_weights=run.init_weights, written=run.history[-1]["epoch"])
     model = build_model(config, data.input_shape, data.n_classes)
     # PROTOCOL §3.7: a run starts from the weights its seed gives; recorded before the method
     # exists, checked after its __init__ and at epoch 0 (a rule that pretrains inside __init__
@@ -345,19 +378,39 @@ def _own_rng(m: _Member):
         m.rng = torch.get_rng_state()
 
 
-def _save(m: _Member, epoch: int, data: ArrayDataset) -> None:
+def _checkpoint(m: _Member, epoch: int, data: ArrayDataset, every: float) -> None:
+    """Member m's state after `epoch`, taken now (a host copy: `store.FlatState`), and written
+    when `every` seconds have passed since its last checkpoint; else kept until the next one, the
+    run's end (`_finish`) or an interruption (`_flush`)."""
+    m.pending = (epoch, store.FlatState.of({
+        "model": m.model.state_dict(), "method": m.method.state_dict(),
+        "data_gen": m.data_gen.get_state(), "torch_rng": m.rng, "history": m.history,
+    }), len(m.history))
+    if time.perf_counter() - m.written_at >= every:
+        _flush(m, data)
+
+
+def _flush(m: _Member, data: ArrayDataset) -> None:
+    """Write member m's state not yet on disk, if any: its checkpoint, then the metrics log of
+    the same epochs."""
+    if m.pending is None:
+        return
+    epoch, state, n = m.pending
     try:
-        store.save_checkpoint(m.out, epoch, {
-            "model": m.model.state_dict(), "method": m.method.state_dict(),
-            "data_gen": m.data_gen.get_state(), "torch_rng": m.rng, "history": m.history,
-        }, {**data_shape(data), "label": m.config.label,
+        store.save_checkpoint(m.out, epoch, state, {
+            **data_shape(data), "label": m.config.label,
             **({"init_weights": m.init_weights} if m.init_weights else {})}, m.config.to_dict())
-        store.write_metrics(m.out, m.history)
+        store.write_metrics(m.out, m.history[:n])
     except (OSError, SafetensorError) as err:  # safetensors reports ENOSPC/EFBIG as its own error
-        raise _write_error(m.out, err, epoch - 1 if epoch else None) from None
+        raise _write_error(m.out, err, m.written) from None
+    m.pending, m.written, m.written_at = None, epoch, time.perf_counter()
 
 
-def _finish(m: _Member, status: str, message: str, dev: torch.device, wall: float | None = None) -> None:
+def _finish(m: _Member, status: str, message: str, dev: torch.device, data: ArrayDataset,
+            wall: float | None = None) -> None:
+    """End member m's folder: its last recorded epoch written (`_flush`; a diverged member's is
+    the last finite one), then the log whole and the sealed status."""
+    _flush(m, data)
     last = m.history[-1]
     try:
         # the log whole before the status that ends the run: a run killed between its last
@@ -386,8 +439,25 @@ def _retire(stack: MemberStack | None, k: int, m: _Member, live: list[int]) -> N
 def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, progress: bool,
                  stop_rule: StopRule | None, compile_step: bool | None,
                  on_epoch: Callable[[int, Sequence[dict]], None] | None,
-                 align_every: int | None = None) -> None:
-    """Train members that start from one epoch, together, to their end; each folder finished."""
+                 align_every: int | None = None, every: float = CHECKPOINT_SECONDS) -> None:
+    """Train members that start from one epoch, together, to their end; each folder finished.
+    Checkpoints come `every` seconds (`_checkpoint`); whatever stops the training (Ctrl-C, an
+    error) first writes each member's last recorded epoch that is not on disk yet."""
+    try:
+        _train_members(members, data, dev, progress, stop_rule, compile_step, on_epoch, align_every, every)
+    except BaseException:
+        for m in members:
+            try:
+                _flush(m, data)
+            except Exception:  # noqa: BLE001 — the error that stopped training is the one to report
+                pass
+        raise
+
+
+def _train_members(members: list[_Member], data: ArrayDataset, dev: torch.device, progress: bool,
+                   stop_rule: StopRule | None, compile_step: bool | None,
+                   on_epoch: Callable[[int, Sequence[dict]], None] | None,
+                   align_every: int | None, every: float) -> None:
     first = members[0]
     K = len(members)
     # an SGD or Adam recipe steps through the lone step: the stack's one optimizer is AdamW
@@ -405,7 +475,7 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
             if m.init_weights is not None and weights_digest(m.model) != m.init_weights:
                 raise moved_weights(m.config.method, "before its first step (at epoch 0: in credit, "
                                     "feedback_pairs or the stack's construction)")
-            _save(m, 0, data)
+            _checkpoint(m, 0, data, every)
         if on_epoch is not None:
             on_epoch(k, m.history)
     start = first.history[-1]["epoch"]
@@ -446,17 +516,17 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
                     and weights_finite(m.model)):
                 bad = store.json_safe(record)
                 _finish(m, "diverged", f"non-finite values at epoch {epoch} (train loss {train_loss}, "
-                        f"‖h_l‖ {bad['h_norms']}); kept the checkpoint of epoch {epoch - 1}", dev,
+                        f"‖h_l‖ {bad['h_norms']}); kept the checkpoint of epoch {epoch - 1}", dev, data,
                         record["wall_time"])
                 _retire(stack, k, m, live)
                 continue
             m.history.append(record)
-            _save(m, epoch, data)
+            _checkpoint(m, epoch, data, every)
             if on_epoch is not None:
                 on_epoch(k, m.history)
             message = stop_rule(m.history) if stop_rule is not None else None
             if message:
-                _finish(m, "stopped", message, dev)
+                _finish(m, "stopped", message, dev, data)
                 _retire(stack, k, m, live)
         if K == 1 and live:
             bar.set_postfix(loss=f"{losses[0] / len(data.y_train):.3f}",
@@ -465,7 +535,7 @@ def _train_stack(members: list[_Member], data: ArrayDataset, dev: torch.device, 
         if not live:
             return
     for k in live:
-        _finish(members[k], "finished", f"trained {members[k].config.epochs} epochs", dev)
+        _finish(members[k], "finished", f"trained {members[k].config.epochs} epochs", dev, data)
 
 
 def weights_finite(model: torch.nn.Module) -> bool:
@@ -535,6 +605,6 @@ def _write_error(out: Path, err: Exception, kept_epoch: int | None) -> CreditAud
     """One line for a failed write: what failed, what is kept, how to resume."""
     reason = getattr(err, "strerror", None) or " ".join(str(err).split())
     kept = (f"the checkpoint of epoch {kept_epoch} is kept" if kept_epoch is not None
-            else "nothing was trained yet")
+            else "no checkpoint is kept yet (the run starts from its first epoch)")
     return CreditAuditError(f"cannot write to {out} ({reason}); {kept} — free space or "
                             "fix the folder's permissions, then run the same command again to resume")
