@@ -482,15 +482,19 @@ class _Perturbation:
     is ~1e-7 — float32 ΔL would be mostly noise for a trained model.
     """
 
-    def __init__(self, model, x, y, layer: int, m: int, eps: float, gen: torch.Generator,
-                 exact: bool = True):
+    def __init__(self, model, x, y, layer: int, m: int, eps: float, gen: torch.Generator | None,
+                 exact: bool = True, draws: torch.Tensor | None = None):
         self.stream, xin = _exact_stream(model, x) if exact else (as_stream(model), x)
         with torch.no_grad():
             h = self.stream.hidden(xin)[layer].detach()
         if h.dtype == torch.float16:
             h = h.float()
         n, shape = h.shape[0], tuple(h.shape[1:])     # a state may be (d,), (T, d) or (C, H, W)
-        v = torch.randn((m, n) + shape, generator=gen, dtype=torch.float64).to(h.device, h.dtype)
+        # the directions' raw float64 normal draws, from `gen` (or another _Perturbation's `draws`:
+        # the same directions, which the same generator state would draw again)
+        self.draws = draws if draws is not None else torch.randn((m, n) + shape, generator=gen,
+                                                                 dtype=torch.float64)
+        v = self.draws.to(h.device, h.dtype)
         v = v / v.flatten(2).norm(dim=-1).view((m, n) + (1,) * len(shape))
         states = torch.cat([h, (h.unsqueeze(0) + eps * v).reshape((m * n,) + shape)])
         with torch.no_grad():
@@ -538,7 +542,6 @@ def perturbation_with_controls(model, x: torch.Tensor, y: torch.Tensor, layer: i
     a = BP gradient (expected ≈ 1; paper 0.9965) and a = N(0, I) random vector (≈ 0; paper 0.0056).
     """
     gen = gen if gen is not None else derived_generator(0, "rho")
-    start = gen.get_state()
     pert = _Perturbation(model, x, y, layer, m, eps, gen)
     method = None if credit is None else pert.rho(_layer_credit(credit, layer))
     random_a = torch.randn(pert.h.shape, generator=gen, dtype=torch.float64).to(pert.h.device)
@@ -546,9 +549,7 @@ def perturbation_with_controls(model, x: torch.Tensor, y: torch.Tensor, layer: i
                                      m, eps, str(pert.h.dtype).replace("torch.", ""))
     # The same directions, with ΔL and g computed in the model's own precision: is the reference
     # numerically meaningful as the model itself computes it (a floor-level g in fp32)?
-    same = torch.Generator().manual_seed(0)
-    same.set_state(start)
-    own = _Perturbation(model, x, y, layer, m, eps, same, exact=False)
+    own = _Perturbation(model, x, y, layer, m, eps, None, exact=False, draws=pert.draws)
     result.bp_model_precision = own.rho(own.bp_gradient())
     return result
 
