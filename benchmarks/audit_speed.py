@@ -5,8 +5,12 @@ Times, in one invocation and each in a fresh output folder,
      as a whole command (data, training, diagnoses, report), with a per-method breakdown: each
      run's training wall time (`wall_time` of its status.json, the runs listed in audit.json),
      summed per method, with the number of runs;
-  2. `python -m creditaudit train --method bp --dataset mnist1d --epochs 15 --quiet --out <tmp>`
-     as a whole command (the unit);
+  2. `python -m creditaudit train --method bp --dataset mnist1d --epochs 15 --threads 1 --quiet
+     --out <tmp>` as a whole command, --unit-repeats times (default 3), each into a fresh folder:
+     the unit is their median. One thread, as each of the audit's workers trains its runs: left
+     to `train`'s default the unit took the cores the load average left idle when it started —
+     on a 2-core machine 2 threads on a quiet one (10.9–11.5 s) and 1 after the audit had
+     loaded it (12.2 s), so the ratio moved by 10 % with the load of the minute before;
 and where its wall time went (`phases`: training, gate + diagnoses, tables, report, from when
 their files were written), and prints as the last line
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,6 +86,7 @@ def main(argv=None) -> None:
     ap.add_argument("--methods", nargs="+", default=None, help="audit only these methods")
     ap.add_argument("--epochs", type=int, default=None, help="epochs per audit run (quick: 15)")
     ap.add_argument("--bp-epochs", type=int, default=15, help="epochs of the bp reference run")
+    ap.add_argument("--unit-repeats", type=int, default=3, help="bp reference runs; the unit is their median")
     ap.add_argument("--device", default=None, help="passed to both commands (default: theirs)")
     ap.add_argument("--jobs", type=int, default=None, help="passed to the audit")
     ap.add_argument("--keep", metavar="DIR",
@@ -112,11 +118,14 @@ def main(argv=None) -> None:
             seconds = run_command(audit_args, ok=(0, 3))  # 3: some method incomplete, still a full audit
             audits.append((flag, seconds, breakdown(audit_dir), phases(audit_dir, started, time.time())))
 
-        bp_args = ["train", "--method", "bp", "--dataset", "mnist1d", "--epochs", str(args.bp_epochs),
-                   "--quiet", "--out", str(tmp / "bp")]
-        if args.device:
-            bp_args += ["--device", args.device]
-        bp_s = run_command(bp_args)
+        units = []
+        for i in range(max(1, args.unit_repeats)):
+            bp_args = ["train", "--method", "bp", "--dataset", "mnist1d", "--epochs", str(args.bp_epochs),
+                       "--threads", "1", "--quiet", "--out", str(tmp / f"bp{i}")]
+            if args.device:
+                bp_args += ["--device", args.device]
+            units.append(run_command(bp_args))
+        bp_s = statistics.median(units)
 
     for flag, audit_s, per, parts in audits:
         print(f"audit (quick preset{', methods ' + ' '.join(args.methods) if args.methods else ''}"
@@ -127,7 +136,8 @@ def main(argv=None) -> None:
             note = "  (stacked: shared times)" if len(walls) > 1 and len(set(walls)) < len(walls) else ""
             print(f"{method:<14}{len(walls):>6}{sum(walls):>18.1f}{sum(walls) / len(walls):>16.1f}{note}")
         print("phases (from the files' times): " + "; ".join(f"{k} {v:.1f} s" for k, v in parts.items()))
-    print(f"bp run ({args.bp_epochs} epochs, mnist1d): {bp_s:.1f} s as a whole command")
+    print(f"bp run ({args.bp_epochs} epochs, mnist1d, one thread): {bp_s:.1f} s as a whole command, the median "
+          f"of {', '.join(f'{u:.1f}' for u in units)}")
     for flag, audit_s, _, _ in reversed(audits):
         print(f"audit_cost_in_bp_runs{'_lone' if flag == '--no-stack' and len(audits) > 1 else ''}"
               f"={audit_s / bp_s:.2f}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -190,6 +191,28 @@ def test_null_calibration(trained, digits):
     assert min(null.z(bp_gamma)) > 3                                   # BP is far outside the null
     pooled = M.null_calibration(dfa, trained, [(x, y), digits.eval_batch(1, 128)], k=3, seed=3)
     assert len(pooled.mean) == 5
+
+
+def test_one_null_draw_is_one_feedback_on_every_batch(trained, digits):
+    """A draw of the null is Γ under one fresh feedback, as the method's Γ is under its one: every
+    eval batch of draw k sees the same feedback, and different draws see different ones. Drawn
+    afresh per batch, a draw averaged B's over the batches and its spread shrank (z inflated)."""
+    dfa = _ToyDFA(trained)
+    batches = [digits.eval_batch(i, 64) for i in range(4)]
+    seen: list[torch.Tensor] = []
+
+    def recording(x, y, gen):
+        b = dfa._draw(gen)
+        seen.append(b[0].flatten()[:4].clone())
+        return dfa._credit(x, y, b)
+    M.null_calibration(recording, trained, batches, k=3, seed=3)
+    per_draw = [seen[i:i + 4] for i in range(0, 12, 4)]
+    assert all(torch.equal(d[0], b) for d in per_draw for b in d[1:])       # one B per draw
+    assert not torch.equal(per_draw[0][0], per_draw[1][0])                   # fresh across draws
+    # the spread over draws is that of one B's Γ: as wide as the null of a single batch, not ~√4 narrower
+    one = M.null_calibration(dfa, trained, *batches[0], k=10, seed=3)
+    pooled = M.null_calibration(dfa, trained, batches, k=10, seed=3)
+    assert statistics.fmean(pooled.std[1:4]) > 0.6 * statistics.fmean(one.std[1:4])
 
 
 # ---------------------------------------------------------------------------------------------

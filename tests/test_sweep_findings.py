@@ -374,3 +374,33 @@ def test_a_run_that_cannot_allocate_says_to_make_it_smaller(tmp_path, capsys, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not fit in memory at these settings: lower --width, --blocks or --batch-size" in err[0]
     assert "fix the method" not in err[0] and (tmp_path / "r" / "error.txt").exists()
+
+
+# -- a config file's value that a flag overrides is still checked ------------------------------------
+@pytest.mark.parametrize("line, flag, says", [
+    ("epochs = -5", ["--epochs", "1"], r"epochs in .*c\.toml .*got -5.*--epochs overrides it"),
+    ("seeds = [42, 42]", ["--seeds", "42"], r"seeds.*--seeds overrides it"),
+    ('methods = ["nope"]', ["--methods", "bp"], r"nope.*--methods overrides it"),
+    ('dataset = "mnist-2d"', ["--dataset", "digits"], r"mnist-2d.*--dataset overrides it"),
+    ("[model]\nwidth = 0", ["--width", "16"], r"width.*--width overrides it"),
+    ("[training]\nlr = -1.0", ["--lr", "0.01"], r"lr.*--lr overrides it"),
+])
+@pytest.mark.parametrize("command", ["audit", "ladder"])
+def test_a_config_value_a_flag_overrides_is_still_checked(tmp_path, capsys, line, flag, says, command):
+    toml = tmp_path / "c.toml"
+    body = {"epochs": "epochs = 1", "seeds": "seeds = [42]", "methods": 'methods = ["bp"]',
+            "dataset": 'dataset = "digits"'}
+    key = line.split()[0]
+    toml.write_text("\n".join(v for k, v in body.items() if k != key) + "\n" + line + "\n")
+    refused([command, "--config", toml, *flag, "--out", tmp_path / "o"], capsys, says)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_valid_file_overridden_by_a_flag_still_runs_the_flag(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('dataset = "digits"\nmethods = ["bp"]\nseeds = [42]\nepochs = 5\n[model]\nwidth = 16\n'
+                    "blocks = 1\n")
+    out = tmp_path / "o"
+    assert cli_main(["audit", "--config", str(toml), "--epochs", "1", "--jobs", "1", "--quiet",
+                     "--out", str(out)]) in (0, 3)
+    assert {r["config"]["epochs"] for r in json.loads((out / "audit.json").read_text())["runs"]} == {1}

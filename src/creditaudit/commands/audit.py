@@ -2,6 +2,7 @@
 its report and what to do next."""
 from __future__ import annotations
 
+import copy
 import shutil
 import sys
 import textwrap
@@ -13,9 +14,12 @@ from .running import compile_step, locked_out, write_report_together
 
 
 def _audit_raw(args) -> dict:
-    """The audit's settings: preset or TOML file, then command-line overrides."""
+    """The audit's settings: preset or TOML file, then command-line overrides. A file's value that
+    a flag overrides is still checked (`_check_overridden`): the file must stand on its own, or
+    the next command without the flag would fail on it, or run something else than the file says."""
     from ..config import PRESET_NAMES, load_audit_toml
     raw = load_audit_toml(args.config) if args.config else {"preset": args.preset or PRESET_NAMES[0]}
+    file = copy.deepcopy(raw) if args.config else {}
     if args.config and args.preset:
         raw["preset"] = args.preset
     for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor",
@@ -48,8 +52,41 @@ def _audit_raw(args) -> dict:
                                    f"options ([model.options]), got {options!r}")
         model["options"] = {**options, **given_once(args.arch_option, "--arch-option")}
     from ..runs import resolve_device
+    if args.config and getattr(args, "device", None) is not None and "device" in file:
+        resolve_device(file["device"])               # the file's own, which --device overrides
     raw["device"] = str(resolve_device(raw.get("device", "auto")))   # "auto" is decided here, once
+    _check_overridden(raw, file, args)
     return raw
+
+
+# the file's keys a flag replaces: (flag, table or None, key)
+_OVERRIDES = tuple((key, None, key) for key in ("dataset", "epochs", "out", "data_dir", "jobs", "eval_batches",
+                                                "executor", "address", "max_retries", "stack", "recipe",
+                                                "methods", "seeds")) + (
+    ("arch", "model", "arch"), ("width", "model", "width"), ("blocks", "model", "blocks"), ("lr", "training", "lr"))
+
+
+def _check_overridden(raw: dict, file: dict, args) -> None:
+    """Validate each value of the config file that a flag replaces, as the file would run with the
+    rest of this command: `--epochs 3` over `epochs = -5` refuses the file's -5, naming the fix."""
+    from ..config import audit_config_from_dict
+    hidden = [(flag, table, key, source[key]) for flag, table, key in _OVERRIDES
+              for source in [file.get(table) if table else file]
+              if isinstance(source, dict) and key in source and getattr(args, flag, None) not in (None, [])]
+    if hidden:
+        audit_config_from_dict(raw, where=str(args.config))   # what runs first: its own errors as they are
+    for flag, table, key, value in hidden:
+        trial = copy.deepcopy(raw)
+        if table:
+            trial[table] = {**trial.get(table, {}), key: value}
+        else:
+            trial[key] = value
+        try:
+            audit_config_from_dict(trial, where=str(args.config))
+        except CreditAuditError as err:
+            raise CreditAuditError(f"{err} (--{flag.replace('_', '-')} overrides it on this command "
+                                   f"line, but {args.config} must hold valid values: fix or remove "
+                                   "it)") from None
 
 
 def _not_a_table(section: str, value, flag: str, where: str) -> None:
