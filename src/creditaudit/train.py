@@ -70,10 +70,10 @@ from .seeding import derived_generator
 StopRule = Callable[[Sequence[dict]], "str | None"]
 
 # Seconds of training between two checkpoints of a run. Writing one (the tensors, their digest,
-# the sealed history, fsyncs) took ~55 ms on a 2-core CPU: after every 0.5-s epoch of the quick
-# audit's runs, 6–10 % of their training, and of the whole audit ~25 of 285 s. An epoch that
-# takes longer than this is written as before, every one. CHECKPOINT_ENV overrides it (0: after
-# every epoch, as the resume tests need).
+# the sealed history, fsyncs) took ~55 ms on one thread of a 2-core CPU: after every 0.5-s epoch
+# of the quick audit's runs, 6–10 % of their training; the whole audit took 4.5 % less without
+# them (paired timings, docs/SPEED.md). An epoch that takes longer than this is written as
+# before, every one. CHECKPOINT_ENV overrides it (0: after every epoch, as the resume tests need).
 CHECKPOINT_SECONDS = 10.0
 CHECKPOINT_ENV = "CREDITAUDIT_CHECKPOINT_SECONDS"
 
