@@ -13,6 +13,11 @@ from .exits import EXIT_INCOMPLETE, failed_runs_advice
 from .running import compile_step, locked_out, write_report_together
 
 
+# the top-level keys a flag of the same name replaces
+_TOP_FLAGS = ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor", "address",
+              "max_retries", "stack", "recipe")
+
+
 def _audit_raw(args) -> dict:
     """The audit's settings: preset or TOML file, then command-line overrides. A file's value that
     a flag overrides is still checked (`_check_overridden`): the file must stand on its own, or
@@ -22,8 +27,7 @@ def _audit_raw(args) -> dict:
     file = copy.deepcopy(raw) if args.config else {}
     if args.config and args.preset:
         raw["preset"] = args.preset
-    for key in ("dataset", "epochs", "out", "device", "data_dir", "jobs", "eval_batches", "executor",
-                "address", "max_retries", "stack", "recipe"):
+    for key in _TOP_FLAGS:
         value = getattr(args, key, None)
         if value is not None:
             raw[key] = value
@@ -59,10 +63,9 @@ def _audit_raw(args) -> dict:
     return raw
 
 
-# the file's keys a flag replaces: (flag, table or None, key)
-_OVERRIDES = tuple((key, None, key) for key in ("dataset", "epochs", "out", "data_dir", "jobs", "eval_batches",
-                                                "executor", "address", "max_retries", "stack", "recipe",
-                                                "methods", "seeds")) + (
+# the file's keys a flag replaces: (flag, table or None, key); the device is checked apart, before
+# "auto" is resolved
+_OVERRIDES = tuple((key, None, key) for key in _TOP_FLAGS + ("methods", "seeds") if key != "device") + (
     ("arch", "model", "arch"), ("width", "model", "width"), ("blocks", "model", "blocks"), ("lr", "training", "lr"))
 
 
