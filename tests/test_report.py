@@ -616,3 +616,35 @@ def test_a_figure_is_drawn_again_only_when_what_it_shows_changed(audited, tmp_pa
     drawn.clear()
     write_report(changed, tmp_path)
     assert drawn == ["gamma.png"]
+
+
+def test_figures_drawn_in_the_workers_are_the_driver_s_and_a_failed_one_is_drawn_again(audited, tmp_path):
+    """The audit hands its idle local workers to the report (`write_report(executor=…)`): each
+    figure to draw is one job there (`figures.draw_job`), only figures that changed are sent,
+    the PNGs are byte for byte the driver's, and a figure a worker could not draw is drawn by
+    the driver."""
+    import creditaudit.report.figures as figures
+    result, _, _ = audited
+    audit = store.json_safe(result)
+
+    class Workers:          # the executor protocol (runner/__init__.py), in this process
+        def __init__(self, fail=()):
+            self.jobs, self.fail = [], set(fail)
+
+        def map(self, fn, jobs, on_done):
+            self.jobs += [name for _, name, _ in jobs]
+            records = [{"error": "worker died"} if name in self.fail else fn((a, name, key))
+                       for a, name, key in jobs]
+            for i, r in enumerate(records):
+                on_done(i, r)
+            return records
+
+    alone = write_report(audit, tmp_path / "alone")
+    workers = Workers(fail={"rho.png"})
+    there = write_report(audit, tmp_path / "there", executor=workers)
+    assert sorted(workers.jobs) == sorted(figures.FIGURES)
+    assert {n: there[n].read_bytes() for n in figures.FIGURES} == {n: alone[n].read_bytes() for n in figures.FIGURES}
+    assert figures.draw_job((audit, "no-such.png", "k"))["error"].startswith("KeyError")
+    again = Workers()
+    write_report(audit, tmp_path / "there", executor=again)
+    assert again.jobs == []                       # nothing changed: nothing is sent

@@ -62,3 +62,35 @@ def test_a_rerun_with_nothing_to_train_starts_no_process_and_no_dynamo(tmp_path,
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"code": first_code, "dynamo": False}
     assert _audit_json(tmp_path)["runs_trained_now"] == 0
+
+
+def test_the_driver_imports_while_runs_train_and_the_workers_draw_the_figures(tmp_path, monkeypatch):
+    """The audit's driver only waits while its workers train: it imports what the tables and
+    figures need then (once, after the first run, before the last), and the report draws its
+    figures in the same workers (one job per figure), which are closed when the command ends."""
+    import creditaudit.commands.audit as audit_command
+    (tmp_path / "small.toml").write_text(SMALL)
+    submitted, pools, finished_then = [], [], []
+
+    class Pool(ThreadPoolExecutor):          # threads stand in for the spawned workers
+        def submit(self, fn, *args, **kwargs):
+            submitted.append(fn.__name__)
+            return super().submit(fn, *args, **kwargs)
+
+        def shutdown(self, *args, **kwargs):
+            pools.remove(self)
+            return super().shutdown(*args, **kwargs)
+
+    def pool(max_workers, **kwargs):
+        pools.append(Pool(1))
+        return pools[-1]
+
+    def imports():
+        finished_then.append(len(list((tmp_path / "out" / "runs").glob("*/status.json"))))
+    monkeypatch.setattr(local, "ProcessPoolExecutor", pool)
+    monkeypatch.setattr(audit_command, "_import_what_follows", imports)
+    assert cli_main(_audit(tmp_path)) in (0, 3)
+    n_runs = len(_audit_json(tmp_path)["runs"])
+    assert len(finished_then) == 1 and 1 <= finished_then[0] < n_runs
+    assert submitted.count("draw_job") == 5 and submitted[-5:] == ["draw_job"] * 5
+    assert pools == []                       # closed when the command ended

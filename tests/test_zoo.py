@@ -511,3 +511,26 @@ def test_docs_rules_table_is_the_rendering_of_the_committed_audit():
         assert comparison == recipe_comparison(audit, shared)
     else:
         assert comparison.startswith("Not generated yet")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, cls in METHODS.items() if cls.random_feedback))
+def test_one_null_draw_for_all_batches_is_the_per_batch_draw_bit_for_bit(name):
+    """Γ's null asks each rule for its credit on every eval batch under one draw
+    (`Method.fresh_feedback_credits`). A rule that draws once and reuses the draw (fa, dfa and
+    their kin) must give exactly what drawing again per batch from the same generator state gives,
+    and leave the generator where that would; and a second draw must differ."""
+    options = {"variant": "frsf"} if name == "sign-symmetry" else None
+    model, method = build(name, options=options)
+    batches = [batch(6, seed) for seed in (1, 2, 3)]
+    gen, again = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    once = method.fresh_feedback_credits(batches, gen)
+    start, per_batch = again.get_state(), []
+    for x, y in batches:
+        again.set_state(start)
+        per_batch.append(method.fresh_feedback_credit(x, y, again))
+    assert len(once) == len(batches)
+    for a, b in zip(once, per_batch):
+        assert len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b))
+    assert torch.equal(gen.get_state(), again.get_state())
+    other = method.fresh_feedback_credits(batches, gen)
+    assert any(not torch.equal(p, q) for p, q in zip(other[0], once[0]))

@@ -2,11 +2,13 @@
 its report and what to do next."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import sys
 import textwrap
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import CreditAuditError
 from .exits import EXIT_INCOMPLETE, failed_runs_advice
@@ -129,6 +131,29 @@ def cmd_audit(args) -> int:
     return run_audit(args, config, _what_ran(args, config))
 
 
+@contextlib.contextmanager
+def _workers_kept() -> Iterator[list]:
+    """A list for `audit` to leave its worker pool open in (its `keep_workers`), so that the report
+    draws its figures there; every pool in it is closed when the block ends, however it ends."""
+    pool: list = []
+    try:
+        yield pool
+    finally:
+        for executor in pool:
+            close = getattr(executor, "close", None)
+            if close is not None:
+                close()
+
+
+def _import_what_follows() -> None:
+    """Import, while the runs train, what the audit needs once they have: scipy's statistics for
+    (d) and matplotlib for the figures (about 2 s on a 2-core CPU). The driver only waits then;
+    after training it works alone while the workers wait."""
+    import scipy.stats  # noqa: F401
+
+    from ..report import figures  # noqa: F401
+
+
 def run_audit(args, config, what_ran: str, reproduction: dict | None = None,
               extra_lines=lambda result: []) -> int:
     """Train, diagnose and report the audit `config` (the trackers and the terminal as the
@@ -138,6 +163,7 @@ def run_audit(args, config, what_ran: str, reproduction: dict | None = None,
     from ..experiments import audit
     from ..report import compact_table, write_report
     from ..report.tables import schedule_line, work_done
+    from ..runner.local import LocalExecutor
     from ..verdict import Thresholds, verdict_of
     if args.tensorboard is not None:          # refused now, not after the audit it would log
         from ..trackers import check_log_dir
@@ -151,10 +177,12 @@ def run_audit(args, config, what_ran: str, reproduction: dict | None = None,
     print(textwrap.fill(f"creditaudit {args.command} ({what_ran}): {plural(len(config.methods), 'method')} "
                         f"× {plural(len(config.seeds), 'seed')} → {plural(n_runs, 'run')} → {config.out}",
                         width, subsequent_indent="    ", break_on_hyphens=False))
-    with locked_out(Path(config.out)):
+    with locked_out(Path(config.out)), _workers_kept() as pool:
         result = audit(config, progress=not args.quiet, compile_step=compile_step(args),
-                       label_probe=not args.no_label_probe, reproduction=reproduction)
-        files = write_report_together(write_report, result, Path(config.out))
+                       label_probe=not args.no_label_probe, reproduction=reproduction,
+                       while_training=_import_what_follows, keep_workers=pool)
+        local = [ex for ex in pool if isinstance(ex, LocalExecutor)]   # not Ray's: a figure is no cluster task
+        files = write_report_together(write_report, result, Path(config.out), local[0] if local else None)
     if args.tensorboard is not None:  # every run's monitor history, one log folder per run
         from ..trackers import log_runs
         log_runs(result["runs"], args.tensorboard, Thresholds(**config.thresholds))

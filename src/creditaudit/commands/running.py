@@ -75,15 +75,17 @@ def train_or_record(train_run, config, out: Path, **train_kwargs):
         return None
 
 
-def write_report_together(write_report, result: dict, out: Path) -> dict:
+def write_report_together(write_report, result: dict, out: Path, executor=None) -> dict:
     """write_report into a temporary folder beside the report, then move every file in: a write
-    that fails (a full disk) leaves the previous report whole rather than half old, half new."""
+    that fails (a full disk) leaves the previous report whole rather than half old, half new.
+    `executor`: local workers to draw the figures in (`report.write_report`)."""
     import shutil
     import tempfile
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
     try:
-        staged = write_report(result, staging, previous=out)   # a figure that did not change is kept
+        staged = write_report(result, staging, previous=out,  # a figure that did not change is kept
+                              **({"executor": executor} if executor is not None else {}))
         files = {}
         for name, path in staged.items():      # renames within one folder: they need no space
             os.replace(path, out / path.name)

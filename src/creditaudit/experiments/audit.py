@@ -344,10 +344,13 @@ def frozen_control_of(config: RunConfig) -> RunConfig | None:
 
 
 def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None = False,
-          label_probe: bool = True, reproduction: dict | None = None) -> dict:
+          label_probe: bool = True, reproduction: dict | None = None,
+          while_training: Callable[[], None] | None = None, keep_workers: list | None = None) -> dict:
     """Train, diagnose and tabulate an audit; writes <out>/audit.json and returns it as read back.
     `reproduction`: the paper's setting and numbers the audit reproduces (`papers.Paper.record`),
-    sealed into audit.json so the report compares them with the audit's own."""
+    sealed into audit.json so the report compares them with the audit's own. `while_training`:
+    `run_all`'s (work the caller needs later, done while the runs train); `keep_workers`: the
+    same (the list the worker pool is left open in, for the caller to close)."""
     out = Path(config.out)
     refuse_run_folder(out)
     check_same_audit(out, config)
@@ -357,7 +360,8 @@ def audit(config: AuditConfig, progress: bool = True, compile_step: bool | None 
     t0 = time.perf_counter()
     outcomes = run_all(runs, out, execution=execution_of(config, compile_step, label_probe), thresholds=thresholds,
                        n_eval=config.eval_batches, frozen_of=frozen_control_of,
-                       yardstick_of=yardstick_control, progress=progress, diagnose_controls=False)
+                       yardstick_of=yardstick_control, progress=progress, diagnose_controls=False,
+                       while_training=while_training, keep_workers=keep_workers)
     # accuracies are measured on the whole test split: (d)'s test-set term
     data = dataset(config.dataset, config.data_dir, "cpu")
     n_test = len(data.y_test)

@@ -29,6 +29,7 @@ from ..catalog import source_digest
 from ..config import AuditConfig, RunConfig, default
 from ..data import ArrayDataset, load_dataset, warn_if_labels_unpredicted
 from ..errors import CreditAuditError
+from ..methods import METHODS
 from ..metrics import accuracy
 from ..protocol import diagnose
 from ..runner import make_executor
@@ -579,7 +580,9 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
             rho: bool = True,
             frozen_of: Callable[[RunConfig], RunConfig | None] | None = None,
             yardstick_of: Callable[[RunConfig], RunConfig | None] | None = None,
-            progress: bool = True, diagnose_controls: bool = True) -> list[Outcome]:
+            progress: bool = True, diagnose_controls: bool = True,
+            while_training: Callable[[], None] | None = None,
+            keep_workers: list | None = None) -> list[Outcome]:
     """Train every config (reusing finished runs), gate the controls, then diagnose each run that
     ended.
 
@@ -588,18 +591,24 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
     reads a control's accuracy alone, through the evidence gate). yardstick_of(config) names the
     yardstick of that control (bp's frozen control of the seed, among `configs`): each run's own
     diagnosis then judges its control against it (a weak control cannot be cleared). One pool of
-    workers serves training, the gate and the diagnoses, and ends with the call.
+    workers serves training, the gate and the diagnoses, and ends with the call. `while_training()`
+    is called once in the driver when the first unit trained now has finished, while the others
+    train: work the caller needs later (imports) done while the driver would only wait; its
+    failure is ignored. With `keep_workers` (a list), the executor the call made, if any, is
+    appended to it instead of closed: the caller runs more jobs on it and closes it.
     """
     made: list = []
     warned = _warned_folder(Path(root))
     try:
         return _run_all(configs, root, made, execution=execution, thresholds=thresholds, n_eval=n_eval,
                         rho=rho, frozen_of=frozen_of, yardstick_of=yardstick_of, progress=progress,
-                        diagnose_controls=diagnose_controls, warned=warned)
+                        diagnose_controls=diagnose_controls, warned=warned, while_training=while_training)
     finally:
         for executor in made:
             close = getattr(executor, "close", None)
-            if close is not None:
+            if keep_workers is not None:
+                keep_workers.append(executor)
+            elif close is not None:
                 close()
         if warned is not None:
             shutil.rmtree(warned, ignore_errors=True)
@@ -624,7 +633,8 @@ def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution:
              thresholds: Thresholds, n_eval: int, rho: bool,
              frozen_of: Callable[[RunConfig], RunConfig | None] | None,
              yardstick_of: Callable[[RunConfig], RunConfig | None] | None,
-             progress: bool, diagnose_controls: bool, warned: str | None = None) -> list[Outcome]:
+             progress: bool, diagnose_controls: bool, warned: str | None = None,
+             while_training: Callable[[], None] | None = None) -> list[Outcome]:
     """`run_all`'s work; `made` holds the executor once a job needed one (`run_all` closes it);
     `warned`: the folder its training workers share to show each warning once (`told_once`)."""
     # the command line has resolved "auto" by now; a Python caller's unresolved "auto" (the
@@ -679,13 +689,22 @@ def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution:
     # and none idles long while another finishes a deep run (the tail of a 2-worker audit)
     todo_units = sorted((j for j, r in enumerate(results) if r is None),
                         key=lambda j: all(configs[i].blocks == 0 for i in groups[j]))
+    waiting = [while_training] if while_training is not None else []
+
+    def trained_one(k: int, res: dict) -> None:
+        said(todo_units[k], res)
+        if waiting:
+            try:
+                waiting.pop()()
+            except Exception:  # noqa: BLE001 — only a head start on later work
+                pass
+
     try:
         for j, res in enumerate(results):
             if res is not None:
                 said(j, res)
         if todo_units:
-            trained_now = executor().map(train_any, [units[j] for j in todo_units],
-                                         lambda k, res: said(todo_units[k], res))
+            trained_now = executor().map(train_any, [units[j] for j in todo_units], trained_one)
             for j, res in zip(todo_units, trained_now):
                 results[j] = res
     finally:
@@ -845,6 +864,9 @@ def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution:
         outcomes[i].report = reusable_diagnosis(job)
         outcomes[i].diagnosis_reused = outcomes[i].report is not None
     todo = [(i, job) for i, job in zip(diag_index, diag_jobs) if outcomes[i].report is None]
+    # the costly diagnoses first, so that no worker idles while the other ends on one: a rule with
+    # Γ's null (20 credits on every eval batch) costs 2–4× one without (benchmarks/run_profile.py)
+    todo.sort(key=lambda ij: not getattr(METHODS.get(ij[1].config.get("method")), "random_feedback", False))
     bar = tqdm(total=len(todo), desc="diagnoses", unit="run", disable=not progress or not todo,
                dynamic_ncols=True)
     try:

@@ -30,7 +30,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import torch
 
@@ -360,6 +360,19 @@ class Method(ABC):
                               gen: torch.Generator) -> list[torch.Tensor]:
         """Credit with a freshly drawn set of feedback matrices (same distribution) — the null."""
         raise NotImplementedError(f"{self.name} has no random feedback to redraw")
+
+    def fresh_feedback_credits(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                               gen: torch.Generator) -> list[list[torch.Tensor]]:
+        """`fresh_feedback_credit` on each of `batches` under one draw: every batch is given `gen`
+        at its state on entry, so a rule that draws its feedback from `gen` first draws the same
+        feedback for each (Γ's null: one draw is one feedback, docs/PROTOCOL.md). A rule whose draw
+        is costly overrides this to draw once and reuse it (fa, dfa: the same values, bit for bit)."""
+        start = gen.get_state()
+        credits = []
+        for x, y in batches:
+            gen.set_state(start)
+            credits.append(self.fresh_feedback_credit(x, y, gen))
+        return credits
 
     def end_epoch(self) -> None:
         for opt, sched in zip(self.optimizers, self.schedulers):

@@ -189,6 +189,11 @@ class DFA(LocalMethod):
     def fresh_feedback_credit(self, x, y, gen):
         return self._credit(x, y, draw_feedback(self.model, gen))[1]
 
+    def fresh_feedback_credits(self, batches, gen):
+        """One draw of every B_l for every batch, drawn once."""
+        feedback = draw_feedback(self.model, gen)
+        return [self._credit(x, y, feedback)[1] for x, y in batches]
+
     def extra_state(self):
         return {"feedback": {f"B{l}": b for l, b in enumerate(self.feedback)}}
 

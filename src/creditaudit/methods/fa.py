@@ -365,8 +365,18 @@ class FA(Method):
         a_L = g_L exactly; on a plain network a_L = e·B_out)."""
         return self._credit(x, y, self.feedback)
 
+    def fresh_feedback(self, gen: torch.Generator) -> list[dict[str, torch.Tensor]]:
+        """Every B drawn afresh from `gen`, as at initialisation: Γ's null."""
+        return draw_feedback(self.model, gen)
+
     def fresh_feedback_credit(self, x, y, gen):
-        return self._credit(x, y, draw_feedback(self.model, gen))
+        return self._credit(x, y, self.fresh_feedback(gen))
+
+    def fresh_feedback_credits(self, batches, gen):
+        """One draw for every batch, drawn once (a draw is 4 fan-sized float64 matrices per block:
+        drawn again for each of the 10 eval batches it was a third of fa's null calibration)."""
+        feedback = self.fresh_feedback(gen)
+        return [self._credit(x, y, feedback) for x, y in batches]
 
     def exact_positions(self, n_blocks):
         """On residual models {L}: out_ln and the head backpropagate with their true weights, so

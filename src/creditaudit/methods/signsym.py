@@ -138,12 +138,12 @@ class SignSymmetry(FA):
         self._sync(self.feedback, self.magnitude)
         return super().credit(x, y)
 
-    def fresh_feedback_credit(self, x, y, gen):
+    def fresh_feedback(self, gen):
         """frSF's null: fresh magnitudes |R'| from `gen`, the current signs."""
         fresh = self._magnitudes(gen)
         feedback = [{name: torch.empty_like(b) for name, b in pair.items()} for pair in self.feedback]
         self._sync(feedback, fresh)
-        return self._credit(x, y, feedback)
+        return feedback
 
     def extra_state(self):
         return {**super().extra_state(),

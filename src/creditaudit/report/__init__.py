@@ -11,24 +11,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import store
-from .figures import FIGURES, FIGURE_MAKERS, render_figure
+from .figures import FIGURES, FIGURE_MAKERS, render_figures
 from .html import report_html
 from .tables import audit_table, compact_table, recipe_comparison, rules_table
 
 # -- everything -------------------------------------------------------------------------------
-def write_report(audit: dict, out_dir: Path, previous: Path | None = None) -> dict[str, Path]:
+def write_report(audit: dict, out_dir: Path, previous: Path | None = None, executor=None) -> dict[str, Path]:
     """Write audit.md, rules.md (the rules table of docs/RULES.md), report.html and the figures into
     out_dir (each file atomically).
 
     Returns {file name: path}. `audit` is audit.json's content (as `experiments.read_audit` gives it).
     A figure is drawn only when what it shows changed: one in `previous` (default: out_dir) drawn
-    from the same content by the same code is taken as it is (`figures.render_figure`). The text
+    from the same content by the same code is taken as it is (`figures.render_figures`). The text
     files are written every time: they show the command's wall time and what it trained anew.
+    `executor`: the audit's local workers, to draw the figures in (`figures.render_figures`).
     """
     out_dir = Path(out_dir)
     audit = store.json_safe(audit)  # one form to read: NaN → None, inf → "inf", int keys → str
-    pngs = {name: render_figure(audit, name, out_dir if previous is None else previous)
-            for name in FIGURE_MAKERS}
+    pngs = render_figures(audit, list(FIGURE_MAKERS), out_dir if previous is None else previous, executor)
     paths: dict[str, Path] = {}
     for name, data in pngs.items():
         paths[name] = out_dir / name
