@@ -435,8 +435,9 @@ def null_calibration(method_or_fn, model, x, y=None, k: int = 20, seed: int = 0
 
     One draw is one feedback, as the method's Γ is one: every batch of draw k is given the
     generator at the same state, so a rule drawing its feedback from `gen` draws the same one for
-    each batch (`Method.fresh_feedback_credits`; fa and dfa draw it once and reuse it). (Drawn afresh per batch, a draw's Γ averaged 10 feedbacks: its spread over draws
-    shrank about √10-fold, and z grew as much — fa's z 31 against 8 on one trained run.)
+    each batch (`Method.fresh_feedback_credits`; fa and dfa draw it once and reuse it). (Drawn
+    afresh per batch, a draw's Γ averaged one feedback per eval batch — 8 in an audit —: its spread
+    over draws shrank about √8-fold, and z grew as much: fa's z 31 against 8 on one trained run.)
     """
     one_draw = _one_draw_credits(method_or_fn)
     batches = x if y is None else [(x, y)]

@@ -373,8 +373,8 @@ class FA(Method):
         return self._credit(x, y, self.fresh_feedback(gen))
 
     def fresh_feedback_credits(self, batches, gen):
-        """One draw for every batch, drawn once (a draw is 4 fan-sized float64 matrices per block:
-        drawn again for each of the 10 eval batches it was a third of fa's null calibration)."""
+        """One draw for every batch, drawn once (a draw is two fan-sized float64 matrices per
+        block: drawn again for every eval batch, it was about a third of fa's null calibration)."""
         feedback = self.fresh_feedback(gen)
         return [self._credit(x, y, feedback) for x, y in batches]
 
