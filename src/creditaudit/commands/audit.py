@@ -181,7 +181,9 @@ def run_audit(args, config, what_ran: str, reproduction: dict | None = None,
         result = audit(config, progress=not args.quiet, compile_step=compile_step(args),
                        label_probe=not args.no_label_probe, reproduction=reproduction,
                        while_training=_import_what_follows, keep_workers=pool)
-        local = [ex for ex in pool if isinstance(ex, LocalExecutor)]   # not Ray's: a figure is no cluster task
+        # workers already up on this machine (not Ray's: a figure is no cluster task; not a pool a
+        # dying worker broke, which a map would start again)
+        local = [ex for ex in pool if isinstance(ex, LocalExecutor) and ex.running]
         files = write_report_together(write_report, result, Path(config.out), local[0] if local else None)
     if args.tensorboard is not None:  # every run's monitor history, one log folder per run
         from ..trackers import log_runs

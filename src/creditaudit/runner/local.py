@@ -48,6 +48,11 @@ class LocalExecutor:
         with sigterm_interrupts():
             return self._map(fn, jobs, on_done)
 
+    @property
+    def running(self) -> bool:
+        """Whether its workers are up and whole (a map now starts none)."""
+        return self._pool is not None and not getattr(self._pool, "_broken", False)
+
     def close(self) -> None:
         """End the workers (after the jobs they run); a later map starts new ones."""
         pool, self._pool = self._pool, None
