@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import ResidualStream, as_stream
-from .seeding import derived_generator
+from .seeding import derived_generator, from_one_state
 
 
 def per_sample_norm(t: torch.Tensor) -> torch.Tensor:
@@ -412,15 +412,7 @@ def _one_draw_credits(method_or_fn):
     if not callable(fresh):
         raise TypeError("null_calibration needs a Method with random feedback or a callable "
                         "(x, y, gen) -> [a_0, …, a_L]")
-
-    def per_batch(batches, gen):
-        start = gen.get_state()
-        credits = []
-        for xb, yb in batches:
-            gen.set_state(start)
-            credits.append(fresh(xb, yb, gen))
-        return credits
-    return per_batch
+    return lambda batches, gen: from_one_state(fresh, batches, gen)
 
 
 def null_calibration(method_or_fn, model, x, y=None, k: int = 20, seed: int = 0

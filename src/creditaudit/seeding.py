@@ -40,6 +40,18 @@ def draw_on_host(sampler, shape: tuple[int, ...], gen: torch.Generator, like: to
     return out.to(device=like.device, dtype=like.dtype, non_blocking=True)
 
 
+def from_one_state(fn, batches, gen: torch.Generator) -> list:
+    """[fn(x, y, gen) for each (x, y) of `batches`], each call given `gen` at its state on entry: a
+    function that draws from `gen` first draws the same for every batch (Γ's null: one draw of a
+    rule's feedback is one feedback on every eval batch)."""
+    start = gen.get_state()
+    out = []
+    for x, y in batches:
+        gen.set_state(start)
+        out.append(fn(x, y, gen))
+    return out
+
+
 def seed_everything(seed: int) -> None:
     """Seed the global RNGs used for model initialisation."""
     random.seed(seed)

@@ -84,8 +84,7 @@ def write_report_together(write_report, result: dict, out: Path, executor=None) 
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
     try:
-        staged = write_report(result, staging, previous=out,  # a figure that did not change is kept
-                              **({"executor": executor} if executor is not None else {}))
+        staged = write_report(result, staging, previous=out, executor=executor)   # an unchanged figure is kept
         files = {}
         for name, path in staged.items():      # renames within one folder: they need no space
             os.replace(path, out / path.name)

@@ -605,11 +605,10 @@ def run_all(configs: Sequence[RunConfig], root: Path, *, execution: Execution = 
                         diagnose_controls=diagnose_controls, warned=warned, while_training=while_training)
     finally:
         for executor in made:
-            close = getattr(executor, "close", None)
             if keep_workers is not None:
                 keep_workers.append(executor)
-            elif close is not None:
-                close()
+            elif getattr(executor, "close", None) is not None:
+                executor.close()
         if warned is not None:
             shutil.rmtree(warned, ignore_errors=True)
 

@@ -36,7 +36,7 @@ import torch
 
 from ..errors import CreditAuditError
 from ..model import ResidualModel
-from ..seeding import derived_generator
+from ..seeding import derived_generator, from_one_state
 from .recipe import SHARED, Recipe, build_optimizer, build_scheduler
 from .setting import PaperSetting
 
@@ -367,12 +367,7 @@ class Method(ABC):
         at its state on entry, so a rule that draws its feedback from `gen` first draws the same
         feedback for each (Γ's null: one draw is one feedback, docs/PROTOCOL.md). A rule whose draw
         is costly overrides this to draw once and reuse it (fa, dfa: the same values, bit for bit)."""
-        start = gen.get_state()
-        credits = []
-        for x, y in batches:
-            gen.set_state(start)
-            credits.append(self.fresh_feedback_credit(x, y, gen))
-        return credits
+        return from_one_state(self.fresh_feedback_credit, batches, gen)
 
     def end_epoch(self) -> None:
         for opt, sched in zip(self.optimizers, self.schedulers):
