@@ -6,8 +6,11 @@ Times, in one invocation and each in a fresh output folder,
      run's training wall time (`wall_time` of its status.json, the runs listed in audit.json),
      summed per method, with the number of runs;
   2. `python -m creditaudit train --method bp --dataset mnist1d --epochs 15 --threads 1 --quiet
-     --out <tmp>` as a whole command, --unit-repeats times (default 3), each into a fresh folder:
-     the unit is their median. One thread, as each of the audit's workers trains its runs: left
+     --out <tmp>` as a whole command, --unit-repeats times (default 4), each into a fresh folder,
+     half of them before the audit(s) and half after: the unit is their median. This machine's
+     speed drifts over minutes (one lone BP run's training took 7.0–8.5 s within half an hour, the
+     whole command 10.4–14.8 s), and units taken only after the audit read whatever minute
+     followed it. One thread, as each of the audit's workers trains its runs: left
      to `train`'s default the unit took the cores the load average left idle when it started —
      on a 2-core machine 2 threads on a quiet one (10.9–11.5 s) and 1 after the audit had
      loaded it (12.2 s), so the ratio moved by 10 % with the load of the minute before;
@@ -86,7 +89,8 @@ def main(argv=None) -> None:
     ap.add_argument("--methods", nargs="+", default=None, help="audit only these methods")
     ap.add_argument("--epochs", type=int, default=None, help="epochs per audit run (quick: 15)")
     ap.add_argument("--bp-epochs", type=int, default=15, help="epochs of the bp reference run")
-    ap.add_argument("--unit-repeats", type=int, default=3, help="bp reference runs; the unit is their median")
+    ap.add_argument("--unit-repeats", type=int, default=4,
+                    help="bp reference runs, half before the audit and half after; the unit is their median")
     ap.add_argument("--device", default=None, help="passed to both commands (default: theirs)")
     ap.add_argument("--jobs", type=int, default=None, help="passed to the audit")
     ap.add_argument("--keep", metavar="DIR",
@@ -98,6 +102,18 @@ def main(argv=None) -> None:
     modes = {"default": [None], "on": ["--stack"], "off": ["--no-stack"], "both": ["--stack", "--no-stack"]}
     with tempfile.TemporaryDirectory(prefix="audit_speed_") as tmp:
         tmp = Path(tmp)
+        repeats = max(1, args.unit_repeats)
+        units: list[float] = []
+
+        def unit_runs(n: int) -> None:
+            for _ in range(n):
+                bp_args = ["train", "--method", "bp", "--dataset", "mnist1d", "--epochs", str(args.bp_epochs),
+                           "--threads", "1", "--quiet", "--out", str(tmp / f"bp{len(units)}")]
+                if args.device:
+                    bp_args += ["--device", args.device]
+                units.append(run_command(bp_args))
+
+        unit_runs(repeats // 2)
         audits = []
         for flag in modes[args.stack]:
             audit_dir = Path(args.keep) / (flag or "audit").lstrip("-") if args.keep else tmp / f"audit{flag}"
@@ -118,13 +134,8 @@ def main(argv=None) -> None:
             seconds = run_command(audit_args, ok=(0, 3))  # 3: some method incomplete, still a full audit
             audits.append((flag, seconds, breakdown(audit_dir), phases(audit_dir, started, time.time())))
 
-        units = []
-        for i in range(max(1, args.unit_repeats)):
-            bp_args = ["train", "--method", "bp", "--dataset", "mnist1d", "--epochs", str(args.bp_epochs),
-                       "--threads", "1", "--quiet", "--out", str(tmp / f"bp{i}")]
-            if args.device:
-                bp_args += ["--device", args.device]
-            units.append(run_command(bp_args))
+        before = len(units)
+        unit_runs(repeats - before)
         bp_s = statistics.median(units)
 
     for flag, audit_s, per, parts in audits:
@@ -137,7 +148,8 @@ def main(argv=None) -> None:
             print(f"{method:<14}{len(walls):>6}{sum(walls):>18.1f}{sum(walls) / len(walls):>16.1f}{note}")
         print("phases (from the files' times): " + "; ".join(f"{k} {v:.1f} s" for k, v in parts.items()))
     print(f"bp run ({args.bp_epochs} epochs, mnist1d, one thread): {bp_s:.1f} s as a whole command, the median "
-          f"of {', '.join(f'{u:.1f}' for u in units)}")
+          f"of {', '.join(f'{u:.1f}' for u in units[:before]) or 'none'} before the audit and "
+          f"{', '.join(f'{u:.1f}' for u in units[before:])} after")
     for flag, audit_s, _, _ in reversed(audits):
         print(f"audit_cost_in_bp_runs{'_lone' if flag == '--no-stack' and len(audits) > 1 else ''}"
               f"={audit_s / bp_s:.2f}")

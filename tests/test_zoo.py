@@ -26,7 +26,7 @@ from creditaudit.methods.signsym import xavier
 from creditaudit.model import ResidualMLP, build_model
 from creditaudit.model.resmlp import ACTIVATIONS
 from creditaudit.report import recipe_comparison, rules_table
-from creditaudit.seeding import derived_generator, derived_seed, draw_on_host
+from creditaudit.seeding import derived_generator, derived_seed, draw_on_host, from_one_state
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGN, KP, DRTP, NP = "sign-symmetry", "kolen-pollack", "drtp", "node-perturbation"
@@ -534,3 +534,25 @@ def test_one_null_draw_for_all_batches_is_the_per_batch_draw_bit_for_bit(name):
     assert torch.equal(gen.get_state(), again.get_state())
     other = method.fresh_feedback_credits(batches, gen)
     assert any(not torch.equal(p, q) for p, q in zip(other[0], once[0]))
+
+
+@pytest.mark.parametrize("name", sorted(n for n, cls in METHODS.items() if cls.random_feedback))
+def test_all_null_draws_at_once_are_the_draws_one_by_one_bit_for_bit(name):
+    """Γ's null asks for all its draws at once (`Method.fresh_feedback_draws`): a rule that runs
+    each batch's forward once for every draw (dfa, dfa-penalty, drtp) must give exactly the
+    credits of each draw asked for alone, batch by batch (`fresh_feedback_credit` with the
+    generator at the same state), and leave each generator where that would."""
+    options = {"variant": "frsf"} if name == "sign-symmetry" else None
+    model, method = build(name, options=options)
+    batches = [batch(6, seed) for seed in (1, 2, 3)]
+    gens = [torch.Generator().manual_seed(s) for s in (11, 12, 13)]
+    alone = [torch.Generator().manual_seed(s) for s in (11, 12, 13)]
+    together = list(method.fresh_feedback_draws(batches, iter(gens)))
+    assert len(together) == len(gens)
+    for draw, gen, again in zip(together, gens, alone):
+        expected = from_one_state(method.fresh_feedback_credit, batches, again)
+        assert len(draw) == len(batches)
+        for a, b in zip(draw, expected):
+            assert len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b))
+        assert torch.equal(gen.get_state(), again.get_state())
+    assert any(not torch.equal(p, q) for p, q in zip(together[0][0], together[1][0]))

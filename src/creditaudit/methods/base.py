@@ -30,7 +30,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Iterable, Iterator, Sequence
 
 import torch
 
@@ -368,6 +368,14 @@ class Method(ABC):
         feedback for each (Γ's null: one draw is one feedback, docs/PROTOCOL.md). A rule whose draw
         is costly overrides this to draw once and reuse it (fa, dfa: the same values, bit for bit)."""
         return from_one_state(self.fresh_feedback_credit, batches, gen)
+
+    def fresh_feedback_draws(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                             gens: Iterable[torch.Generator]) -> Iterator[list[list[torch.Tensor]]]:
+        """Γ's null, draw after draw: `fresh_feedback_credits(batches, gen)` for each of `gens`.
+        A rule whose forward pass does not depend on its feedback overrides this to run each
+        batch's forward once for every draw (dfa: the same values, bit for bit)."""
+        for gen in gens:
+            yield self.fresh_feedback_credits(batches, gen)
 
     def end_epoch(self) -> None:
         for opt, sched in zip(self.optimizers, self.schedulers):

@@ -158,11 +158,16 @@ class DFA(LocalMethod):
         self.normalise = bool(options.get("normalise", 1))   # a subclass may declare knobs of its own only
 
     def _credit(self, x, y, feedback):
+        return self._credit_of_error(x, self._output_error(x, y), feedback)
+
+    def _output_error(self, x, y):
+        """e = ∂ℓ/∂logits of the model on (x, y): all the feedback B_l is applied to."""
         with torch.no_grad():
-            logits, hidden = self.model(x, return_hidden=True)
-            e = self.model.output_error(logits, y)                         # e = ∂ℓ/∂logits
+            return self.model.output_error(self.model(x), y)
+
+    def _credit_of_error(self, x, e, feedback):
         credit = dfa_credit(e, feedback, self.model.n_blocks, self.model.stream_shape, self.normalise)
-        return hidden, position_credit(self.model, credit, x)
+        return position_credit(self.model, credit, x)
 
     def gradients(self, x, y):
         fwd = self.local_forward(x)
@@ -184,15 +189,23 @@ class DFA(LocalMethod):
         return self.member_local_gradients(stack.net, y, fwd, credit, stack.trains, lam=self.lam)
 
     def credit(self, x, y):
-        return self._credit(x, y, self.feedback)[1]
+        return self._credit(x, y, self.feedback)
 
     def fresh_feedback_credit(self, x, y, gen):
-        return self._credit(x, y, draw_feedback(self.model, gen))[1]
+        return self._credit(x, y, draw_feedback(self.model, gen))
 
     def fresh_feedback_credits(self, batches, gen):
         """One draw of every B_l for every batch, drawn once."""
-        feedback = draw_feedback(self.model, gen)
-        return [self._credit(x, y, feedback)[1] for x, y in batches]
+        return next(self.fresh_feedback_draws(batches, [gen]))
+
+    def fresh_feedback_draws(self, batches, gens):
+        """The forward pass and its output error e do not depend on B: each batch's is computed
+        once for every draw (20 forwards of each eval batch saved per null), then each draw is
+        only e·B_l per position."""
+        errors = [(x, self._output_error(x, y)) for x, y in batches]
+        for gen in gens:
+            feedback = draw_feedback(self.model, gen)
+            yield [self._credit_of_error(x, e, feedback) for x, e in errors]
 
     def extra_state(self):
         return {"feedback": {f"B{l}": b for l, b in enumerate(self.feedback)}}

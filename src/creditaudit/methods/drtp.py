@@ -187,6 +187,17 @@ class DRTP(LocalMethod):
     def fresh_feedback_credit(self, x, y, gen):
         return self._credit(self.model(x), y, self.draw(self.model, gen), x)
 
+    def fresh_feedback_draws(self, batches, gens):
+        """Γ's null: the forward pass does not depend on B, so each batch's logits are computed
+        once for every draw; each draw's B is drawn once for every batch (the same values as
+        drawing it again per batch from the same generator state)."""
+        with torch.no_grad():
+            outputs = [(x, self.model(x), y) for x, y in batches]
+        for gen in gens:
+            feedback = self.draw(self.model, gen)
+            with torch.no_grad():
+                yield [self._credit(logits, y, feedback, x) for x, logits, y in outputs]
+
     def extra_state(self):
         return {"feedback": {f"B{l}": b for l, b in enumerate(self.feedback)}}
 
