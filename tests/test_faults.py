@@ -469,17 +469,16 @@ def _pid_job(_: int) -> dict:
     return {"pid": os.getpid()}
 
 
-def test_closing_the_pool_ends_its_idle_workers_at_once_and_a_later_map_starts_new_ones():
-    """An audit closes its pool once every map has returned: its workers are idle then, and are
-    stopped at once (not left to unwind torch); the executor still serves a later map."""
+def test_closing_the_pool_ends_its_workers_and_a_later_map_starts_new_ones():
+    """An audit closes its pool once every map has returned: its workers exit (each flushing what
+    it printed), none is left running, and the executor still serves a later map."""
     from creditaudit.runner.local import LocalExecutor
     ex = LocalExecutor(2)
     first = {r["pid"] for r in ex.map(_pid_job, [0, 1, 2, 3], lambda i, r: None)}
     procs = list(ex._pool._processes.values())
     assert {p.pid for p in procs} >= first and len(procs) == 2
-    t0 = time.monotonic()
     ex.close()
-    assert time.monotonic() - t0 < 0.5 and not ex.running
+    assert not ex.running
     deadline = time.monotonic() + 5
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -103,6 +103,29 @@ def test_sparse_fa_replaces_the_feedback_wholesale(userrules, digits, tmp_path):
             assert 0.1 < (b != 0).double().mean().item() < 0.4
 
 
+@pytest.mark.parametrize("spec", ["userrules.sparse_fa:SparseFA", "userrules.raw_dfa:RawDFA",
+                                  "userrules.credit_dropout:CreditDropoutDFA", "scfa:SignConcordantFA"])
+def test_the_null_of_a_subclass_is_its_own_credit_under_fresh_feedback(spec, userrules, digits, monkeypatch):
+    """Γ's null asks a rule for all its draws at once (`fresh_feedback_draws`, which fa and dfa
+    answer with shortcuts: one draw for every batch, one forward for every draw). A subclass's
+    null must still be its own `fresh_feedback_credit` — sparse feedback for SparseFA, the raw
+    credit for RawDFA, sign-synced magnitudes for docs/examples/scfa.py —, draw by draw, each batch
+    given the generator at the same state."""
+    from creditaudit.seeding import from_one_state
+    monkeypatch.syspath_prepend(str(DOC.parent / "examples"))
+    _, model, method = _build(spec, digits)
+    model.eval()
+    batches = [digits.eval_batch(i) for i in range(3)]
+    draws = list(method.fresh_feedback_draws(batches, (torch.Generator().manual_seed(s) for s in (5, 6))))
+    assert len(draws) == 2
+    for draw, seed in zip(draws, (5, 6)):
+        expected = from_one_state(method.fresh_feedback_credit, batches, torch.Generator().manual_seed(seed))
+        for got, want in zip(draw, expected):
+            assert len(got) == len(want) == model.n_blocks + 1
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+    sys.modules.pop("scfa", None)
+
+
 def test_credit_dropout_resumes_bit_identically(userrules, digits, tmp_path, monkeypatch, every_epoch):
     """Per-step draws from self.gen: a run killed after epoch 1 and resumed equals the run trained
     straight through, every metric and weight; and the draws do change the training."""

@@ -409,6 +409,8 @@ def _draws_credits(method_or_fn):
     per batch."""
     if hasattr(method_or_fn, "fresh_feedback_draws"):
         return method_or_fn.fresh_feedback_draws
+    if hasattr(method_or_fn, "fresh_feedback_credits"):
+        return lambda batches, gens: (method_or_fn.fresh_feedback_credits(batches, gen) for gen in gens)
     fresh = getattr(method_or_fn, "fresh_feedback_credit", method_or_fn)
     if not callable(fresh):
         raise TypeError("null_calibration needs a Method with random feedback or a callable "

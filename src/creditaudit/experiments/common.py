@@ -259,9 +259,12 @@ def gate_job(job: GateJob) -> dict[str, Any]:
         control = load_run(job.control_dir, "cpu", method=False)
         ev = control_evidence(config, control, data.eval_batch(0)[0])
         # a control must beat the untrained model by the margin, with or without a yardstick: the
-        # run's model at its seed's initialisation (the control's too, unless `control_evidence`
-        # found it is another run's; the run itself is loaded, and checked, by its diagnosis)
-        ev = replace(ev, init_acc=_init_acc(config, control.shape, data))
+        # run's model at its seed's initialisation, built from the run's settings and the data's
+        # shape (the same as the control's when `control_evidence` finds no mismatch); the run's
+        # folder itself is loaded, and checked, by its diagnosis. Another run's control (it may
+        # be of other data) is refused for that alone.
+        if ev.mismatch is None:
+            ev = replace(ev, init_acc=_init_acc(config, control.shape, data))
         if job.yardstick_acc is not None:
             ev = replace(ev, yardstick_acc=job.yardstick_acc)
         admission = evidence.gate(evidence.Evidence(job.label, None, ev, depth_margin=job.margin))
@@ -749,22 +752,10 @@ def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution:
             return made[0].map(gate_job, jobs, lambda i, r: None)
         return [gate_job(replace(j, threads=0)) for j in jobs]
 
-    def control_of(o: Outcome) -> Outcome | None:
-        frozen = frozen_of(o.config) if frozen_of else None
-        return by_key.get(frozen.run_key) if frozen else None
-
-    def diagnosed(o: Outcome) -> bool:
-        """A run with no residual block (the shallow control) has no depth to diagnose
-        (`evidence.check_depth`): its accuracy is all the audit reads of it; nor, with
-        `diagnose_controls` off, a frozen control, whose accuracy the gate has admitted or refused."""
-        return o.status in DONE and bool(o.config.blocks) and (diagnose_controls or o.config.control != "frozen")
-
-    # -- the evidence gate, its checks in one map (one wait for the workers, not two). Each yardstick
-    # once (`evidence.gate_yardstick`: a control's checks, beating the untrained model by the (d)
-    # margin, and its rule computing backprop, Γ = 1 at every position on the probe batch, the
-    # project's own code), each shallow control (a yardstick too: it must have trained), and each
-    # run's frozen control against its seed's yardstick's accuracy. A control's check does not
-    # depend on its yardstick's: when the yardstick is refused, the control's check is not read.
+    # -- the evidence gate. First each yardstick once (`evidence.gate_yardstick`: a control's checks,
+    # beating the untrained model by the (d) margin, and its rule computing backprop, Γ = 1 at every
+    # position on the probe batch, the project's own code) and each shallow control (a yardstick
+    # too: it must have trained); then each run's frozen control, against its seed's yardstick.
     yard_for = {o.config.run_key: finished_yardstick(o) for o in outcomes}   # before any is refused
     yard_refused: dict[str, str | None] = {}
     first: list[tuple[Outcome, GateJob]] = []
@@ -779,15 +770,7 @@ def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution:
         if o.config.control == "shallow" and o.status == "finished":
             first.append((o, GateJob("shallow", str(o.run_dir), o.config.dataset, execution.data_dir,
                                      threads, margin, o.config.label)))
-    candidates = [(o, control) for o in outcomes
-                  if diagnosed(o) and (control := control_of(o)) is not None and control.status in DONE]
-    records = gate_all([job for _, job in first] +
-                       [GateJob("control", str(o.run_dir), o.config.dataset, execution.data_dir, threads, margin,
-                                o.config.label, o.config.to_dict(), str(control.run_dir),
-                                None if yard_for[o.config.run_key] is None else yard_for[o.config.run_key].test_acc)
-                        for o, control in candidates])
-    control_checks = {o.config.run_key: rec for (o, _), rec in zip(candidates, records[len(first):])}
-    for (o, job), rec in zip(first, records):
+    for (o, job), rec in zip(first, gate_all([job for _, job in first])):
         why = _gate_failed(rec)
         if job.kind == "yardstick":
             yard_refused[o.config.run_key] = why
@@ -808,10 +791,21 @@ def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution:
         why = yard_refused[yard.config.run_key]
         return (yard, None) if why is None else (None, why)
 
+    def control_of(o: Outcome) -> Outcome | None:
+        frozen = frozen_of(o.config) if frozen_of else None
+        return by_key.get(frozen.run_key) if frozen else None
+
+    def diagnosed(o: Outcome) -> bool:
+        """A run with no residual block (the shallow control) has no depth to diagnose
+        (`evidence.check_depth`): its accuracy is all the audit reads of it; nor, with
+        `diagnose_controls` off, a frozen control, whose accuracy the gate has admitted or refused."""
+        return o.status in DONE and bool(o.config.blocks) and (diagnose_controls or o.config.control != "frozen")
+
     # then the frozen control of each run (`admit`): (admission, None), or (None, why) when refused —
     # then (d) is not evaluated for the run's seed, and the control is marked refused so that no table
     # pairs a seed with it. A refused yardstick leaves the seed's (d) not evaluated too.
     gated: dict[str, tuple[evidence.Admission | None, str | None]] = {}
+    pairs: list[tuple[Outcome, Outcome]] = []
     for o in outcomes:
         control = control_of(o)
         if not diagnosed(o) or control is None or control.status not in (*DONE, "refused"):
@@ -819,15 +813,24 @@ def _run_all(configs: Sequence[RunConfig], root: Path, made: list, *, execution:
         yard, yard_why = checked_yardstick(o)
         if yard_why is not None:
             gated[o.config.run_key] = None, yard_why
-        elif control.status == "refused":      # refused as a yardstick, or for another run it controls
+        elif control.status == "refused":      # refused as a yardstick
             gated[o.config.run_key] = None, control.message
         else:
-            why = _gate_failed(control_checks[o.config.run_key])
-            if why is None:
-                gated[o.config.run_key] = evidence.Admission(**control_checks[o.config.run_key]["admission"]), None
-            else:
-                gated[o.config.run_key] = None, why
-                control.status, control.message = "refused", why
+            pairs.append((o, control))
+    checks = gate_all([GateJob("control", str(o.run_dir), o.config.dataset, execution.data_dir, threads, margin,
+                               o.config.label, o.config.to_dict(), str(control.run_dir),
+                               None if checked_yardstick(o)[0] is None else checked_yardstick(o)[0].test_acc)
+                       for o, control in pairs])
+    for (o, control), rec in zip(pairs, checks):
+        if control.status == "refused":        # refused for another run it controls (a λ sweep's)
+            gated[o.config.run_key] = None, control.message
+            continue
+        why = _gate_failed(rec)
+        if why is None:
+            gated[o.config.run_key] = evidence.Admission(**rec["admission"]), None
+        else:
+            gated[o.config.run_key] = None, why
+            control.status, control.message = "refused", why
 
     test_labels = data.y_test.tolist()
 

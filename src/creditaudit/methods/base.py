@@ -377,6 +377,13 @@ class Method(ABC):
         for gen in gens:
             yield self.fresh_feedback_credits(batches, gen)
 
+    def _reproduces(self, cls: type, *names: str) -> bool:
+        """Whether this rule's methods `names` are still `cls`'s own. A shortcut `cls` takes for its
+        null (one draw for every batch, one forward for every draw) computes what those methods
+        compute, so it may stand in for them only then: a subclass with a null of its own (a user's
+        sparse or sign-concordant fa, an un-normalised dfa) keeps its own."""
+        return all(getattr(type(self), name) is getattr(cls, name) for name in names)
+
     def end_epoch(self) -> None:
         for opt, sched in zip(self.optimizers, self.schedulers):
             if opt.state:       # an optimizer that never stepped (e.g. an aux net with nothing to fit)

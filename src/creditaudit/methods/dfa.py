@@ -158,7 +158,12 @@ class DFA(LocalMethod):
         self.normalise = bool(options.get("normalise", 1))   # a subclass may declare knobs of its own only
 
     def _credit(self, x, y, feedback):
-        return self._credit_of_error(x, self._output_error(x, y), feedback)
+        """(h_0 … h_L, [a_0 … a_L]) on (x, y) under `feedback` (a subclass may override it: its
+        credit and Γ's null then go through its own)."""
+        with torch.no_grad():
+            logits, hidden = self.model(x, return_hidden=True)
+            e = self.model.output_error(logits, y)                         # e = ∂ℓ/∂logits
+        return hidden, self._credit_of_error(x, e, feedback)
 
     def _output_error(self, x, y):
         """e = ∂ℓ/∂logits of the model on (x, y): all the feedback B_l is applied to."""
@@ -189,19 +194,28 @@ class DFA(LocalMethod):
         return self.member_local_gradients(stack.net, y, fwd, credit, stack.trains, lam=self.lam)
 
     def credit(self, x, y):
-        return self._credit(x, y, self.feedback)
+        return self._credit(x, y, self.feedback)[1]
 
     def fresh_feedback_credit(self, x, y, gen):
-        return self._credit(x, y, draw_feedback(self.model, gen))
+        return self._credit(x, y, draw_feedback(self.model, gen))[1]
 
     def fresh_feedback_credits(self, batches, gen):
-        """One draw of every B_l for every batch, drawn once."""
-        return next(self.fresh_feedback_draws(batches, [gen]))
+        """One draw of every B_l for every batch, drawn once (a subclass with its own
+        `fresh_feedback_credit` gets it, batch by batch)."""
+        if not self._reproduces(DFA, "fresh_feedback_credit"):
+            return super().fresh_feedback_credits(batches, gen)
+        feedback = draw_feedback(self.model, gen)
+        return [self._credit(x, y, feedback)[1] for x, y in batches]
 
     def fresh_feedback_draws(self, batches, gens):
         """The forward pass and its output error e do not depend on B: each batch's is computed
         once for every draw (20 forwards of each eval batch saved per null), then each draw is
-        only e·B_l per position."""
+        only e·B_l per position. Only for dfa's own credit and null, on a model in eval mode (in
+        train mode a dropout layer would draw anew at every forward); else draw after draw."""
+        if self.model.training or not self._reproduces(DFA, "_credit", "_output_error", "fresh_feedback_credit",
+                                                        "fresh_feedback_credits"):
+            yield from super().fresh_feedback_draws(batches, gens)
+            return
         errors = [(x, self._output_error(x, y)) for x, y in batches]
         for gen in gens:
             feedback = draw_feedback(self.model, gen)

@@ -190,13 +190,18 @@ class DRTP(LocalMethod):
     def fresh_feedback_draws(self, batches, gens):
         """Γ's null: the forward pass does not depend on B, so each batch's logits are computed
         once for every draw; each draw's B is drawn once for every batch (the same values as
-        drawing it again per batch from the same generator state)."""
+        drawing it again per batch from the same generator state). Only for drtp's own null, on
+        a model in eval mode; else draw after draw."""
+        if self.model.training or not self._reproduces(DRTP, "fresh_feedback_credit", "fresh_feedback_credits"):
+            yield from super().fresh_feedback_draws(batches, gens)
+            return
         with torch.no_grad():
             outputs = [(x, self.model(x), y) for x, y in batches]
         for gen in gens:
             feedback = self.draw(self.model, gen)
             with torch.no_grad():
-                yield [self._credit(logits, y, feedback, x) for x, logits, y in outputs]
+                credits = [self._credit(logits, y, feedback, x) for x, logits, y in outputs]
+            yield credits
 
     def extra_state(self):
         return {"feedback": {f"B{l}": b for l, b in enumerate(self.feedback)}}

@@ -374,7 +374,10 @@ class FA(Method):
 
     def fresh_feedback_credits(self, batches, gen):
         """One draw for every batch, drawn once (a draw is two fan-sized float64 matrices per
-        block: drawn again for every eval batch, it was about a third of fa's null calibration)."""
+        block: drawn again for every eval batch, it was about a third of fa's null calibration).
+        A subclass with its own `fresh_feedback_credit` gets it, batch by batch."""
+        if not self._reproduces(FA, "fresh_feedback_credit"):
+            return super().fresh_feedback_credits(batches, gen)
         feedback = self.fresh_feedback(gen)
         return [self._credit(x, y, feedback) for x, y in batches]
 

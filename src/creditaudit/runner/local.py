@@ -54,11 +54,10 @@ class LocalExecutor:
         return self._pool is not None and not getattr(self._pool, "_broken", False)
 
     def close(self) -> None:
-        """End the workers; a later map starts new ones. Between maps they are idle (a map returns
-        once every job has returned, and one that raised has killed them), so they are stopped at
-        once: left to exit, each unwound torch and its imports first, about 0.7 s at the end of
-        every audit on a 2-core CPU."""
-        self._kill()
+        """End the workers (after the jobs they run); a later map starts new ones."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _kill(self) -> None:
         pool, self._pool = self._pool, None
